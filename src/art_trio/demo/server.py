@@ -1,0 +1,352 @@
+"""An OpenAI-compatible HTTP server for the numpy policy (starlette app, served by hypercorn).
+
+What you may rely on:
+
+* ``POST /v1/chat/completions`` answers with OpenAI ``ChatCompletion`` JSON: ``n`` choices of one
+  token each, ``choices[i].logprobs.content[0]`` (``token``, ``logprob``, ``bytes``,
+  ``top_logprobs``) when ``logprobs`` is true, and ``usage``. It honours ``model`` (``name@step``
+  or ``name`` for the latest step), ``n``, ``max_tokens`` / ``max_completion_tokens``,
+  ``temperature``, ``top_p``, ``logprobs``, ``top_logprobs`` and ``seed``; other fields are
+  ignored, as vLLM ignores fields it does not know.
+* ``GET /v1/models`` lists every ``name@step`` the registry holds.
+* Every error is OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: 404
+  ``model_not_found`` for an unknown model, 400 ``invalid_request_error`` for a malformed body
+  or bad parameter, 404/405 for unknown routes and methods. A bug answers 500 in the same shape
+  instead of dropping the connection.
+* ``serve`` runs on whichever loop calls it (hypercorn's trio or asyncio worker) and reports the
+  bound port through ``task_status`` before it accepts; it stops when ``shutdown_trigger``
+  returns, and the listening port is closed when it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import numpy as np
+import sniffio
+from hypercorn.config import Config
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .policy import VOCAB, FloatArray, log_probs, prompt_features, sample
+
+logger = logging.getLogger(__name__)
+
+#: OpenAI's own upper bounds for these parameters.
+MAX_N = 128
+MAX_TOP_LOGPROBS = 20
+
+
+class UnknownModelError(LookupError):
+    """Raised by a registry for a model name it does not serve."""
+
+
+class PolicyRegistry(Protocol):
+    """Where the server finds weights. ``CpuBackend`` is one."""
+
+    def checkout(self, model: str) -> AbstractContextManager[FloatArray]:
+        """Weights for ``model`` (``name@step`` or ``name``), held for the ``with`` block so
+        they cannot be evicted mid-request. Raises ``UnknownModelError``."""
+        ...
+
+    def model_names(self) -> list[str]:
+        """Every ``name@step`` currently servable."""
+        ...
+
+
+class OpenAIError(Exception):
+    """An error the client should see, in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def response(self) -> JSONResponse:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return JSONResponse(body, status_code=self.status)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    n: int
+    temperature: float
+    top_p: float
+    logprobs: bool
+    top_logprobs: int
+    seed: int | None
+
+
+def _bad(param: str, message: str) -> OpenAIError:
+    return OpenAIError(400, message, param=param)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def parse_request(body: object) -> CompletionRequest:
+    """Validate a decoded JSON body as OpenAI does, raising ``OpenAIError`` (400)."""
+    if not isinstance(body, dict):
+        raise _bad("body", "The request body must be a JSON object.")
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "you must provide a model parameter")
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", "'messages' must be a non-empty array of message objects.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with a 'role'.")
+
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise _bad("n", f"{n!r} is not a valid value for 'n': it must be between 1 and {MAX_N}.")
+
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise _bad(key, f"{value!r} is not a valid value for '{key}': it must be >= 1.")
+
+    temperature = body.get("temperature")
+    if temperature is None:
+        temperature = 1.0
+    if not _is_number(temperature) or not 0.0 <= float(temperature) <= 2.0:
+        raise _bad("temperature", f"{temperature!r} is not between 0 and 2 - 'temperature'.")
+
+    top_p = body.get("top_p")
+    if top_p is None:
+        top_p = 1.0
+    if not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0:
+        raise _bad("top_p", f"{top_p!r} is not in (0, 1] - 'top_p'.")
+
+    logprobs = body.get("logprobs")
+    if logprobs is None:
+        logprobs = False
+    if not isinstance(logprobs, bool):
+        raise _bad("logprobs", f"{logprobs!r} is not a boolean - 'logprobs'.")
+
+    top_logprobs = body.get("top_logprobs")
+    if top_logprobs is None:
+        top_logprobs = 0
+    if not _is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise _bad("top_logprobs", f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.")
+    if top_logprobs and not logprobs:
+        raise _bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed", f"{seed!r} is not an integer - 'seed'.")
+
+    if body.get("stream"):
+        raise _bad("stream", "This server does not stream; send 'stream': false.")
+
+    return CompletionRequest(
+        model=model,
+        messages=messages,
+        n=n,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        logprobs=logprobs,
+        top_logprobs=min(top_logprobs, len(VOCAB)),
+        seed=seed,
+    )
+
+
+def _token_logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+def complete(
+    request: CompletionRequest, weights: FloatArray, rng: np.random.Generator
+) -> dict[str, Any]:
+    """The ``ChatCompletion`` JSON for a validated request, sampled from ``weights``."""
+    features = prompt_features(request.messages)
+    logp = log_probs(weights, features)
+    tokens = sample(
+        weights, features, request.n, rng, temperature=request.temperature, top_p=request.top_p
+    )
+    top = [int(i) for i in np.argsort(-logp, kind="stable")[: request.top_logprobs]]
+    choices = []
+    for index, token in enumerate(tokens):
+        word = VOCAB[token]
+        choice_logprobs = None
+        if request.logprobs:
+            # Raw (temperature-1) logprobs, like vLLM's default: the policy that trains.
+            entry = _token_logprob(word, float(logp[token]))
+            entry["top_logprobs"] = [_token_logprob(VOCAB[i], float(logp[i])) for i in top]
+            choice_logprobs = {"content": [entry], "refusal": None}
+        choices.append(
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": word, "refusal": None},
+                "logprobs": choice_logprobs,
+                "finish_reason": "stop",
+            }
+        )
+    prompt_tokens = int(np.count_nonzero(features)) - 1
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": request.n,
+            "total_tokens": prompt_tokens + request.n,
+        },
+    }
+
+
+def create_app(registry: PolicyRegistry, *, seed: int = 0) -> Starlette:
+    """The ASGI app. Requests without a ``seed`` draw from one generator seeded with ``seed``;
+    requests with one get their own stream, so they repeat exactly for the same weights."""
+    shared_rng = np.random.default_rng(seed)
+
+    def rng_for(request: CompletionRequest) -> np.random.Generator:
+        if request.seed is None:
+            return shared_rng
+        return np.random.default_rng([request.seed % 2**63, zlib.crc32(request.model.encode())])
+
+    async def chat_completions(http_request: Request) -> Response:
+        try:
+            raw = await http_request.body()
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise OpenAIError(
+                    400,
+                    f"We could not parse the JSON body of your request. ({exc})",
+                ) from None
+            request = parse_request(body)
+            try:
+                with registry.checkout(request.model) as weights:
+                    return JSONResponse(complete(request, weights, rng_for(request)))
+            except UnknownModelError:
+                raise OpenAIError(
+                    404,
+                    f"The model `{request.model}` does not exist.",
+                    param="model",
+                    code="model_not_found",
+                ) from None
+        except OpenAIError as exc:
+            return exc.response()
+        except Exception:
+            # A bug here must still answer, so one bad request cannot take a rollout down.
+            logger.exception("chat completion failed")
+            return OpenAIError(500, "Internal server error.", type="server_error").response()
+
+    async def list_models(_: Request) -> Response:
+        created = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "art-trio-demo"}
+            for name in registry.model_names()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return OpenAIError(exc.status_code, str(exc.detail)).response()
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+
+
+async def serve(
+    app: Starlette,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    graceful_timeout: float = 1.0,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until ``shutdown_trigger`` returns.
+
+    Port 0 picks a free port; ``task_status.started(port)`` reports the real one. Runs
+    hypercorn's trio worker under trio and its asyncio worker under asyncio.
+    """
+    library = sniffio.current_async_library()
+    # Bind here rather than let hypercorn do it: we learn the port before serving, on both
+    # loops (hypercorn's asyncio worker has no way to report it), and the kernel queues any
+    # connection that arrives before hypercorn starts accepting, so "started" is already true.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(1024)
+        bound_port = int(listener.getsockname()[1])
+
+        config = Config()
+        # hypercorn owns (and closes) the duplicate; we close the original below. The port is
+        # released once both are closed, i.e. when this function returns.
+        config.bind = [f"fd://{os.dup(listener.fileno())}"]
+        config.accesslog = None
+        config.errorlog = logger
+        config.graceful_timeout = graceful_timeout
+        task_status.started(bound_port)
+        # Starlette is an ASGI app; hypercorn's ASGI type is narrower than starlette's.
+        asgi_app: Any = app
+        if library == "trio":
+            import hypercorn.trio
+
+            await hypercorn.trio.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
+        else:
+            import hypercorn.asyncio
+
+            await hypercorn.asyncio.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
+    finally:
+        listener.close()
