@@ -1,0 +1,41 @@
+"""art_trio: ART's pipeline trainer on structured concurrency (trio and anyio).
+
+Rollout workers, a training loop and an eval loop run as stages of one task group under a
+bound on how stale the trained data may be. The public names are re-exported here.
+"""
+
+from .bridge import trio_native
+from .retention import (
+    CHECKPOINT_CREATED_AT_METRIC,
+    CHECKPOINT_EVAL_COMPLETED_METRIC,
+    CHECKPOINT_SAVED_METRIC,
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionStrategy,
+    keep_recent_and_top,
+)
+from .rollouts import make_group_rollout_fn
+from .settings import PipelineSettings
+from .status import StatusReporter
+from .trainer import PipelineTrainer
+from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+
+__all__ = [
+    "CHECKPOINT_CREATED_AT_METRIC",
+    "CHECKPOINT_EVAL_COMPLETED_METRIC",
+    "CHECKPOINT_SAVED_METRIC",
+    "CheckpointInfo",
+    "CheckpointRetentionContext",
+    "CheckpointRetentionStrategy",
+    "ConfigT",
+    "EvalFn",
+    "PipelineSettings",
+    "PipelineTrainer",
+    "RolloutFn",
+    "ScenarioT",
+    "SingleRolloutFn",
+    "StatusReporter",
+    "keep_recent_and_top",
+    "make_group_rollout_fn",
+    "trio_native",
+]

@@ -1,0 +1,163 @@
+"""Pure decisions over groups: stale, zero variance, broken, and what a batch reports.
+
+No awaits and no state here, so property tests can call these directly and the stages stay
+about flow. Every rule mirrors the reference's; where art_trio adds one (non-finite rewards)
+the docstring says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from art import Trajectory, TrajectoryGroup
+
+#: Rewards closer than this count as equal (the reference's tolerance).
+ZERO_VARIANCE_TOLERANCE = 1e-12
+
+#: Scenario metadata keys a rollout failure line names, when the scenario has them.
+FAILURE_CONTEXT_KEYS = ("scenario_id", "epoch", "scenario_index")
+
+
+def group_initial_version(group: TrajectoryGroup) -> int | None:
+    """The oldest policy version any trajectory of the group started from."""
+    versions = [
+        t.initial_policy_version for t in group.trajectories if t.initial_policy_version is not None
+    ]
+    return min(versions) if versions else None
+
+
+def is_stale(group: TrajectoryGroup, min_version: int) -> bool:
+    """Too old for a batch that accepts versions >= `min_version` (unversioned never is)."""
+    version = group_initial_version(group)
+    return version is not None and version < min_version
+
+
+def is_zero_variance(group: TrajectoryGroup) -> bool:
+    """No learning signal: one trajectory or fewer, or every reward the same."""
+    rewards = [t.reward for t in group.trajectories]
+    if len(rewards) <= 1:
+        return True
+    first = rewards[0]
+    return all(abs(r - first) <= ZERO_VARIANCE_TOLERANCE for r in rewards[1:])
+
+
+def all_failed_error(group: TrajectoryGroup) -> RuntimeError | None:
+    """The reference's error for a group whose every rollout raised, else None."""
+    if group.trajectories or not group.exceptions:
+        return None
+    first = group.exceptions[0]
+    return RuntimeError(
+        f"All {len(group.exceptions)} rollouts in group failed. "
+        f"First exception ({first.type}): {first.message}"
+    )
+
+
+def non_finite_reward_error(group: TrajectoryGroup) -> str | None:
+    """Why a group cannot be trained because of a NaN or infinite reward, else None.
+
+    art_trio rejects such a group as errored: one NaN reward would turn the whole batch's
+    normalized advantages into NaN on the backend.
+    """
+    bad = [(i, t.reward) for i, t in enumerate(group.trajectories) if not math.isfinite(t.reward)]
+    if not bad:
+        return None
+    shown = ", ".join(f"trajectory {i}: {r!r}" for i, r in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return (
+        f"group has non-finite rewards ({shown}{more}); "
+        "return a finite float reward from every trajectory"
+    )
+
+
+def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -> None:
+    """Record which policy versions a rollout spanned, keeping versions it set itself."""
+    for trajectory in group.trajectories:
+        if trajectory.initial_policy_version is None:
+            trajectory.initial_policy_version = initial
+        if trajectory.final_policy_version is None:
+            trajectory.final_policy_version = final
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def copy_scenario_metadata(group: TrajectoryGroup, scenario: object) -> None:
+    """Copy a dict scenario's scalar `metadata` onto the group (`scenario_id` kept as is)."""
+    metadata = scenario.get("metadata") if isinstance(scenario, Mapping) else None
+    if not isinstance(metadata, Mapping):
+        return
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _is_scalar(value):
+            continue
+        group.metadata[key if key == "scenario_id" else f"scenario_{key}"] = value
+
+
+def scenario_context(scenario: object) -> str:
+    """` [scenario_id='a' epoch=1]` for a failure line, or '' when the scenario has none."""
+    metadata = scenario.get("metadata") if isinstance(scenario, Mapping) else None
+    if not isinstance(metadata, Mapping):
+        return ""
+    fields = [f"{k}={metadata[k]!r}" for k in FAILURE_CONTEXT_KEYS if k in metadata]
+    return f" [{' '.join(fields)}]" if fields else ""
+
+
+def average_steps_off_policy(current_step: int, batch: Sequence[TrajectoryGroup]) -> float:
+    """Mean of `current_step - initial version` over the batch's versioned groups."""
+    lags = [
+        current_step - version
+        for version in map(group_initial_version, batch)
+        if version is not None
+    ]
+    return sum(lags) / len(lags) if lags else 0.0
+
+
+def group_reward_std(group: TrajectoryGroup) -> float:
+    """Population standard deviation of the group's rewards (0 for one or none)."""
+    rewards = [t.reward for t in group.trajectories]
+    if len(rewards) <= 1:
+        return 0.0
+    mean = sum(rewards) / len(rewards)
+    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+
+
+def mean_reward(groups: Iterable[TrajectoryGroup]) -> float | None:
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    return sum(rewards) / len(rewards) if rewards else None
+
+
+def split_eval_items(
+    items: Sequence[Trajectory | TrajectoryGroup],
+) -> tuple[list[TrajectoryGroup], list[Trajectory]]:
+    """An eval split's groups (loose trajectories gathered into one) and all trajectories."""
+    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+    loose = [item for item in items if not isinstance(item, TrajectoryGroup)]
+    if loose:
+        groups.append(TrajectoryGroup(loose))
+    return groups, [t for g in groups for t in g.trajectories]
+
+
+def eval_splits(result: Any) -> dict[str, list[Trajectory | TrajectoryGroup]]:
+    """An eval_fn's result as {split: items}: a bare list is the "val" split."""
+    if isinstance(result, Mapping):
+        return {str(k): list(v) for k, v in result.items()}
+    return {"val": list(result)}
+
+
+__all__ = [
+    "all_failed_error",
+    "average_steps_off_policy",
+    "copy_scenario_metadata",
+    "eval_splits",
+    "group_initial_version",
+    "group_reward_std",
+    "is_stale",
+    "is_zero_variance",
+    "mean_reward",
+    "non_finite_reward_error",
+    "scenario_context",
+    "split_eval_items",
+    "stamp_policy_versions",
+]

@@ -1,0 +1,117 @@
+"""Calling asyncio code (ART and users' callbacks) from the trainer, whatever loop it runs on.
+
+This is the only module that knows trio-asyncio exists. Under trio, asyncio code runs in a
+trio-asyncio loop: the host's own if it opened one (`trio_asyncio.open_loop()`), otherwise one
+that `open_bridge()` opens for the trainer's lifetime. Under asyncio (`anyio.run(...)` with its
+default backend) the same calls are plain awaits.
+
+Cancellation crosses both ways: cancelling the trio side cancels the asyncio task (its
+`finally` blocks run), and exceptions come back with their own type and traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import anyio.lowlevel
+import sniffio
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+_NATIVE_ATTR = "__art_trio_native__"
+
+
+def trio_native(fn: F) -> F:
+    """Mark an async callback as trio/anyio-native: the trainer awaits it directly.
+
+    By default art_trio treats `rollout_fn`, `eval_fn` and the single-rollout functions given
+    to `make_group_rollout_fn` as asyncio code (what ART users have written), and under trio
+    runs them through trio-asyncio. A function marked with this decorator must use only trio
+    or anyio APIs; it then runs in the trainer's own task with no bridge, on either loop if it
+    sticks to anyio.
+    """
+    setattr(fn, _NATIVE_ATTR, True)
+    return fn
+
+
+def is_native(fn: object) -> bool:
+    """Whether `fn` was marked with `trio_native` (directly or through functools.partial)."""
+    while True:
+        if getattr(fn, _NATIVE_ATTR, False):
+            return True
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        return False
+
+
+class AsyncioTaskCancelled(RuntimeError):
+    """Asyncio code cancelled itself while the trainer was not being cancelled."""
+
+
+class Bridge:
+    """Awaits asyncio coroutine functions from the trainer's loop."""
+
+    #: True when asyncio code runs through trio-asyncio (the trainer runs under trio).
+    uses_trio_asyncio: bool = False
+
+    async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Await `fn(*args, **kwargs)`, an asyncio coroutine function, and return its result."""
+        return await fn(*args, **kwargs)
+
+    async def callback(
+        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
+        if is_native(fn):
+            return await fn(*args, **kwargs)
+        return await self.call(fn, *args, **kwargs)
+
+
+class _TrioAsyncioBridge(Bridge):
+    uses_trio_asyncio = True
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+
+    async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
+        import trio_asyncio
+
+        bound = functools.partial(fn, *args, **kwargs)
+        try:
+            result: R = await trio_asyncio.aio_as_trio(bound, loop=self._loop)()
+        except asyncio.CancelledError as exc:
+            # When the trio side is being cancelled, this checkpoint raises trio's own
+            # Cancelled, so shutdown is not mistaken for a failure of the callback.
+            await anyio.lowlevel.checkpoint()
+            raise AsyncioTaskCancelled(
+                f"{getattr(fn, '__qualname__', fn)!s} was cancelled from inside asyncio "
+                "(asyncio.CancelledError) while the trainer was still running"
+            ) from exc
+        return result
+
+
+@asynccontextmanager
+async def open_bridge() -> AsyncIterator[Bridge]:
+    """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed."""
+    if sniffio.current_async_library() != "trio":
+        yield Bridge()
+        return
+    import trio_asyncio
+
+    loop = trio_asyncio.current_loop.get()
+    if loop is not None:
+        yield _TrioAsyncioBridge(loop)
+        return
+    async with trio_asyncio.open_loop() as loop:
+        yield _TrioAsyncioBridge(loop)
+
+
+__all__ = ["AsyncioTaskCancelled", "Bridge", "is_native", "open_bridge", "trio_native"]

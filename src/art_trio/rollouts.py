@@ -1,0 +1,60 @@
+"""Building a group rollout from a single-trajectory rollout."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import art
+from art import Trajectory, TrajectoryGroup
+
+from .bridge import is_native, trio_native
+from .types import RolloutFn, SingleRolloutFn
+
+
+def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> RolloutFn:
+    """A rollout_fn that runs `single_rollout_fn` `n` times concurrently for each scenario.
+
+    Rollouts that raise become the group's `exceptions`; the others its trajectories. The
+    result is asyncio code (it uses `asyncio.gather`, as ART's does) unless
+    `single_rollout_fn` is marked `trio_native`; then it runs the `n` rollouts in an anyio
+    task group and is itself native.
+    """
+    if is_native(single_rollout_fn):
+
+        async def native_group_rollout(
+            model: art.TrainableModel, scenario: Any, config: Any
+        ) -> TrajectoryGroup:
+            if n <= 0:
+                return TrajectoryGroup([])
+            results: list[Trajectory | BaseException] = []
+
+            async def one() -> None:
+                try:
+                    results.append(await single_rollout_fn(model, scenario, config))
+                except Exception as exc:
+                    results.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(n):
+                    tg.start_soon(one)
+            return TrajectoryGroup(results)
+
+        return trio_native(native_group_rollout)
+
+    async def group_rollout(
+        model: art.TrainableModel, scenario: Any, config: Any
+    ) -> TrajectoryGroup:
+        if n <= 0:
+            return TrajectoryGroup([])
+        results = await asyncio.gather(
+            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
+            return_exceptions=True,
+        )
+        return TrajectoryGroup(results)
+
+    return group_rollout
+
+
+__all__ = ["make_group_rollout_fn"]

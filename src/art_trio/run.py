@@ -1,0 +1,286 @@
+"""One `train()` call's shared state: what the stages read and write, and how a run stops.
+
+A `PipelineRun` is built fresh by each `train()`, so two trainers (or two runs) share nothing.
+Stages talk through channels; what is left here is what several stages must agree on: the
+policy gate, the scenario ledger, the stop protocol and the counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+import art
+from art import TrajectoryGroup
+
+from .bridge import Bridge, is_native
+from .gate import PolicyGate
+from .ledger import PipelineState, StateStore
+from .settings import PipelineSettings
+from .status import StatusReporter
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Delivered:
+    """A group on its way from a rollout worker to the trainer, with where it came from."""
+
+    group: TrajectoryGroup
+    scenario_index: int
+    rollout_wall_s: float
+    actor_idle_s: float
+
+
+@dataclass(slots=True)
+class RunCounters:
+    """Where every scenario taken from the source ended up (property tests check the sum)."""
+
+    taken: int = 0
+    trained: int = 0
+    stale: int = 0
+    zero_variance: int = 0
+    errored: int = 0
+    dropped_at_stop: int = 0
+    rollouts_started: int = 0
+    delivered: int = 0
+    received: int = 0
+    steps: int = 0
+    evals_started: int = 0
+    evals_finished: int = 0
+    max_queued: int = 0
+    trained_versions: list[tuple[int, int]] = field(default_factory=list)
+    """(step, initial_policy_version) of every trained group, for staleness histograms."""
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+class ScenarioSource(Generic[T]):
+    """Hands out scenarios with their index in the source, skipping resolved ones on resume.
+
+    Sync iterables are read directly; async iterators are asyncio code unless marked
+    `trio_native`, and are then pulled through the bridge. One taker at a time.
+    """
+
+    def __init__(
+        self, scenarios: Iterable[T] | AsyncIterator[T], state: PipelineState, bridge: Bridge
+    ) -> None:
+        self._sync: Iterator[T] | None = None
+        self._async: AsyncIterator[T] | None = None
+        if isinstance(scenarios, AsyncIterator):
+            self._async = scenarios
+        else:
+            self._sync = iter(scenarios)
+        self._state = state
+        self._bridge = bridge
+        self._lock = anyio.Lock()
+        self._next_index = 0
+        self.exhausted = False
+        self.closed = False
+
+    async def _pull(self) -> T | _End:
+        if self._sync is not None:
+            return next(self._sync, _END)
+        assert self._async is not None
+        iterator = self._async
+
+        async def pull() -> T | _End:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return _END
+
+        if is_native(iterator):
+            return await pull()
+        return await self._bridge.call(pull)
+
+    async def skip_resolved_prefix(self) -> None:
+        """Advance past the watermark on resume, with the reference's warning if it runs out."""
+        target = self._state.ledger.watermark
+        async with self._lock:
+            while self._next_index < target:
+                if isinstance(await self._pull(), _End):
+                    self.exhausted = True
+                    print(
+                        "Warning: scenario iterator exhausted early while skipping "
+                        f"(skipped {self._next_index}/{target})."
+                    )
+                    return
+                self._next_index += 1
+
+    async def take(self) -> tuple[int, T] | None:
+        """The next unresolved scenario and its index, or None once exhausted or closed."""
+        async with self._lock:
+            while not (self.exhausted or self.closed):
+                item = await self._pull()
+                if isinstance(item, _End):
+                    self.exhausted = True
+                    break
+                index = self._next_index
+                self._next_index += 1
+                if self._state.ledger.is_resolved(index):
+                    continue
+                self._state.total_scenarios_consumed += 1
+                return index, item
+            return None
+
+    @property
+    def position(self) -> int:
+        """How many scenarios have been read from the source (taken or skipped)."""
+        return self._next_index
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class PipelineRun:
+    """State shared by the stages of one `train()` call."""
+
+    def __init__(
+        self,
+        *,
+        model: art.TrainableModel,
+        backend: Any,
+        settings: PipelineSettings,
+        bridge: Bridge,
+        state: PipelineState,
+        store: StateStore,
+        status: StatusReporter,
+        start_step: int,
+        source: ScenarioSource[Any],
+        rollout_fn: Any,
+        eval_fn: Any,
+        config: Any,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.eval_fn = eval_fn
+        self.config = config
+        self.settings = settings
+        self.bridge = bridge
+        self.state = state
+        self.store = store
+        self.status = status
+        self.start_step = start_step
+        self.source = source
+        self.counters = RunCounters()
+        self.gate = PolicyGate(
+            start_step=start_step,
+            max_steps_off_policy=settings.max_steps_off_policy,
+            max_batch_size=settings.max_batch_size,
+            admission=settings.admission,
+            beyond_bound=settings.rollouts_beyond_bound,
+        )
+        #: Zero-variance groups held since the last step (logged as split "discarded").
+        self.held_zero_variance: list[TrajectoryGroup] = []
+        self.held_zero_variance_total = 0
+        self.collapsed = False
+        #: Eval steps requested but not finished (their checkpoints must not be deleted).
+        self.scheduled_eval_steps: set[int] = state.pending_eval_steps
+        #: Steps a running rollout or eval samples from, with how many hold each.
+        self.leased_steps: dict[int, int] = {}
+
+        # The stop protocol. `stop_requested` is set once: by request_stop(), a signal, or
+        # the training stage when it ends on its own. `graceful` decides whether in-flight
+        # rollouts and a running eval get `shutdown_grace_seconds` before being cancelled.
+        self.stop_requested = anyio.Event()
+        self.graceful = True
+        self.rollouts_done = anyio.Event()
+        self.eval_idle = anyio.Event()
+        self.eval_idle.set()
+        self.finished = anyio.Event()
+        self.collect_scope: anyio.CancelScope | None = None
+        self.rollout_scope = anyio.CancelScope()
+        self.eval_scope: anyio.CancelScope | None = None
+        self.run_scope: anyio.CancelScope | None = None
+        self._stages_left = {"rollout", "training", "eval"}
+
+    # -- stopping ------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested.is_set()
+
+    def request_stop(self, *, graceful: bool = True) -> None:
+        """Stop taking scenarios; let in-flight work finish within the grace period."""
+        if not self.stopping:
+            self.graceful = graceful
+            self.stop_requested.set()
+        self.gate.close()
+        self.source.close()
+        if self.collect_scope is not None:
+            self.collect_scope.cancel()
+
+    def end_rollouts_now(self) -> None:
+        """The run ended on its own: admit nothing more and cancel rollouts in flight."""
+        self.gate.close()
+        self.source.close()
+        self.rollout_scope.cancel()
+
+    def cancel_everything(self) -> None:
+        """The second signal: cancel every stage now (state is still persisted)."""
+        self.request_stop(graceful=False)
+        if self.run_scope is not None:
+            self.run_scope.cancel()
+
+    @property
+    def grace_seconds(self) -> float:
+        if not self.graceful:
+            return 0.0
+        grace = self.settings.shutdown_grace_seconds
+        return math.inf if grace is None else grace
+
+    def stage_done(self, name: str) -> None:
+        self._stages_left.discard(name)
+        if not self._stages_left:
+            self.finished.set()
+
+    # -- leases ---------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lease(self, step: int) -> AsyncIterator[None]:
+        """Hold `step`'s weights for a rollout or eval that samples from them.
+
+        Retention never deletes a leased checkpoint; a backend with `adapter_lease(model,
+        step)` (ART 0.5.18's protocol) is asked to keep the adapter loaded meanwhile.
+        """
+        self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
+        try:
+            if getattr(type(self.backend), "adapter_lease", None) is None:
+                yield
+                return
+            manager = self.backend.adapter_lease(self.model, step)
+            await self.bridge.call(manager.__aenter__)
+            try:
+                yield
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    await self.bridge.call(manager.__aexit__, type(exc), exc, exc.__traceback__)
+                raise
+            with anyio.CancelScope(shield=True):
+                await self.bridge.call(manager.__aexit__, None, None, None)
+        finally:
+            self.leased_steps[step] -= 1
+            if self.leased_steps[step] <= 0:
+                del self.leased_steps[step]
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def persist(self) -> None:
+        self.store.write(self.state)
+
+    def now(self) -> float:
+        return anyio.current_time()
+
+
+__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource"]

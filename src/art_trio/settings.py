@@ -1,0 +1,182 @@
+"""The trainer's validated parameters.
+
+Every ValueError the reference raises for a bad constructor value is raised here, with the
+same message, in the same order, so code that catches them keeps working. New parameters
+validate the same way: the message names the parameter and the range it accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .retention import CheckpointRetentionStrategy
+
+Admission = Literal["staleness_aware", "eager"]
+ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
+
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
+"""How long a stop lets in-flight rollouts and a running eval finish before cancelling them.
+
+Long enough for an agent's tool calls to return and clean up, short enough that Ctrl-C
+never feels like a hang. `None` waits as long as they take, as ART's trainer does.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """What `PipelineTrainer(...)` was configured with, after defaults are resolved."""
+
+    num_rollout_workers: int = 16
+    min_batch_size: int = 4
+    max_batch_size: int = 40
+    max_steps_off_policy: int = 4
+    queue_maxsize: int | None = None
+    learning_rate: float = 1e-5
+    loss_fn: str = "cispo"
+    loss_fn_config: dict[str, Any] | None = None
+    normalize_advantages: bool = True
+    adam_params: object | None = None
+    kl_penalty_coef: float = 0.0
+    kl_penalty_reference_step: int | None = None
+    packed_sequence_length: int | None = None
+    max_steps: int | None = None
+    discard_queue_multiplier: int = 100
+    log_interval_seconds: float = 60.0
+    status_ewa_alpha: float = 0.2
+    total_scenarios: int | None = None
+    eval_every_n_steps: int = 20
+    eval_at_start: bool = True
+    save_checkpoint: bool = True
+    checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None
+    checkpoint_retention_interval: int = 1
+    resume: bool = True
+    shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    admission: Admission = "staleness_aware"
+    max_rollouts_beyond_bound: int | None = None
+    fsync_state: bool = True
+
+    @property
+    def groups_capacity(self) -> int:
+        """Capacity of the channel from rollout workers to the trainer (as the reference)."""
+        if self.queue_maxsize is not None:
+            return self.queue_maxsize
+        return max(1, self.max_steps_off_policy * self.max_batch_size)
+
+    @property
+    def discard_limit(self) -> int:
+        """Held zero-variance groups at which training stops as collapsed."""
+        return self.discard_queue_multiplier * self.min_batch_size
+
+    @property
+    def rollouts_beyond_bound(self) -> int:
+        """The staleness-aware gate's slack: rollouts it admits past the freshness bound.
+
+        Half a batch by default: enough that the slowest rollouts of a batch rarely keep the
+        trainer waiting, few enough that most of the extra ones are still trained.
+        """
+        if self.max_rollouts_beyond_bound is not None:
+            return self.max_rollouts_beyond_bound
+        return max(1, self.max_batch_size // 2)
+
+
+def build_settings(
+    *,
+    num_rollout_workers: int,
+    min_batch_size: int,
+    max_batch_size: int | None,
+    max_steps_off_policy: int,
+    queue_maxsize: int | None,
+    max_steps: int | None,
+    eval_every_n_steps: int,
+    log_interval_seconds: float,
+    discard_queue_multiplier: int,
+    status_ewa_alpha: float,
+    total_scenarios: int | None,
+    eval_step_0: bool,
+    eval_at_start: bool | None,
+    checkpoint_retention_interval: int,
+    shutdown_grace_seconds: float | None,
+    admission: str,
+    max_rollouts_beyond_bound: int | None,
+    packed_sequence_length: int | None,
+    **rest: Any,
+) -> PipelineSettings:
+    """Validate the constructor's values and resolve defaults; raise ValueError on bad input."""
+    # The reference's checks, in its order and with its messages.
+    if num_rollout_workers <= 0:
+        raise ValueError("num_rollout_workers must be > 0")
+    if min_batch_size <= 0:
+        raise ValueError("min_batch_size must be > 0")
+    if max_batch_size is not None and max_batch_size <= 0:
+        raise ValueError("max_batch_size must be > 0")
+    if max_batch_size is not None and max_batch_size < min_batch_size:
+        raise ValueError("max_batch_size must be >= min_batch_size")
+    if max_steps_off_policy < 0:
+        raise ValueError("max_steps_off_policy must be >= 0")
+    if queue_maxsize is not None and queue_maxsize <= 0:
+        raise ValueError("queue_maxsize must be > 0")
+    if eval_every_n_steps < 0:
+        raise ValueError("eval_every_n_steps must be >= 0")
+    if max_steps is not None and max_steps < 0:
+        raise ValueError("max_steps must be >= 0")
+    if log_interval_seconds <= 0:
+        raise ValueError("log_interval_seconds must be > 0")
+    if discard_queue_multiplier <= 0:
+        raise ValueError("discard_queue_multiplier must be > 0")
+    # The reference's status reporter checks these when the trainer builds it.
+    if not 0 < status_ewa_alpha <= 1:
+        raise ValueError("status_ewa_alpha must be in (0, 1]")
+    if total_scenarios is not None and total_scenarios < 0:
+        raise ValueError("total_scenarios must be >= 0")
+    # ART 0.5.18's additions.
+    if checkpoint_retention_interval <= 0:
+        raise ValueError("checkpoint_retention_interval must be > 0")
+    if packed_sequence_length is not None and packed_sequence_length <= 0:
+        raise ValueError("packed_sequence_length must be > 0 (or None to leave it unset)")
+    # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
+    # apart from the default: that, against eval_at_start=True, is a contradiction.
+    if eval_at_start is not None and not eval_step_0 and eval_at_start:
+        raise ValueError(
+            "eval_at_start and eval_step_0 disagree (eval_at_start is the newer name of "
+            "eval_step_0): pass only one of them"
+        )
+    resolved_eval_at_start = eval_step_0 if eval_at_start is None else eval_at_start
+    # art_trio's own parameters.
+    if shutdown_grace_seconds is not None and not (
+        shutdown_grace_seconds >= 0 and not math.isnan(shutdown_grace_seconds)
+    ):
+        raise ValueError(
+            "shutdown_grace_seconds must be >= 0 (or None to wait for in-flight work "
+            "however long it takes)"
+        )
+    if admission not in ADMISSION_MODES:
+        raise ValueError(
+            f"admission must be one of {', '.join(map(repr, ADMISSION_MODES))}, "
+            f"got {admission!r}"
+        )
+    if max_rollouts_beyond_bound is not None and max_rollouts_beyond_bound < 0:
+        raise ValueError(
+            "max_rollouts_beyond_bound must be >= 0 (or None for half of max_batch_size)"
+        )
+    return PipelineSettings(
+        num_rollout_workers=num_rollout_workers,
+        min_batch_size=min_batch_size,
+        max_batch_size=max_batch_size if max_batch_size is not None else 10 * min_batch_size,
+        max_steps_off_policy=max_steps_off_policy,
+        queue_maxsize=queue_maxsize,
+        max_steps=max_steps,
+        eval_every_n_steps=eval_every_n_steps,
+        log_interval_seconds=log_interval_seconds,
+        discard_queue_multiplier=discard_queue_multiplier,
+        status_ewa_alpha=status_ewa_alpha,
+        total_scenarios=total_scenarios,
+        eval_at_start=resolved_eval_at_start,
+        checkpoint_retention_interval=checkpoint_retention_interval,
+        shutdown_grace_seconds=shutdown_grace_seconds,
+        admission=admission,  # type: ignore[arg-type]  # checked against ADMISSION_MODES
+        max_rollouts_beyond_bound=max_rollouts_beyond_bound,
+        packed_sequence_length=packed_sequence_length,
+        **rest,
+    )

@@ -1,0 +1,74 @@
+"""The control stage: turns stop requests and signals into cancellation, on time.
+
+- First stop (`request_stop()`, SIGINT or SIGTERM): no new rollout or eval starts; those in
+  flight get `shutdown_grace_seconds` to finish, then their cancel scopes are cancelled. The
+  training stage lets a running `backend.train` finish and starts no new one.
+- Second SIGINT/SIGTERM: every stage is cancelled at once.
+Signal handlers are installed only from the main thread and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import warnings
+
+import anyio
+
+from ..run import PipelineRun
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_enforce_grace, run)
+        if handle_signals:
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(_receive_signals, run)
+            else:
+                warnings.warn(
+                    "handle_signals=True is ignored: signal handlers can only be installed "
+                    "from the main thread. Call trainer.request_stop() to stop this run.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        await run.finished.wait()
+        tg.cancel_scope.cancel()
+
+
+async def _enforce_grace(run: PipelineRun) -> None:
+    await run.stop_requested.wait()
+    with anyio.move_on_after(run.grace_seconds):
+        await run.rollouts_done.wait()
+        await run.eval_idle.wait()
+    run.rollout_scope.cancel()
+    if run.eval_scope is not None:
+        run.eval_scope.cancel()
+
+
+async def _receive_signals(run: PipelineRun) -> None:
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
+            async for signum in received:
+                name = signal.Signals(signum).name
+                if not run.stopping:
+                    grace = run.settings.shutdown_grace_seconds
+                    within = "as long as it takes" if grace is None else f"up to {grace:g}s"
+                    print(
+                        f"Shutdown requested ({name}): finishing in-flight work ({within}); "
+                        f"send {name} again to stop at once."
+                    )
+                    run.request_stop()
+                else:
+                    print(f"Second {name}: cancelling everything now.")
+                    run.cancel_everything()
+    finally:
+        # Put back exactly what the host had, not the loop's default handlers.
+        for sig, handler in previous.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
+__all__ = ["STOP_SIGNALS", "control_stage"]

@@ -1,0 +1,83 @@
+"""The eval stage: runs requested evals one at a time, in the background of training.
+
+Requests arrive over a channel from the training stage (eval steps are few and tiny, so the
+channel is unbounded: the trainer never waits on eval). An eval that raises is reported and
+training goes on. After a stop no new eval starts; the running one gets the grace period.
+"""
+
+from __future__ import annotations
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from ..batching import eval_splits, split_eval_items
+from ..run import PipelineRun
+from .checkpoints import note_eval_completed
+
+
+async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
+    try:
+        async with receive:
+            async for step in receive:
+                if run.stopping:
+                    # Not started before the stop: resume evaluates it (it stays scheduled).
+                    continue
+                run.eval_idle = anyio.Event()
+                try:
+                    with anyio.CancelScope() as scope:
+                        run.eval_scope = scope
+                        await run_eval(run, step)
+                finally:
+                    run.eval_scope = None
+                    run.eval_idle.set()
+    finally:
+        run.stage_done("eval")
+
+
+async def run_eval(run: PipelineRun, step: int) -> None:
+    """Evaluate the policy at `step` and log each split the eval_fn returned."""
+    model, status = run.model, run.status
+    status.note_val_started(step)
+    run.counters.evals_started += 1
+    reward: float | None = None
+    completed = False
+    try:
+        token = model.activate_metrics_context("eval")
+        started = run.now()
+        try:
+            async with run.lease(step):
+                result = await run.bridge.callback(run.eval_fn, model, step, run.config)
+        finally:
+            token.var.reset(token)
+            elapsed = run.now() - started
+        timing_logged = False
+        for split, items in eval_splits(result).items():
+            groups, trajectories = split_eval_items(items)
+            if split == "val":
+                rewards = [t.reward for t in trajectories]
+                reward = sum(rewards) / len(rewards) if rewards else None
+            if groups:
+                # The eval's duration rides on the first split logged.
+                metrics = None if timing_logged else {"time/step_eval_s": elapsed}
+                await run.bridge.call(model.log, groups, split=split, step=step, metrics=metrics)
+                timing_logged = True
+        if not timing_logged and elapsed > 0:
+            await run.bridge.call(
+                model.log, None, split="val", step=step, metrics={"time/step_eval_s": elapsed}
+            )
+        note_eval_completed(run, step)
+        completed = True
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:
+        kind = f"{type(exc).__module__}.{type(exc).__name__}"
+        print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")
+    finally:
+        status.note_val_finished(step, reward)
+        if completed:
+            run.counters.evals_finished += 1
+            run.scheduled_eval_steps.discard(step)
+            run.state.completed_eval_steps.add(step)
+
+
+__all__ = ["eval_stage", "run_eval"]

@@ -1,0 +1,148 @@
+"""The rollout stage: `num_rollout_workers` workers turning scenarios into groups.
+
+A worker first waits at the policy gate, then takes a scenario (so no scenario sits in a
+waiting worker's hands), runs the user's rollout, and hands the group to the trainer over the
+bounded groups channel. A group already too old for any batch still to come is dropped right
+there instead of occupying the channel. When every worker has finished, the stage closes its
+side of the channel and the trainer sees the end of the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+from art import TrajectoryGroup
+
+from ..batching import (
+    copy_scenario_metadata,
+    is_stale,
+    non_finite_reward_error,
+    scenario_context,
+    stamp_policy_versions,
+)
+from ..gate import GateClosed
+from ..run import Delivered, PipelineRun
+
+
+class RolloutRejected(Exception):
+    """A rollout returned something the trainer cannot train."""
+
+
+async def rollout_stage(run: PipelineRun, send: MemoryObjectSendStream[Delivered]) -> None:
+    try:
+        with run.rollout_scope:
+            async with send, anyio.create_task_group() as workers:
+                for worker_id in range(run.settings.num_rollout_workers):
+                    workers.start_soon(_worker, run, worker_id, send.clone())
+    finally:
+        run.rollouts_done.set()
+        run.stage_done("rollout")
+
+
+async def _call_rollout(run: PipelineRun, scenario: Any, rollout_fn: Any) -> Any:
+    token = run.model.activate_metrics_context("train")
+    try:
+        return await run.bridge.callback(rollout_fn, run.model, scenario, run.config)
+    finally:
+        token.var.reset(token)
+
+
+async def _worker(
+    run: PipelineRun, worker_id: int, send: MemoryObjectSendStream[Delivered]
+) -> None:
+    gate, status, counters = run.gate, run.status, run.counters
+    # Time this worker spent blocked handing its previous group over, charged to the next one.
+    handover_wait = 0.0
+    async with send:
+        while True:
+            wait_started = run.now()
+            try:
+                version = await gate.admit()
+            except GateClosed:
+                return
+            gate_wait = run.now() - wait_started
+            delivered = False
+            try:
+                taken = None if run.stopping else await run.source.take()
+                if taken is None:
+                    return
+                index, scenario = taken
+                counters.taken += 1
+                counters.rollouts_started += 1
+                status.note_rollout_started()
+                errored = True
+                try:
+                    started = run.now()
+                    async with run.lease(version):
+                        group = await _call_rollout(run, scenario, run.rollout_fn)
+                    wall = run.now() - started
+                    _check_rollout_result(group)
+                    errored = False
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as exc:
+                    kind = f"{type(exc).__module__}.{type(exc).__name__}"
+                    print(
+                        f"Worker {worker_id}: rollout failed ({kind}): {exc!r}"
+                        f"{scenario_context(scenario)}"
+                    )
+                finally:
+                    status.note_rollout_finished(errored=errored)
+                if run.stopping:
+                    # In flight when the stop came: neither trained nor resolved, so a resumed
+                    # run rolls this scenario again.
+                    counters.dropped_at_stop += 1
+                    return
+                if errored:
+                    counters.errored += 1
+                    run.state.ledger.resolve(index)
+                    continue
+                copy_scenario_metadata(group, scenario)
+                stamp_policy_versions(group, initial=version, final=gate.policy_version)
+                if is_stale(group, gate.min_fresh_version):
+                    # No batch still to be taken would accept it: drop it now.
+                    counters.stale += 1
+                    status.note_stale(1)
+                    run.state.ledger.resolve(index)
+                    continue
+                item = Delivered(
+                    group=group,
+                    scenario_index=index,
+                    rollout_wall_s=wall,
+                    actor_idle_s=gate_wait + handover_wait,
+                )
+                gate.hand_over(version)
+                delivered = True
+                counters.max_queued = max(counters.max_queued, gate.queued)
+                handover_started = run.now()
+                try:
+                    await send.send(item)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    # The trainer is gone (it stopped): the group counts as dropped at stop.
+                    gate.withdraw()
+                    counters.dropped_at_stop += 1
+                    return
+                except BaseException:
+                    gate.withdraw()
+                    raise
+                counters.delivered += 1
+                status.note_group_enqueued(group)
+                handover_wait = run.now() - handover_started
+            finally:
+                if not delivered:
+                    gate.rollout_done(version)
+
+
+def _check_rollout_result(group: object) -> None:
+    if not isinstance(group, TrajectoryGroup):
+        raise RolloutRejected(
+            f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
+        )
+    problem = non_finite_reward_error(group)
+    if problem is not None:
+        raise RolloutRejected(problem)
+
+
+__all__ = ["RolloutRejected", "rollout_stage"]

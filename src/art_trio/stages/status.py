@@ -1,0 +1,27 @@
+"""The status stage: prints the periodic `[status]` line until the run finishes.
+
+It sleeps until the next line is due or the run finishes, whichever comes first, so it costs
+nothing between lines and never delays the end of a run.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from ..run import PipelineRun
+
+
+async def status_stage(run: PipelineRun) -> None:
+    status = run.status
+    status.start(initial_step=run.start_step)
+    try:
+        while not run.finished.is_set():
+            status.log_if_due()
+            with anyio.move_on_after(status.seconds_until_log()):
+                await run.finished.wait()
+    finally:
+        status.flush()
+        status.close()
+
+
+__all__ = ["status_stage"]

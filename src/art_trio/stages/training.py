@@ -1,0 +1,285 @@
+"""The training stage: collect a batch, train it, log it, publish the new policy version.
+
+Batch collection follows the reference: wait for `min_batch_size` usable groups, then take
+whatever is already queued up to `max_batch_size`. Stale groups are discarded and counted;
+zero-variance groups are held and logged (split "discarded") after the next step; too many
+held at once stops the run as collapsed. A stop abandons collection (the groups go back to the
+source on resume) but never interrupts a `backend.train` call already running.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..batching import (
+    all_failed_error,
+    average_steps_off_policy,
+    group_initial_version,
+    is_stale,
+    is_zero_variance,
+)
+from ..run import Delivered, PipelineRun
+from .checkpoints import after_step
+
+#: The "discarded" split logs at most this many held zero-variance groups per step (0.5.18).
+MAX_DISCARDED_GROUPS_LOGGED = 50
+
+COLLAPSE_MESSAGE = """
+========================================
+MODEL COLLAPSE DETECTED - Training stopped
+========================================
+
+{limit} trajectory groups in a row came back with zero reward variance: every rollout of a
+scenario scored the same, so there is nothing left to learn from, which usually means the
+policy has collapsed onto one degenerate answer.
+
+Things that help:
+  - a lower learning rate, so updates are less violent
+  - a reward with more spread (partial credit instead of pass/fail)
+  - more varied prompts, so the policy meets situations it has not collapsed on
+  - smaller batches, so the policy is corrected more often
+
+To let the run continue regardless, raise `discard_queue_multiplier` (now
+{multiplier}; the run stops at {multiplier} * min_batch_size = {limit} held groups).
+"""
+
+
+@dataclass(slots=True)
+class CollectedBatch:
+    items: list[Delivered] = field(default_factory=list)
+    stale: int = 0
+    source_ended: bool = False
+    idle_s: float = 0.0
+
+
+async def training_stage(
+    run: PipelineRun,
+    receive: MemoryObjectReceiveStream[Delivered],
+    eval_send: MemoryObjectSendStream[int],
+) -> None:
+    try:
+        async with receive, eval_send:
+            await _train_until_done(run, receive, eval_send)
+    finally:
+        if not run.stopping:
+            # Ended on its own (max_steps, end of source, collapse): rollouts still in flight
+            # can no longer be trained, so cancel them now rather than wait for them.
+            run.end_rollouts_now()
+        run.stage_done("training")
+
+
+async def _train_until_done(
+    run: PipelineRun,
+    receive: MemoryObjectReceiveStream[Delivered],
+    eval_send: MemoryObjectSendStream[int],
+) -> None:
+    settings = run.settings
+    step = run.start_step
+    stop_at = None if settings.max_steps is None else step + settings.max_steps
+    while (stop_at is None or step < stop_at) and not run.stopping:
+        step_started = run.now()
+        batch = await collect_batch(run, receive, step)
+        if batch is None or not batch.items:
+            return
+        step = await _train_step(run, batch, step, eval_send, step_started)
+        if batch.source_ended:
+            return
+
+
+async def collect_batch(
+    run: PipelineRun, receive: MemoryObjectReceiveStream[Delivered], current_step: int
+) -> CollectedBatch | None:
+    """The next batch, or None if the run stopped or collapsed while collecting."""
+    settings = run.settings
+    min_version = run.gate.batch_min_version(current_step)
+    batch = CollectedBatch()
+    started = run.now()
+    with anyio.CancelScope() as scope:
+        run.collect_scope = scope
+        if run.stopping:
+            scope.cancel()
+        while len(batch.items) < settings.min_batch_size:
+            try:
+                item = await receive.receive()
+            except anyio.EndOfStream:
+                batch.source_ended = True
+                break
+            if not _accept(run, item, min_version, batch):
+                return None
+        while not batch.source_ended and len(batch.items) < settings.max_batch_size:
+            try:
+                item = receive.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            except anyio.EndOfStream:
+                batch.source_ended = True
+                break
+            if not _accept(run, item, min_version, batch):
+                return None
+    run.collect_scope = None
+    if scope.cancel_called:
+        # Stopped while collecting: these groups are neither trained nor resolved, so a
+        # resumed run rolls their scenarios again.
+        run.counters.dropped_at_stop += len(batch.items)
+        return None
+    batch.idle_s = run.now() - started
+    if batch.stale:
+        run.status.note_stale(batch.stale)
+    return batch
+
+
+def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: CollectedBatch) -> bool:
+    """Sort one received group into the batch or a discard pile; False on collapse."""
+    group, counters = item.group, run.counters
+    counters.received += 1
+    run.status.note_group_dequeued(group)
+    error = all_failed_error(group)
+    if error is not None:
+        raise error
+    if is_stale(group, min_version):
+        run.gate.group_received(usable=False)
+        counters.stale += 1
+        batch.stale += 1
+        run.state.ledger.resolve(item.scenario_index)
+        return True
+    if is_zero_variance(group):
+        run.gate.group_received(usable=False)
+        counters.zero_variance += 1
+        run.status.note_zero_variance_discarded(1)
+        run.state.ledger.resolve(item.scenario_index)
+        run.held_zero_variance.append(group)
+        if len(run.held_zero_variance) >= run.settings.discard_limit:
+            run.collapsed = True
+            print(
+                COLLAPSE_MESSAGE.format(
+                    limit=run.settings.discard_limit,
+                    multiplier=run.settings.discard_queue_multiplier,
+                )
+            )
+            return False
+        return True
+    run.gate.group_received(usable=True)
+    batch.items.append(item)
+    return True
+
+
+def train_kwargs(run: PipelineRun, *, save_checkpoint: bool) -> dict[str, Any]:
+    """The keyword arguments of `backend.train`, as the reference passes them."""
+    s = run.settings
+    kwargs: dict[str, Any] = {
+        "learning_rate": s.learning_rate,
+        "loss_fn": s.loss_fn,
+        "loss_fn_config": s.loss_fn_config,
+        "normalize_advantages": s.normalize_advantages,
+        "save_checkpoint": save_checkpoint,
+        "adam_params": s.adam_params,
+    }
+    if s.kl_penalty_coef > 0.0:
+        kwargs["kl_penalty_coef"] = s.kl_penalty_coef
+        kwargs["kl_penalty_source"] = "sample"
+        if s.kl_penalty_reference_step is not None:
+            kwargs["kl_penalty_reference_step"] = s.kl_penalty_reference_step
+    if s.packed_sequence_length is not None:
+        kwargs["packed_sequence_length"] = s.packed_sequence_length
+    return kwargs
+
+
+def should_eval(run: PipelineRun, step: int) -> bool:
+    every = run.settings.eval_every_n_steps
+    if run.eval_fn is None or every <= 0:
+        return False
+    return step - run.state.last_eval_step >= every
+
+
+async def _train_step(
+    run: PipelineRun,
+    batch: CollectedBatch,
+    current_step: int,
+    eval_send: MemoryObjectSendStream[int],
+    step_started: float,
+) -> int:
+    expected = current_step + 1
+    eval_this_step = should_eval(run, expected)
+    groups = [item.group for item in batch.items]
+    run.gate.begin_training(expected)
+    # Written before the call: if the process dies inside backend.train, resume asks the
+    # backend whether this step happened and either counts these scenarios or rolls them again.
+    run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
+    run.state.training_step = current_step
+    run.persist()
+
+    step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
+    run.status.note_training_start(len(groups))
+    if step_log:
+        print(f"[train] step {expected} starting (batch={len(groups)})")
+    train_started = run.now()
+    try:
+        result = await run.bridge.call(
+            run.backend.train,
+            run.model,
+            groups,
+            **train_kwargs(run, save_checkpoint=run.settings.save_checkpoint and eval_this_step),
+        )
+    except BaseException:
+        run.status.note_training_end()
+        raise
+    finally:
+        train_seconds = run.now() - train_started
+        if step_log:
+            print(f"[train] step {expected} done in {train_seconds:.1f}s")
+
+    try:
+        new_step = int(result.step)
+        step_seconds = run.now() - step_started
+        run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
+        actor_s = sum(item.rollout_wall_s for item in batch.items)
+        actor_idle_s = sum(item.actor_idle_s for item in batch.items)
+        metrics: dict[str, float] = {
+            "discarded_stale_groups": float(run.counters.stale),
+            "steps_off_policy": average_steps_off_policy(new_step, groups),
+            "time/step_wall_s": step_seconds,
+            "throughput/step_trainer_idle_s": batch.idle_s,
+            "time/step_trainer_s": train_seconds,
+        }
+        if actor_s > 0:
+            metrics["time/step_actor_s"] = actor_s
+        if actor_idle_s > 0:
+            metrics["throughput/step_actor_idle_s"] = actor_idle_s
+        metrics.update(result.metrics)
+        await run.bridge.call(run.model.log, groups, split="train", step=new_step, metrics=metrics)
+        await _log_held_zero_variance(run, new_step)
+
+        run.state.ledger.commit_batch()
+        run.state.training_step = new_step
+        counters = run.counters
+        counters.steps += 1
+        counters.trained += len(groups)
+        counters.trained_versions.extend(
+            (new_step, version if version is not None else new_step)
+            for version in map(group_initial_version, groups)
+        )
+        if eval_this_step:
+            run.scheduled_eval_steps.add(new_step)
+            run.state.last_eval_step = new_step
+            eval_send.send_nowait(new_step)
+        await after_step(run, result, new_step)
+    finally:
+        run.status.note_training_end()
+    run.gate.publish(new_step)
+    return new_step
+
+
+async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
+    if not run.held_zero_variance:
+        return
+    held = run.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
+    run.held_zero_variance.clear()
+    await run.bridge.call(run.model.log, held, split="discarded", step=step)
+
+
+__all__ = ["COLLAPSE_MESSAGE", "CollectedBatch", "collect_batch", "train_kwargs", "training_stage"]

@@ -1,0 +1,274 @@
+"""What a person watching a run sees: a live status line and a periodic `[status]` log line.
+
+The reporter only counts and formats; it never awaits, so noting an event can never block the
+pipeline. The trainer's status stage decides *when* to print. The constructor and the
+`note_*` methods match ART's `StatusReporter`, so code written against ART's keeps working.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from art import TrajectoryGroup
+from tqdm import tqdm
+
+from .batching import group_reward_std, is_zero_variance, mean_reward
+
+
+def _count(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _num(value: float | None, decimals: int) -> str:
+    return "n/a" if value is None else f"{value:.{decimals}f}"
+
+
+class StatusReporter:
+    """Counts of the pipeline's work and smoothed training numbers, rendered as text.
+
+    `clock` defaults to `time.monotonic`; the trainer passes the event loop's clock so the
+    log interval follows virtual time under trio's MockClock.
+    """
+
+    def __init__(
+        self,
+        *,
+        get_scenario_offset: Callable[[], int],
+        log_interval_seconds: float = 60.0,
+        status_ewa_alpha: float = 0.2,
+        total_scenarios: int | None = None,
+        num_workers: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        stream: TextIO | None = None,
+    ) -> None:
+        if log_interval_seconds <= 0:
+            raise ValueError("log_interval_seconds must be > 0")
+        if not 0 < status_ewa_alpha <= 1:
+            raise ValueError("status_ewa_alpha must be in (0, 1]")
+        if total_scenarios is not None and total_scenarios < 0:
+            raise ValueError("total_scenarios must be >= 0")
+        if num_workers <= 0:
+            raise ValueError("num_workers must be > 0")
+        self.log_interval_seconds = log_interval_seconds
+        self._get_scenario_offset = get_scenario_offset
+        self._alpha = status_ewa_alpha
+        self._total = total_scenarios
+        self._workers = num_workers
+        self._clock = clock
+        self._stream = stream
+        self.step: int | None = None
+        self.rolling_out = 0
+        self.queued = 0
+        self.training = 0
+        self.trained = 0
+        self.stale = 0
+        self.zero_variance = 0
+        self.errored = 0
+        self.reward_ewa: float | None = None
+        self.step_seconds_ewa: float | None = None
+        self.reward_std_ewa: float | None = None
+        self.val_step: int | None = None
+        self.val_reward: float | None = None
+        self.val_running_step: int | None = None
+        self._bar: tqdm[None] | None = None
+        self._started = False
+        self._last_log = 0.0
+        self._last_refresh = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, *, initial_step: int | None = None) -> None:
+        if self._started:
+            return
+        self._started = True
+        if initial_step is not None:
+            self.step = initial_step
+        self._last_log = self._clock() - self.log_interval_seconds
+        out = self._out()
+        if out.isatty():
+            # A one-line bar that only shows its description: the condensed status.
+            self._bar = tqdm(bar_format="{desc}", dynamic_ncols=True, leave=False, file=out)
+            self._refresh(force=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._started = False
+
+    def flush(self) -> None:
+        self.log_if_due(force=True)
+
+    def seconds_until_log(self) -> float:
+        """How long until the next periodic `[status]` line is due."""
+        return max(0.0, self._last_log + self.log_interval_seconds - self._clock())
+
+    def log_if_due(self, *, force: bool = False) -> None:
+        if not self._started:
+            return
+        now = self._clock()
+        if not force and now - self._last_log < self.log_interval_seconds:
+            return
+        self._last_log = now
+        self._write(self.full_line())
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+        self._refresh()
+
+    # -- events --------------------------------------------------------------------------
+
+    def note_rollout_started(self) -> None:
+        self.rolling_out += 1
+        self._refresh()
+
+    def note_rollout_finished(self, *, errored: bool) -> None:
+        self.rolling_out = max(0, self.rolling_out - 1)
+        self.errored += int(errored)
+        self._refresh()
+
+    def note_group_enqueued(self, _group: TrajectoryGroup) -> None:
+        self.queued += 1
+        self._refresh()
+
+    def note_group_dequeued(self, _group: TrajectoryGroup) -> None:
+        self.queued = max(0, self.queued - 1)
+        self._refresh()
+
+    def note_stale(self, count: int) -> None:
+        if count > 0:
+            self.stale += count
+            self._refresh()
+
+    def note_zero_variance_discarded(self, count: int) -> None:
+        if count > 0:
+            self.zero_variance += count
+            self._refresh()
+
+    def note_training_start(self, group_count: int) -> None:
+        self.training = group_count
+        self._refresh()
+
+    def note_training_end(self) -> None:
+        self.training = 0
+        self._refresh()
+
+    def note_training_batch(
+        self, batch: Sequence[TrajectoryGroup], *, step: int, step_seconds: float
+    ) -> None:
+        flat = sum(1 for g in batch if is_zero_variance(g))
+        self.step = step
+        self.trained += len(batch) - flat
+        self.zero_variance += flat
+        reward = mean_reward(batch)
+        if reward is not None:
+            self.reward_ewa = self._ewa(self.reward_ewa, reward)
+        self.step_seconds_ewa = self._ewa(self.step_seconds_ewa, step_seconds)
+        stds = [group_reward_std(g) for g in batch]
+        self.reward_std_ewa = self._ewa(self.reward_std_ewa, sum(stds) / len(stds) if stds else 0.0)
+        self._refresh(force=True)
+
+    def note_val_started(self, step: int) -> None:
+        self.val_running_step = step
+        self._refresh(force=True)
+
+    def note_val_finished(self, step: int, reward: float | None) -> None:
+        self.val_step, self.val_reward = step, reward
+        if self.val_running_step == step:
+            self.val_running_step = None
+        self._refresh(force=True)
+
+    # -- rendering -----------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int | None:
+        if self._total is None:
+            return None
+        return max(self._total - self._get_scenario_offset(), 0)
+
+    @property
+    def discarded(self) -> int:
+        return self.zero_variance + self.stale + self.errored
+
+    def full_line(self) -> str:
+        """The periodic log line, every field spelled out."""
+        scenarios = [f"trained={self.trained}"]
+        if self.remaining is not None:
+            scenarios.append(f"remaining={self.remaining}")
+        scenarios += [
+            f"queued={self.queued}",
+            f"training={self.training}",
+            f"discarded[total={self.discarded} 0_var={self.zero_variance} "
+            f"stale={self.stale} errored={self.errored}]",
+            f"rollouts={self.rolling_out}/{self._workers}",
+        ]
+        train = [
+            f"step={_count(self.step)}",
+            f"reward={_num(self.reward_ewa, 3)}",
+            f"step_seconds={_num(self.step_seconds_ewa, 2)}",
+            f"avg_std={_num(self.reward_std_ewa, 3)}",
+        ]
+        val = [
+            f"reward={_num(self.val_reward, 3)}",
+            f"active={'yes' if self.val_running_step is not None else 'no'}",
+        ]
+        if self.val_step is not None:
+            val.append(f"step={self.val_step}")
+        if self.val_running_step is not None:
+            val.append(f"active_step={self.val_running_step}")
+        return (
+            f"[status] scenarios[{' '.join(scenarios)}] train[{' '.join(train)}] "
+            f"val[{' '.join(val)}]"
+        )
+
+    def condensed_line(self, width: int | None = None) -> str:
+        """The live line, dropping the least useful fields until it fits `width` columns."""
+        width = width or shutil.get_terminal_size(fallback=(120, 20)).columns
+        optional = ["sd", "act", "r_left"]  # dropped in this order when too wide
+        while True:
+            scen = [f"tr={self.trained}"]
+            if self.remaining is not None and "r_left" in optional:
+                scen.append(f"r={self.remaining}")
+            scen += [f"q={self.queued}", f"b={self.training}", f"d={self.discarded}"]
+            train = [
+                f"s={'na' if self.step is None else self.step}",
+                f"r={_num(self.reward_ewa, 2).replace('n/a', 'na')}",
+                f"dt={_num(self.step_seconds_ewa, 1).replace('n/a', 'na')}",
+            ]
+            if "sd" in optional:
+                train.append(f"sd={_num(self.reward_std_ewa, 2).replace('n/a', 'na')}")
+            val = [f"r={_num(self.val_reward, 2).replace('n/a', 'na')}"]
+            if "act" in optional:
+                val.append(f"act={'y' if self.val_running_step is not None else 'n'}")
+            line = f"scenarios[{' '.join(scen)}] train[{' '.join(train)}] val[{' '.join(val)}]"
+            if len(line) <= width or not optional:
+                return line
+            optional.pop(0)
+
+    def _ewa(self, previous: float | None, value: float) -> float:
+        return value if previous is None else self._alpha * value + (1 - self._alpha) * previous
+
+    def _out(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout
+
+    def _write(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self._out())
+        else:
+            print(line, file=self._out(), flush=True)
+
+    def _refresh(self, *, force: bool = False) -> None:
+        if self._bar is None:
+            return
+        now = self._clock()
+        if not force and now - self._last_refresh < 0.25:
+            return
+        self._last_refresh = now
+        self._bar.set_description_str(self.condensed_line())
+
+
+__all__ = ["StatusReporter"]

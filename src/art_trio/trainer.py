@@ -1,0 +1,318 @@
+"""PipelineTrainer: rollouts, training and eval overlapped under a staleness bound.
+
+One `train()` opens one task group with five stages: rollout, training, eval, status and
+control. They talk over memory channels with capacity limits and share one policy gate; a
+stop or a failure travels as cancellation, so when `train()` returns nothing it started is
+still running.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Generic
+
+import anyio
+import art
+from anyio.abc import TaskStatus
+
+from .bridge import Bridge, open_bridge
+from .ledger import PipelineState, StateStore
+from .retention import CheckpointRetentionStrategy
+from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
+from .settings import DEFAULT_SHUTDOWN_GRACE_SECONDS, PipelineSettings, build_settings
+from .stages.control import control_stage
+from .stages.evaluation import eval_stage
+from .stages.rollout import rollout_stage
+from .stages.status import status_stage
+from .stages.training import training_stage
+from .status import StatusReporter
+from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
+
+
+class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+    """ART's `PipelineTrainer` on structured concurrency; runs under trio and asyncio.
+
+    Takes every parameter of ART's trainer with the same name and default, and raises the
+    same ValueError for the same bad value. art_trio's own parameters:
+
+    - `shutdown_grace_seconds`: after a stop, how long in-flight rollouts and a running eval
+      may take to finish before they are cancelled (`None`: as long as they take).
+    - `admission`: "staleness_aware" (default) starts a rollout only if a batch still to come
+      can train it; "eager" reproduces the reference's gate exactly.
+    - `max_rollouts_beyond_bound`: how many rollouts "staleness_aware" admits past that bound,
+      trading wasted rollouts for trainer utilization (default: half of `max_batch_size`).
+    - `eval_at_start`: ART 0.5.18's name for `eval_step_0`.
+    - `fsync_state`: make each step's resume record durable against power loss, not only
+      against the process dying (default True; costs one fsync per step).
+
+    `rollout_fn`, `eval_fn` and async scenario iterators are asyncio code unless marked with
+    `art_trio.trio_native`. Read settings back as attributes (`trainer.max_batch_size`).
+    """
+
+    settings: PipelineSettings
+
+    def __init__(
+        self,
+        model: art.TrainableModel,
+        backend: Any,
+        rollout_fn: RolloutFn,
+        scenarios: AsyncIterator[ScenarioT] | Iterable[ScenarioT],
+        config: ConfigT,
+        eval_fn: EvalFn | None = None,
+        *,
+        num_rollout_workers: int = 16,
+        min_batch_size: int = 4,
+        max_batch_size: int | None = None,
+        max_steps_off_policy: int = 4,
+        queue_maxsize: int | None = None,
+        learning_rate: float = 1e-5,
+        loss_fn: str = "cispo",
+        loss_fn_config: dict[str, Any] | None = None,
+        normalize_advantages: bool = True,
+        adam_params: object | None = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_reference_step: int | None = None,
+        packed_sequence_length: int | None = None,
+        max_steps: int | None = None,
+        discard_queue_multiplier: int = 100,
+        log_interval_seconds: float = 60.0,
+        status_ewa_alpha: float = 0.2,
+        total_scenarios: int | None = None,
+        eval_every_n_steps: int = 20,
+        eval_step_0: bool = True,
+        eval_at_start: bool | None = None,
+        save_checkpoint: bool = True,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+        checkpoint_retention_interval: int = 1,
+        resume: bool = True,
+        shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS,
+        admission: str = "staleness_aware",
+        max_rollouts_beyond_bound: int | None = None,
+        fsync_state: bool = True,
+    ) -> None:
+        self.settings = build_settings(
+            num_rollout_workers=num_rollout_workers,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            max_steps_off_policy=max_steps_off_policy,
+            queue_maxsize=queue_maxsize,
+            learning_rate=learning_rate,
+            loss_fn=loss_fn,
+            loss_fn_config=loss_fn_config,
+            normalize_advantages=normalize_advantages,
+            adam_params=adam_params,
+            kl_penalty_coef=kl_penalty_coef,
+            kl_penalty_reference_step=kl_penalty_reference_step,
+            packed_sequence_length=packed_sequence_length,
+            max_steps=max_steps,
+            discard_queue_multiplier=discard_queue_multiplier,
+            log_interval_seconds=log_interval_seconds,
+            status_ewa_alpha=status_ewa_alpha,
+            total_scenarios=total_scenarios,
+            eval_every_n_steps=eval_every_n_steps,
+            eval_step_0=eval_step_0,
+            eval_at_start=eval_at_start,
+            save_checkpoint=save_checkpoint,
+            checkpoint_retention_strategy=checkpoint_retention_strategy,
+            checkpoint_retention_interval=checkpoint_retention_interval,
+            resume=resume,
+            shutdown_grace_seconds=shutdown_grace_seconds,
+            admission=admission,
+            max_rollouts_beyond_bound=max_rollouts_beyond_bound,
+            fsync_state=fsync_state,
+        )
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.config = config
+        self.eval_fn = eval_fn
+        self._scenarios = scenarios
+        self._run: PipelineRun | None = None
+        self._stop_before_start = False
+        #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
+        self.last_counters: RunCounters | None = None
+        self._validate_backend_support()
+
+    def __getattr__(self, name: str) -> Any:
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in PipelineSettings.__dataclass_fields__:
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # -- public API ----------------------------------------------------------------------
+
+    async def train(
+        self,
+        *,
+        handle_signals: bool = True,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the pipeline until `max_steps`, the end of the scenarios, a stop, or a failure.
+
+        Works under `trio.run`, `anyio.run` (either backend) and `await nursery.start(...)`
+        (reports started once every stage is running). A stage's exception cancels the other
+        stages and reaches the caller (inside an ExceptionGroup, as task groups raise), with
+        a note naming the stage. The resume state is persisted on every way out.
+        """
+        if self._run is not None:
+            raise RuntimeError("train() is already running on this trainer; await it first")
+        async with open_bridge() as bridge:
+            run, eval_send, eval_receive = await self._prepare_run(bridge)
+            self._run = run
+            if self._stop_before_start:
+                self._stop_before_start = False
+                run.request_stop()
+            send, receive = anyio.create_memory_object_stream[Delivered](
+                self.settings.groups_capacity
+            )
+            try:
+                with anyio.CancelScope() as run_scope:
+                    run.run_scope = run_scope
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_stage, "rollout", rollout_stage, run, send)
+                        tg.start_soon(
+                            _stage, "training", training_stage, run, receive, eval_send
+                        )
+                        tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
+                        tg.start_soon(_stage, "status", status_stage, run)
+                        tg.start_soon(
+                            _stage,
+                            "control",
+                            _control(handle_signals),
+                            run,
+                        )
+                        task_status.started()
+            finally:
+                self._run = None
+                self.last_counters = run.counters
+                # Groups still in the channel were never trained; they roll again on resume.
+                run.counters.dropped_at_stop += run.counters.delivered - run.counters.received
+                run.persist()
+
+    def request_stop(self) -> None:
+        """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.
+
+        Call it from the thread running the trainer's event loop (a task, a callback);
+        before `train()` starts, it makes the next `train()` stop at once.
+        """
+        if self._run is None:
+            self._stop_before_start = True
+            return
+        self._run.request_stop()
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _prepare_run(
+        self, bridge: Bridge
+    ) -> tuple[PipelineRun, Any, Any]:
+        settings = self.settings
+        start_step = int(await bridge.call(self.model.get_step))
+        store = StateStore(self.model._get_output_dir(), fsync=settings.fsync_state)
+        state = (store.read() if settings.resume else None) or PipelineState()
+        pending = state.ledger.pending
+        if state.ledger.settle_pending(start_step) and pending is not None:
+            state.training_step = pending.step
+        if state.training_step is not None and state.training_step != start_step:
+            print(
+                "Warning: the pipeline state was saved at step "
+                f"{state.training_step} but the backend is at step {start_step}; "
+                "continuing from the backend's step."
+            )
+        state.training_step = start_step
+
+        source: ScenarioSource[Any] = ScenarioSource(self._scenarios, state, bridge)
+        status = StatusReporter(
+            get_scenario_offset=lambda: source.position,
+            log_interval_seconds=settings.log_interval_seconds,
+            status_ewa_alpha=settings.status_ewa_alpha,
+            total_scenarios=settings.total_scenarios,
+            num_workers=settings.num_rollout_workers,
+            clock=anyio.current_time,
+        )
+        run = PipelineRun(
+            model=self.model,
+            backend=self.backend,
+            settings=settings,
+            bridge=bridge,
+            state=state,
+            store=store,
+            status=status,
+            start_step=start_step,
+            source=source,
+            rollout_fn=self.rollout_fn,
+            eval_fn=self.eval_fn,
+            config=self.config,
+        )
+        await source.skip_resolved_prefix()
+
+        eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
+        if self.eval_fn is not None:
+            # Evals a stop interrupted, then the start-of-run eval.
+            for step in sorted(state.pending_eval_steps - state.completed_eval_steps):
+                if step <= start_step:
+                    eval_send.send_nowait(step)
+            if settings.eval_at_start and start_step == 0 and 0 not in state.pending_eval_steps:
+                state.pending_eval_steps.add(start_step)
+                state.last_eval_step = start_step
+                eval_send.send_nowait(start_step)
+        run.persist()
+        return run, eval_send, eval_receive
+
+    def _validate_backend_support(self) -> None:
+        # A LocalBackend instance exists only if its module was imported; checking sys.modules
+        # first keeps construction free of torch for every other backend.
+        local = sys.modules.get("art.local.backend")
+        if local is None or not isinstance(self.backend, local.LocalBackend):
+            return
+        from art.dev.validate import is_dedicated_mode
+
+        internal = self.model._internal_config or art.dev.InternalModelConfig()
+        s = self.settings
+        if not is_dedicated_mode(internal):
+            raise ValueError(
+                "PipelineTrainer supports LocalBackend only in dedicated mode: a shared "
+                "LocalBackend pauses inference while it trains, which an async pipeline cannot "
+                "use. Set both trainer_gpu_ids and inference_gpu_ids in the TrainableModel's "
+                "_internal_config to run LocalBackend with PipelineTrainer."
+            )
+        if s.loss_fn not in {"cispo", "ppo"}:
+            raise ValueError(
+                "PipelineTrainer with LocalBackend (dedicated) supports only "
+                "loss_fn='cispo' or loss_fn='ppo'."
+            )
+        if s.loss_fn_config is not None:
+            raise ValueError(
+                "PipelineTrainer with LocalBackend (dedicated) needs loss_fn_config=None."
+            )
+        if not s.normalize_advantages:
+            raise ValueError(
+                "PipelineTrainer with LocalBackend (dedicated) needs normalize_advantages=True."
+            )
+        if s.adam_params is not None:
+            raise ValueError(
+                "PipelineTrainer with LocalBackend (dedicated) needs adam_params=None."
+            )
+
+
+def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
+    async def control(run: PipelineRun) -> None:
+        await control_stage(run, handle_signals=handle_signals)
+
+    return control
+
+
+async def _stage(
+    name: str, fn: Callable[..., Awaitable[None]], *args: Any
+) -> None:
+    """Run one stage; an exception leaving it is labelled with the stage's name."""
+    try:
+        await fn(*args)
+    except Exception as exc:
+        exc.add_note(f"raised in art_trio's {name} stage")
+        print(f"Pipeline stage failed: {name}: {type(exc).__name__}: {exc}")
+        raise
+
+
+__all__ = ["PipelineTrainer"]

@@ -1,0 +1,31 @@
+"""Shared fixtures: a real art.TrainableModel in a tmp dir, registered with a backend double."""
+
+from __future__ import annotations
+
+import os
+
+# ART fetches a price table when imported unless told to use its bundled copy.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio
+from pathlib import Path
+
+import art
+import pytest
+
+from tests.doubles import RecordingBackend
+
+
+@pytest.fixture
+def backend() -> RecordingBackend:
+    return RecordingBackend()
+
+
+@pytest.fixture
+def model(tmp_path: Path, backend: RecordingBackend) -> art.TrainableModel:
+    model = art.TrainableModel(
+        name="m", project="p", base_model="test-base", base_path=str(tmp_path / ".art")
+    )
+    # register() is ART's asyncio code calling the asyncio-only double: run it on asyncio.
+    asyncio.run(model.register(backend))
+    return model
