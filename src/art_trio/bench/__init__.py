@@ -1,0 +1,1 @@
+"""Benchmarks comparing ART's asyncio PipelineTrainer with art_trio."""

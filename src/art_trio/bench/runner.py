@@ -1,0 +1,451 @@
+"""Benchmark ART's asyncio ``PipelineTrainer`` against art_trio's, on sleep-based workloads.
+
+Each (trainer kind, workload, seed) runs in its own subprocess (``art_trio.bench.child``), so
+peak RSS is per run and one run's garbage cannot slow the next. Kinds:
+
+* ``art``: ART 0.5.18's ``art.pipeline_trainer.PipelineTrainer`` under asyncio. Its
+  ``_validate_backend_support`` is patched to a no-op so it runs without torch (the check
+  imports ``art.local.backend``; it only concerns ``LocalBackend``, which is not used here).
+* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
+* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``.
+
+All use a real ``art.TrainableModel`` with ``model.log`` stubbed to an async no-op, the
+synthetic backend and rollout doubles of :mod:`art_trio.sim.workload` (real wall time), and
+print one markdown table: steps/s, groups/s, trainer utilization, wasted rollouts, staleness
+histogram, return latency and peak RSS per workload and kind, with art_trio/ART ratios. Then
+the memory table, and the admission-knob sweep: art_trio's utilization and waste for a range
+of ``max_rollouts_beyond_bound`` (and ``admission="eager"``) beside ART's single point.
+
+Entry point: :func:`main` (``art-trio bench ...`` dispatches here;
+``benchmarks/pipeline_bench.py`` too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from art_trio.bench.report import Cell, main_table, memory_table, sweep_table
+from art_trio.bench.trainers import (
+    ADMISSION,
+    ADMISSION_EAGER,
+    ART_PATCH_NOTE,
+    KINDS,
+    KNOB,
+)
+from art_trio.sim.workload import (
+    MEMORY_WORKLOADS,
+    OVERHEAD_WORKLOADS,
+    PRESETS,
+    SCHEDULING_WORKLOADS,
+    RunReport,
+)
+
+#: Knob values swept by default (0 = admit only what the staleness bound says is trainable).
+DEFAULT_SWEEP_VALUES: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 64)
+QUICK_SWEEP_VALUES: tuple[int, ...] = (0, 4, 16)
+QUICK_WORKLOADS: tuple[str, ...] = (
+    "plenty-off1",
+    "on-policy",
+    "tight-off1",
+    "defaults",
+    "overhead-b1",
+)
+QUICK_SWEEP_WORKLOADS: tuple[str, ...] = ("plenty-off1", "tight-off1")
+QUICK_STEPS = 10
+#: Quick mode shrinks the overhead/memory workloads to these sizes.
+QUICK_OVERHEAD_STEPS = 500
+QUICK_MEMORY_SCENARIOS = 20_000
+QUICK_MEMORY_CHECKPOINT = 2_000
+
+_WORKLOAD_GROUPS: dict[str, tuple[str, ...]] = {
+    "all": SCHEDULING_WORKLOADS + OVERHEAD_WORKLOADS + MEMORY_WORKLOADS,
+    "scheduling": SCHEDULING_WORKLOADS,
+    "overhead": OVERHEAD_WORKLOADS,
+    "memory": MEMORY_WORKLOADS,
+}
+
+
+@dataclass
+class Job:
+    """One child process: a kind, a workload (preset + overrides) and knob points to run."""
+
+    kind: str
+    workload: str
+    overrides: dict[str, Any]
+    points: list[dict[str, Any]]
+    sweep: bool = False
+    results: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _parse_workloads(text: str) -> list[str]:
+    names: list[str] = []
+    for token in _split(text):
+        for name in _WORKLOAD_GROUPS.get(token, (token,)):
+            if name not in PRESETS:
+                raise argparse.ArgumentTypeError(
+                    f"unknown workload {name!r}; known: {', '.join(PRESETS)} "
+                    f"or groups {', '.join(_WORKLOAD_GROUPS)}"
+                )
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _parse_kinds(text: str) -> list[str]:
+    kinds = _split(text)
+    for kind in kinds:
+        if kind not in KINDS:
+            raise argparse.ArgumentTypeError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    return kinds
+
+
+def _parse_ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _split(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _parse_sweep(text: str) -> list[int]:
+    return [] if text.strip().lower() in {"off", "none", "no", ""} else _parse_ints(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``art-trio bench`` command line."""
+    parser = argparse.ArgumentParser(
+        prog="art-trio bench",
+        description=(
+            "Compare ART 0.5.18's asyncio PipelineTrainer with art_trio's on sleep-based "
+            "workloads (one subprocess per run). " + ART_PATCH_NOTE
+        ),
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_parse_workloads,
+        default=None,
+        help="comma list of workload names or groups (all, scheduling, overhead, memory); "
+        f"presets: {', '.join(PRESETS)}; default all",
+    )
+    parser.add_argument(
+        "--kinds",
+        type=_parse_kinds,
+        default=list(KINDS),
+        help="comma list of trainer kinds: art, trio, asyncio (default all three)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="train steps for the scheduling workloads (default 20; overhead/memory keep "
+        "their own sizes)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=_parse_ints,
+        default=[0],
+        help="comma list of seeds; metrics are averaged over them (default 0)",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=_parse_sweep,
+        default=None,
+        metavar="VALUES|off",
+        help=f"{KNOB} values to sweep on the scheduling workloads, plus {ADMISSION}="
+        f"{ADMISSION_EAGER!r}; 'off' to skip (default "
+        f"{','.join(map(str, DEFAULT_SWEEP_VALUES))}; first seed only)",
+    )
+    parser.add_argument(
+        "--sweep-kinds",
+        type=_parse_kinds,
+        default=["trio"],
+        help="art_trio kinds to sweep (default trio)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write all results as JSON here"
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help="without --json, write results-<time>.json/.md here (default ./benchmarks/results "
+        "if ./benchmarks exists)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smaller run (< 2 min): workloads {','.join(QUICK_WORKLOADS)}, {QUICK_STEPS} "
+        f"steps, sweep {','.join(map(str, QUICK_SWEEP_VALUES))} on "
+        f"{','.join(QUICK_SWEEP_WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="child processes at once (default 1: runs are wall-time "
+        "measurements and share 2 cores)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds before a child run is killed (default 600)",
+    )
+    return parser
+
+
+def _overrides(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {"seed": seed}
+    if name in SCHEDULING_WORKLOADS:
+        steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else None)
+        if steps is not None:
+            overrides["steps"] = steps
+    elif args.quick and name in OVERHEAD_WORKLOADS:
+        overrides["steps"] = QUICK_OVERHEAD_STEPS
+    elif args.quick and name in MEMORY_WORKLOADS:
+        overrides["scenarios"] = QUICK_MEMORY_SCENARIOS
+        overrides["rss_checkpoints"] = [QUICK_MEMORY_CHECKPOINT]
+    return overrides
+
+
+def _art_trio_status() -> str | None:
+    """None if art_trio's trainer imports, else why not (checked in a throwaway process)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "from art_trio import PipelineTrainer"],
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        check=False,
+    )
+    if probe.returncode == 0:
+        return None
+    lines = (probe.stderr or probe.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit code {probe.returncode}"
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Must be set before ART (litellm) is imported; no network for the price map here.
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return env
+
+
+def _run_job(job: Job, timeout: float) -> Job:
+    with tempfile.TemporaryDirectory(prefix="art-trio-bench-job-") as tmp:
+        spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "out.json")
+        spec = {
+            "kind": job.kind,
+            "workload": job.workload,
+            "overrides": job.overrides,
+            "points": job.points,
+        }
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "art_trio.bench.child", str(spec_path), str(out_path)],
+                capture_output=True,
+                text=True,
+                env=_child_env(),
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            job.results = [
+                {"extra": p, "error": f"timed out after {timeout:.0f}s"} for p in job.points
+            ]
+        else:
+            if proc.returncode == 0 and out_path.exists():
+                job.results = json.loads(out_path.read_text(encoding="utf-8"))
+            else:
+                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+                job.results = [
+                    {"extra": p, "error": f"child exit {proc.returncode}: {tail}"}
+                    for p in job.points
+                ]
+        job.seconds = time.monotonic() - started
+    return job
+
+
+def _progress(job: Job) -> None:
+    errors = [r for r in job.results if "error" in r]
+    status = f"{len(errors)} error(s): {errors[0]['error'][:200]}" if errors else "ok"
+    label = "sweep" if job.sweep else "run"
+    print(
+        f"  {label} {job.kind:7s} {job.workload:13s} seed={job.overrides.get('seed')} "
+        f"points={len(job.points)} {job.seconds:5.1f}s {status}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _cells(jobs: Sequence[Job]) -> list[Cell]:
+    cells: dict[tuple[str, str, str], Cell] = {}
+    for job in jobs:
+        for result in job.results:
+            extra = result.get("extra", {})
+            key = (job.kind, job.workload, json.dumps(extra, sort_keys=True))
+            cell = cells.setdefault(key, Cell(job.kind, job.workload, extra))
+            if "report" in result:
+                cell.reports.append(RunReport.from_dict(result["report"]))
+            else:
+                cell.errors.append(str(result.get("error")))
+    return list(cells.values())
+
+
+def _meta(args: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "openpipe-art": version("openpipe-art"),
+        "art-trio": version("art-trio"),
+        "trio": version("trio"),
+        "anyio": version("anyio"),
+        "knob": KNOB,
+        "admission_keyword": ADMISSION,
+        "art_patch": ART_PATCH_NOTE,
+        "skipped_kinds": skipped,
+        "argv": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the tables; write JSON. Returns a process exit code."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    workloads: list[str] = args.workloads or (
+        list(QUICK_WORKLOADS) if args.quick else list(_WORKLOAD_GROUPS["all"])
+    )
+    sweep_values: list[int] = (
+        args.sweep
+        if args.sweep is not None
+        else list(QUICK_SWEEP_VALUES if args.quick else DEFAULT_SWEEP_VALUES)
+    )
+    kinds: list[str] = args.kinds
+    sweep_kinds = [k for k in args.sweep_kinds if k != "art"]
+
+    skipped: dict[str, str] = {}
+    if any(k != "art" for k in kinds + sweep_kinds):
+        reason = _art_trio_status()
+        if reason is not None:
+            for kind in ("trio", "asyncio"):
+                if kind in kinds or kind in sweep_kinds:
+                    skipped[kind] = reason
+            kinds = [k for k in kinds if k == "art"]
+            sweep_kinds = []
+            print(
+                f"art_trio.PipelineTrainer not importable, skipping art_trio kinds: {reason}",
+                file=sys.stderr,
+            )
+
+    jobs: list[Job] = []
+    for name in workloads:
+        for seed in args.seeds:
+            for kind in kinds:
+                jobs.append(Job(kind, name, _overrides(name, seed, args), [{}]))
+    sweep_workloads = [
+        w
+        for w in workloads
+        if w in SCHEDULING_WORKLOADS
+        and (not args.quick or args.workloads or w in QUICK_SWEEP_WORKLOADS)
+    ]
+    if sweep_values:
+        points = [{KNOB: v} for v in sweep_values] + [{ADMISSION: ADMISSION_EAGER}]
+        for name in sweep_workloads:
+            for kind in sweep_kinds:
+                jobs.append(
+                    Job(kind, name, _overrides(name, args.seeds[0], args), points, sweep=True)
+                )
+
+    print(
+        f"{len(jobs)} child runs ({sum(len(j.points) for j in jobs)} trainer runs); "
+        f"{ART_PATCH_NOTE}",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    # Wall-time measurements: by default one child at a time so runs do not share the cores.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for job in pool.map(lambda j: _run_job(j, args.timeout), jobs):
+            _progress(job)
+    elapsed = time.monotonic() - started
+
+    main_cells = _cells([j for j in jobs if not j.sweep])
+    sweep_cells = _cells([j for j in jobs if j.sweep])
+    shown_kinds = [k for k in KINDS if k in kinds]
+    sections = [
+        f"# art_trio vs ART pipeline trainer ({len(args.seeds)} seed(s), {elapsed:.0f}s)",
+        f"Kinds: art = ART {metadata.version('openpipe-art')} PipelineTrainer on asyncio; "
+        "trio / asyncio = art_trio.PipelineTrainer on trio / on anyio's asyncio backend. "
+        "art_trio rows show (art_trio/ART). util = time in train() over first train start to "
+        "last train end; waste = rollouts started and completed before the last step began but "
+        "never trained, over rollouts started before it; staleness = trained groups by "
+        "(policy version trained from - initial_policy_version); return s = last train end to "
+        "train() returning. " + ART_PATCH_NOTE,
+        main_table(main_cells, workloads, shown_kinds),
+    ]
+    if skipped:
+        sections.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    mem = memory_table(main_cells, [w for w in workloads if w in MEMORY_WORKLOADS], shown_kinds)
+    if mem:
+        sections += ["## Memory (peak RSS as groups are trained)", mem]
+    if sweep_cells:
+        sections += [
+            f"## Admission sweep ({KNOB}, and {ADMISSION}={ADMISSION_EAGER!r}) vs ART",
+            sweep_table(sweep_cells, main_cells, sweep_workloads),
+        ]
+    text = "\n\n".join(sections) + "\n"
+    print(text)
+
+    payload = {
+        "meta": _meta(args, skipped),
+        "workloads": {w: PRESETS[w].to_dict() for w in workloads},
+        "runs": [c.to_dict() for c in main_cells],
+        "sweep": [c.to_dict() for c in sweep_cells],
+    }
+    out: Path | None = args.json
+    results_dir: Path | None = args.results_dir
+    if out is None and results_dir is None and Path("benchmarks").is_dir():
+        results_dir = Path("benchmarks", "results")
+    if out is None and results_dir is not None:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = results_dir / f"results-{stamp}.json"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+        out.with_suffix(".md").write_text(text, encoding="utf-8")
+        print(f"results: {out} (+ .md)", file=sys.stderr)
+    # A knob the trainer does not (yet) take is reported in the table, not a failure.
+    failed = any(
+        not e.startswith("unsupported:") for c in main_cells + sweep_cells for e in c.errors
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

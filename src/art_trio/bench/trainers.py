@@ -1,0 +1,198 @@
+"""Run one pipeline trainer on one workload and measure it (the child-process side).
+
+Kinds:
+
+* ``art``: ART 0.5.18's ``art.pipeline_trainer.PipelineTrainer`` under ``asyncio.run``. Its
+  ``_validate_backend_support`` is patched to a no-op: the check imports
+  ``art.local.backend``, which needs torch (not installed here), and it only concerns
+  ``LocalBackend``, which the synthetic backend is not.
+* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
+* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``.
+
+In all kinds the model is a real ``art.TrainableModel`` (base_path in a temporary directory)
+whose ``log`` is replaced by an async no-op on the instance, so the benchmark measures
+scheduling rather than ART's metric/parquet writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import tempfile
+from collections.abc import Callable
+from typing import Any, Literal
+
+import anyio
+
+from art_trio.sim.workload import (
+    Recorder,
+    RunReport,
+    SyntheticBackend,
+    Workload,
+    make_eval_fn,
+    make_rollout_fn,
+    measure,
+    scenarios,
+)
+
+Kind = Literal["art", "trio", "asyncio"]
+KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio")
+
+#: art_trio's keyword trading waste for utilization (extra rollouts admitted beyond what the
+#: staleness bound guarantees trainable). Single place to rename it.
+KNOB = "max_rollouts_beyond_bound"
+#: art_trio's admission-policy keyword and its values.
+ADMISSION = "admission"
+ADMISSION_DEFAULT = "staleness_aware"
+ADMISSION_EAGER = "eager"
+
+ART_PATCH_NOTE = (
+    "ART's PipelineTrainer._validate_backend_support is patched to a no-op "
+    "(it imports art.local.backend, which needs torch; it only checks LocalBackend)."
+)
+
+# Status lines every hour at most: they are the same cost for every kind and only add noise.
+_LOG_INTERVAL_S = 3600.0
+
+
+class UnsupportedKnob(Exception):
+    """The trainer under test does not accept a requested keyword argument."""
+
+
+async def _noop_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``model.log``: metric and trajectory logging is not what is measured."""
+
+
+def _stub_log(model: Any) -> None:
+    # TrainableModel is a pydantic model; object.__setattr__ puts the stub in the instance
+    # dict, where attribute lookup finds it before the class's method.
+    object.__setattr__(model, "log", _noop_log)
+
+
+def _trainer_class(kind: Kind) -> type[Any]:
+    if kind == "art":
+        from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
+
+        def _no_validation(self: Any) -> None:
+            return None
+
+        ArtPipelineTrainer._validate_backend_support = _no_validation  # type: ignore[method-assign]
+        return ArtPipelineTrainer
+    import art_trio
+
+    trainer_cls: type[Any] = art_trio.PipelineTrainer
+    return trainer_cls
+
+
+def _mark_native(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Mark an anyio-only callback as trio-native for art_trio (no trio-asyncio bridge)."""
+    if fn is None:
+        return None
+    import art_trio
+
+    marker = getattr(art_trio, "trio_native", None)
+    return marker(fn) if marker is not None else fn
+
+
+def _accepts(cls: type[Any], name: str) -> bool:
+    params = inspect.signature(cls.__init__).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def trainer_kwargs(cls: type[Any], workload: Workload, extra: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``cls`` (ART's or art_trio's trainer) from a workload."""
+    kwargs: dict[str, Any] = dict(
+        num_rollout_workers=workload.workers,
+        min_batch_size=workload.min_batch,
+        max_batch_size=workload.max_batch,
+        max_steps_off_policy=workload.max_steps_off_policy,
+        max_steps=workload.steps,
+        eval_every_n_steps=workload.eval_every_n_steps,
+        log_interval_seconds=_LOG_INTERVAL_S,
+        resume=False,
+    )
+    if workload.eval_time is not None:
+        # ART calls it eval_at_start; art_trio may call it eval_step_0.
+        for name in ("eval_at_start", "eval_step_0"):
+            if _accepts(cls, name):
+                kwargs[name] = False
+                break
+    for name, value in extra.items():
+        if not _accepts(cls, name):
+            raise UnsupportedKnob(f"{cls.__module__}.{cls.__qualname__} has no {name!r}")
+        kwargs[name] = value
+    return kwargs
+
+
+async def _drive(
+    kind: Kind,
+    workload: Workload,
+    recorder: Recorder,
+    base_path: str,
+    cls: type[Any],
+    kwargs: dict[str, Any],
+) -> None:
+    import art
+
+    model: Any = art.TrainableModel(
+        name=f"bench-{workload.name}-{kind}",
+        project="art-trio-bench",
+        base_model="bench",
+        base_path=base_path,
+    )
+    backend = SyntheticBackend(workload.train_time, recorder, seed=workload.seed)
+    await model.register(backend)
+    _stub_log(model)
+    rollout_fn: Callable[..., Any] | None = make_rollout_fn(workload, recorder)
+    eval_fn: Callable[..., Any] | None = make_eval_fn(workload, recorder)
+    if kind != "art":
+        rollout_fn = _mark_native(rollout_fn)
+        eval_fn = _mark_native(eval_fn)
+    trainer = cls(
+        model,
+        backend,
+        rollout_fn,
+        scenarios(workload.scenarios),
+        None,
+        eval_fn,
+        **kwargs,
+    )
+    recorder.train_called_at = anyio.current_time()
+    await trainer.train(handle_signals=False)
+    recorder.train_returned_at = anyio.current_time()
+    recorder.sample_rss()
+
+
+def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None) -> RunReport:
+    """Run ``workload`` on trainer ``kind`` in this process (blocking) and measure it.
+
+    ``extra`` is passed to the trainer constructor (the admission knobs); a keyword the
+    trainer does not take raises :class:`UnsupportedKnob` before anything runs.
+    """
+    extra = dict(extra or {})
+    cls = _trainer_class(kind)
+    kwargs = trainer_kwargs(cls, workload, extra)
+    recorder = Recorder(detailed=workload.detailed, rss_checkpoints=workload.rss_checkpoints)
+    with tempfile.TemporaryDirectory(prefix="art-trio-bench-") as tmp:
+        drive = functools.partial(_drive, kind, workload, recorder, tmp, cls, kwargs)
+        if kind == "art":
+            # Plain asyncio.run, the way ART's own users run it.
+            asyncio.run(drive())
+        elif kind == "trio":
+            import trio
+
+            trio.run(drive)
+        elif kind == "asyncio":
+            anyio.run(drive, backend="asyncio")
+        else:  # pragma: no cover - argparse restricts kinds
+            raise ValueError(f"unknown trainer kind {kind!r}")
+    report = measure(recorder)
+    report.labels.update(
+        kind=kind,
+        workload=workload.name,
+        seed=workload.seed,
+        steps_requested=workload.steps,
+        extra={k: v for k, v in extra.items()},
+    )
+    return report
