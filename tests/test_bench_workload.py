@@ -102,10 +102,13 @@ def _hand_made() -> Recorder:
         4: (0.4, 0.8, "failed"),  # failed: not waste
         5: (1.35, 1.38, "ok"),  # started after the last step began: not eligible
         6: (1.0, None, "ok"),  # never completed: eligible, not waste
+        7: (0.5, 0.7, "cancelled"),  # cancelled part-way: not waste, but wasted work
     }
     for sid, (start, end, outcome) in rollouts.items():
         rec.rollout_started(sid, start)
-        if end is not None:
+        if end is not None and outcome == "cancelled":
+            rec.rollout_cancelled(sid, end)
+        elif end is not None:
             rec.rollout_finished(sid, end, outcome)  # type: ignore[arg-type]
     rec.steps = [
         StepRecord(1, 0, 1.0, 1.1, 1, (0,), (0,)),
@@ -131,12 +134,21 @@ def test_measure_utilization_throughput_and_return_latency() -> None:
 
 def test_measure_waste() -> None:
     report = measure(_hand_made())
-    # eligible: started before 1.3 -> ids 0,1,2,3,4,6
-    assert report.started_before_last_step == 6
+    # eligible: started before 1.3 -> ids 0,1,2,3,4,6,7
+    assert report.started_before_last_step == 7
     assert report.wasted == 1  # id 2
-    assert report.waste == pytest.approx(1 / 6)
-    assert report.waste_incl_tail == pytest.approx(2 / 6)  # ids 2 and 3
-    assert report.rollouts_failed == 1
+    assert report.waste == pytest.approx(1 / 7)
+    assert report.waste_incl_tail == pytest.approx(2 / 7)  # ids 2 and 3
+    assert report.cancelled_share == pytest.approx(1 / 7)  # id 7
+    assert report.rollouts_failed == 1 and report.rollouts_cancelled == 1
+
+
+def test_measure_wasted_work() -> None:
+    report = measure(_hand_made())
+    # rollout-seconds of eligible rollouts: 0.5 + 0.6 (trained) + 0.7 + 1.05 + 0.4 (failed)
+    # + 0.9 (id 6, open until train() returned at 1.9) + 0.2 (cancelled)
+    wasted = 0.7 + 1.05 + 0.9 + 0.2
+    assert report.wasted_work == pytest.approx(wasted / 4.35)
 
 
 def test_measure_staleness_from_backend_records() -> None:
@@ -227,6 +239,20 @@ def test_doubles_run_in_trio_virtual_time() -> None:
     rewards = [t.reward for t in groups[0].trajectories]
     assert len(set(rewards)) == len(rewards)  # non-identical rewards
     assert measure(rec).utilization == pytest.approx(1.0)
+
+
+def test_cancelled_rollout_is_recorded() -> None:
+    rec = Recorder()
+
+    async def go() -> None:
+        rollout = make_rollout_fn(_tiny(rollout_latency=Constant(1.0)), rec)
+        with trio.move_on_after(0.25):
+            await rollout(None, {"id": 3}, None)
+
+    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert rec.cancelled == 1 and rec.completed == 0
+    assert rec.rollout_outcome[3] == "cancelled"
+    assert rec.rollout_end[3] - rec.rollout_start[3] == pytest.approx(0.25)
 
 
 def test_doubles_run_under_asyncio() -> None:

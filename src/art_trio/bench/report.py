@@ -105,6 +105,8 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
         "groups/s",
         "util",
         "waste",
+        "cancelled",
+        "wasted work",
         "staleness",
         "return s",
         "peak RSS MB",
@@ -118,17 +120,23 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
                 continue
             if not cell.reports:
                 rows.append(
-                    [wl, kind, "error: " + (cell.errors[0] if cell.errors else "?")[:60]] + [""] * 6
+                    [wl, kind, "error: " + (cell.errors[0] if cell.errors else "?")[:60]] + [""] * 8
                 )
                 continue
             base = art if (art is not None and kind != "art" and art.reports) else None
 
             def col(
-                attr: str, spec: str | None, cell: Cell = cell, base: Cell | None = base
+                attr: str,
+                spec: str | None,
+                ratio: bool = True,
+                cell: Cell = cell,
+                base: Cell | None = base,
             ) -> str:
                 value = cell.mean(attr)
                 text = _rate_spec(value) if spec is None else _fmt(value, spec)
-                return text + (_ratio(value, base.mean(attr)) if base is not None else "")
+                if ratio and base is not None:
+                    text += _ratio(value, base.mean(attr))
+                return text
 
             rows.append(
                 [
@@ -138,8 +146,10 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
                     col("groups_per_s", None),
                     col("utilization", ".3f"),
                     col("waste", ".3f"),
+                    col("cancelled_share", ".3f", ratio=False),
+                    col("wasted_work", ".3f"),
                     format_staleness(cell.staleness()),
-                    col("return_latency_s", ".2f"),
+                    col("return_latency_s", ".2f", ratio=False),
                     col("peak_rss_mb", ".0f"),
                 ]
             )
@@ -168,65 +178,62 @@ def _setting(extra: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in extra.items()) or "default"
 
 
+def _sweep_row(kind: str, setting: str, cell: Cell, art: Cell | None) -> list[str]:
+    util, waste, work = cell.mean("utilization"), cell.mean("waste"), cell.mean("wasted_work")
+
+    def delta(value: float | None, attr: str) -> str:
+        base = art.mean(attr) if art is not None and art is not cell else None
+        return "" if value is None or base is None else _fmt(value - base, "+.3f")
+
+    return [
+        kind,
+        setting,
+        _fmt(util, ".3f"),
+        _fmt(waste, ".3f"),
+        _fmt(cell.mean("cancelled_share"), ".3f"),
+        _fmt(work, ".3f"),
+        _rate_spec(cell.mean("groups_per_s")),
+        _fmt(cell.mean_staleness(), ".2f"),
+        delta(util, "utilization"),
+        delta(waste, "waste"),
+        delta(work, "wasted_work"),
+    ]
+
+
 def sweep_table(sweep: Sequence[Cell], main: Sequence[Cell], workloads: Sequence[str]) -> str:
-    """Per workload: ART's single (util, waste) point, then each art_trio knob setting."""
+    """Per workload: ART's single (util, waste) point, then each art_trio knob setting.
+
+    Δ columns are the setting's value minus ART's: a setting with Δutil >= 0 and negative
+    Δwaste/Δwork beats ART on both axes.
+    """
     blocks: list[str] = []
     art_by_wl = {c.workload: c for c in main if c.kind == "art" and not c.extra and c.reports}
+    header = [
+        "kind",
+        "setting",
+        "util",
+        "waste",
+        "cancelled",
+        "wasted work",
+        "groups/s",
+        "mean stale",
+        "Δutil",
+        "Δwaste",
+        "Δwork",
+    ]
     for wl in workloads:
         points = [c for c in sweep if c.workload == wl]
         if not points:
             continue
         art = art_by_wl.get(wl)
         rows: list[list[str]] = []
-        art_util = art.mean("utilization") if art else None
-        art_waste = art.mean("waste") if art else None
         if art is not None:
-            rows.append(
-                [
-                    "art",
-                    "(ART 0.5.18)",
-                    _fmt(art_util, ".3f"),
-                    _fmt(art_waste, ".3f"),
-                    _rate_spec(art.mean("groups_per_s")),
-                    _fmt(art.mean_staleness(), ".2f"),
-                    "",
-                    "",
-                ]
-            )
+            rows.append(_sweep_row("art", "(ART 0.5.18)", art, art))
         for c in points:
-            if not c.reports:
-                rows.append(
-                    [
-                        c.kind,
-                        _setting(c.extra),
-                        "error: " + (c.errors or ["?"])[0][:50],
-                        "",
-                        "",
-                        "",
-                        "",
-                        "",
-                    ]
-                )
-                continue
-            util, waste = c.mean("utilization"), c.mean("waste")
-            d_util = _fmt(util - art_util, "+.3f") if util is not None and art_util else ""
-            d_waste = (
-                _fmt(waste - art_waste, "+.3f")
-                if waste is not None and art_waste is not None
-                else ""
-            )
-            rows.append(
-                [
-                    c.kind,
-                    _setting(c.extra),
-                    _fmt(util, ".3f"),
-                    _fmt(waste, ".3f"),
-                    _rate_spec(c.mean("groups_per_s")),
-                    _fmt(c.mean_staleness(), ".2f"),
-                    d_util,
-                    d_waste,
-                ]
-            )
-        header = ["kind", "setting", "util", "waste", "groups/s", "mean stale", "Δutil", "Δwaste"]
+            if c.reports:
+                rows.append(_sweep_row(c.kind, _setting(c.extra), c, art))
+            else:
+                error = "error: " + (c.errors or ["?"])[0][:50]
+                rows.append([c.kind, _setting(c.extra), error] + [""] * (len(header) - 3))
         blocks.append(f"**{wl}**\n\n" + "\n".join(_table(header, rows)))
     return "\n\n".join(blocks)

@@ -410,7 +410,7 @@ def current_rss_bytes() -> int | None:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-Outcome = Literal["ok", "failed", "zero_variance"]
+Outcome = Literal["ok", "failed", "zero_variance", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -454,6 +454,7 @@ class Recorder:
         self.rollout_outcome: dict[int, Outcome] = {}
         self.started = 0
         self.completed = 0
+        self.cancelled = 0
         self.failed = 0
         self.zero_variance = 0
         self.groups_trained = 0
@@ -481,6 +482,13 @@ class Recorder:
         if self.detailed:
             self.rollout_end[scenario_id] = now
             self.rollout_outcome[scenario_id] = outcome
+
+    def rollout_cancelled(self, scenario_id: int, now: float) -> None:
+        """The rollout was cancelled (or otherwise interrupted) before its latency elapsed."""
+        self.cancelled += 1
+        if self.detailed:
+            self.rollout_end[scenario_id] = now
+            self.rollout_outcome[scenario_id] = "cancelled"
 
     def record_step(
         self,
@@ -619,7 +627,8 @@ _MESSAGES: list[Any] = [
 def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
     """A ``rollout_fn(model, scenario, config) -> TrajectoryGroup`` for ``workload``.
 
-    It records the start, sleeps the scenario's latency, then (by a per-scenario draw) fails
+    It records the start, sleeps the scenario's latency (recording a cancellation if it is
+    cancelled meanwhile), then (by a per-scenario draw) fails
     with :class:`RolloutFailed`, returns a zero-variance group (all rewards equal, which
     trainers discard), or returns a group of ``trajectories_per_group`` distinct rewards.
     The group carries ``metadata["scenario_id"]``.
@@ -638,7 +647,13 @@ def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
         scenario_id = int(scenario["id"])
         recorder.rollout_started(scenario_id, anyio.current_time())
-        await anyio.sleep(latency(scenario_id))
+        try:
+            await anyio.sleep(latency(scenario_id))
+        except BaseException:
+            # Cancelled mid-rollout (a trainer dropping a doomed rollout, or shutdown): the
+            # inference time spent so far is still spent, so it is recorded.
+            recorder.rollout_cancelled(scenario_id, anyio.current_time())
+            raise
         u = uniform(scenario_id)
         if u < workload.failure_prob:
             recorder.rollout_finished(scenario_id, anyio.current_time(), "failed")
@@ -701,6 +716,13 @@ class RunReport:
     waste_incl_tail: float | None
     wasted: int | None
     started_before_last_step: int | None
+    #: Of the rollouts started before the last step's start, the share cancelled before they
+    #: completed (a trainer dropping rollouts no batch can use any more).
+    cancelled_share: float | None
+    #: Rollout-seconds spent on rollouts started before the last step's start that were never
+    #: trained (stale, left over, cancelled part-way, or run out at the end), over all
+    #: rollout-seconds of those rollouts: the inference capacity thrown away.
+    wasted_work: float | None
     #: Trained groups by staleness ``base_version - initial_policy_version``.
     staleness: dict[int, int]
     #: Last train end to ``trainer.train()`` returning.
@@ -712,6 +734,7 @@ class RunReport:
     rss_mb: list[tuple[int, float]]
     rollouts_started: int
     rollouts_completed: int
+    rollouts_cancelled: int
     rollouts_failed: int
     zero_variance: int
     labels: dict[str, Any] = field(default_factory=dict)
@@ -745,7 +768,11 @@ def measure(records: Recorder) -> RunReport:
       (On ART 0.5.18 ``waste`` lands within a few points of the issue's numbers, e.g. 0.83
       on-policy, 0.51 tight-off1, 0.001 defaults; ``waste_incl_tail`` runs 2-8 points higher.)
       Failed and zero-variance rollouts are not waste of the scheduler's making and are not
-      counted as wasted (they stay in the denominator);
+      counted as wasted (they stay in the denominator). A trainer that *cancels* doomed
+      rollouts lowers ``waste`` without saving all their cost, hence also:
+    * cancelled share: of the same rollouts, the share cancelled before completing;
+    * wasted work: rollout-seconds of the same rollouts that were never trained (including
+      the part-run of cancelled ones and the end-of-run tail) over all their rollout-seconds;
     * staleness: trained groups by ``base_version - initial_policy_version`` (0 = on-policy);
     * return latency: last train end to ``train()`` returning (needs ``train_returned_at``);
     * peak RSS: ``getrusage`` peak of this process, sampled now.
@@ -769,18 +796,30 @@ def measure(records: Recorder) -> RunReport:
 
     waste: float | None = None
     waste_incl_tail: float | None = None
+    cancelled_share: float | None = None
+    wasted_work: float | None = None
     wasted: int | None = None
     eligible: int | None = None
     if records.detailed and steps:
         last_start = max(s.start for s in steps)
+        # Rollouts never seen to end ran at least until train() returned.
+        open_end = records.train_returned_at if records.train_returned_at is not None else last_end
         trained = {sid for s in steps for sid in s.scenario_ids}
-        eligible = wasted = wasted_tail = 0
+        eligible = wasted = wasted_tail = cancelled = 0
+        work = wasted_seconds = 0.0
         for sid, started_at in records.rollout_start.items():
             if started_at >= last_start:
                 continue
             eligible += 1
             ended_at = records.rollout_end.get(sid)
-            if ended_at is None or records.rollout_outcome.get(sid) != "ok" or sid in trained:
+            outcome = records.rollout_outcome.get(sid)
+            seconds = max(0.0, (open_end if ended_at is None else ended_at) - started_at)
+            work += seconds
+            if sid not in trained and outcome not in ("failed", "zero_variance"):
+                wasted_seconds += seconds
+            if outcome == "cancelled":
+                cancelled += 1
+            if ended_at is None or outcome != "ok" or sid in trained:
                 continue
             if ended_at < last_start:
                 wasted += 1
@@ -788,6 +827,8 @@ def measure(records: Recorder) -> RunReport:
                 wasted_tail += 1
         waste = wasted / eligible if eligible else math.nan
         waste_incl_tail = (wasted + wasted_tail) / eligible if eligible else math.nan
+        cancelled_share = cancelled / eligible if eligible else math.nan
+        wasted_work = wasted_seconds / work if work > 0 else math.nan
 
     return_latency = (
         records.train_returned_at - last_end
@@ -814,6 +855,8 @@ def measure(records: Recorder) -> RunReport:
         waste_incl_tail=waste_incl_tail,
         wasted=wasted,
         started_before_last_step=eligible,
+        cancelled_share=cancelled_share,
+        wasted_work=wasted_work,
         staleness=dict(sorted(records.staleness.items())),
         return_latency_s=return_latency,
         wall_s=wall,
@@ -821,6 +864,7 @@ def measure(records: Recorder) -> RunReport:
         rss_mb=rss,
         rollouts_started=records.started,
         rollouts_completed=records.completed,
+        rollouts_cancelled=records.cancelled,
         rollouts_failed=records.failed,
         zero_variance=records.zero_variance,
     )
