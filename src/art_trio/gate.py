@@ -15,7 +15,9 @@ The decisions are pure functions of a `GateSnapshot`, so property tests can hamm
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -32,12 +34,14 @@ class GateSnapshot:
     next_training_step: int
     max_steps_off_policy: int
     max_batch_size: int
-    #: Usable groups the trainer holds for the batch it is collecting (0 while training).
-    collected: int
-    #: Groups waiting in the channel between the rollout workers and the trainer.
+    #: Groups delivered by rollouts and not yet in a batch (in the channel or ready).
     queued: int
     #: Admitted rollouts not yet delivered whose groups can still be trained.
     fresh_in_flight: int
+    #: Mean rollout latency, measured (None until the first rollout ends).
+    rollout_latency: float | None = None
+    #: Mean time between two training steps starting, measured (None until two have).
+    step_period: float | None = None
 
     @property
     def training(self) -> bool:
@@ -58,8 +62,36 @@ class GateSnapshot:
         A rollout starting now samples `policy_version`; the batches that accept it are those
         for steps policy_version+1 .. policy_version+M+1 not already taken.
         """
-        batches_left = self.max_steps_off_policy + (0 if self.training else 1)
-        return batches_left * self.max_batch_size - self.collected
+        return self.batches_left * self.max_batch_size
+
+    @property
+    def batches_left(self) -> int:
+        """Batches not yet taken that would train a rollout started now."""
+        return self.max_steps_off_policy + (0 if self.training else 1)
+
+    @property
+    def pipeline_target(self) -> int | None:
+        """Groups in flight or ready that keep the trainer busy without aging them.
+
+        By Little's law a trainer taking B groups every step period T needs B * L / T
+        rollouts of latency L in flight, plus one batch ready when it asks for it.
+        """
+        if self.rollout_latency is None or not self.step_period:
+            return None
+        in_flight = self.max_batch_size * self.rollout_latency / self.step_period
+        return self.max_batch_size + math.ceil(in_flight)
+
+    @property
+    def on_time_probability(self) -> float:
+        """Chance that a rollout started now finishes before its window closes.
+
+        The window closes about `batches_left` step periods from now; latencies are taken
+        as exponential with the measured mean (the memoryless worst case for a given mean).
+        """
+        if self.rollout_latency is None or not self.step_period:
+            return 1.0
+        window = self.batches_left * self.step_period
+        return max(MIN_ON_TIME_PROBABILITY, 1.0 - math.exp(-window / self.rollout_latency))
 
 
 def reference_gate_allows(s: GateSnapshot) -> bool:
@@ -68,16 +100,31 @@ def reference_gate_allows(s: GateSnapshot) -> bool:
 
 
 def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
-    """Admit only rollouts that the remaining window can still train, plus `beyond_bound`.
+    """Admit a rollout only if a batch still to be taken can train it, plus `beyond_bound`.
 
-    Every fresh rollout in flight and every group queued will take one of the window's slots
-    before a rollout started now does, so a new rollout is useful only while they leave one
-    free. `beyond_bound` extra rollouts buy trainer utilization (the slowest rollouts of a
-    batch no longer keep the trainer waiting) at the price of some stale ones.
+    Every fresh rollout in flight and every group queued takes a slot before a rollout
+    started now does, so a new rollout is useful only while they leave one free: in the
+    freshness window, and in what the trainer can consume (`pipeline_target`, from measured
+    rollout latency and step period: more in the pipe only ages it). `beyond_bound` extra
+    rollouts buy trainer utilization (the slowest rollouts of a batch no longer keep the
+    trainer waiting) at the price of some stale ones.
+
+    With `max_steps_off_policy == 0` only the batch being collected can use a rollout, and
+    the trainer is waiting on it: admission is then as eager as the reference's, and the
+    gate cancels the losers of the race the moment the batch is taken.
     """
     if not reference_gate_allows(s):
         return False
-    return s.fresh_in_flight + s.queued < s.window_slots + beyond_bound
+    if s.max_steps_off_policy == 0:
+        return True
+    slots = s.window_slots
+    target = s.pipeline_target
+    if target is not None:
+        slots = min(slots, target)
+    # Rollouts that will miss their window are cancelled when it closes, so admit enough that
+    # the expected on-time ones fill the slots.
+    allowed = math.ceil(slots / s.on_time_probability) + beyond_bound
+    return s.fresh_in_flight + s.queued < allowed
 
 
 def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -> bool:
@@ -85,6 +132,18 @@ def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -
     if admission == "eager":
         return reference_gate_allows(s)
     return staleness_aware_allows(s, beyond_bound)
+
+
+#: Weight of the newest sample in the step-period average.
+EWA_ALPHA = 0.2
+#: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
+LATENCY_DECAY = 0.99
+#: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
+MIN_ON_TIME_PROBABILITY = 0.1
+
+
+def _ewa(previous: float | None, value: float) -> float:
+    return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
 
 
 class _Waiter:
@@ -115,6 +174,7 @@ class PolicyGate:
         max_batch_size: int,
         admission: Admission = "staleness_aware",
         beyond_bound: int = 0,
+        clock: Callable[[], float] = anyio.current_time,
     ) -> None:
         self.policy_version = start_step
         self.next_training_step = start_step
@@ -122,12 +182,21 @@ class PolicyGate:
         self.max_batch_size = max_batch_size
         self.admission: Admission = admission
         self.beyond_bound = beyond_bound
-        self.collected = 0
         self.queued = 0
         self._in_flight: Counter[int] = Counter()
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
         self._version_published = anyio.Event()
+        # Cancel scopes of running rollouts by version, so rollouts no batch can train any
+        # more are cancelled at once instead of finishing only to be thrown away.
+        self._rollout_scopes: dict[int, set[anyio.CancelScope]] = {}
+        self.cancels_doomed_rollouts = admission == "staleness_aware"
+        # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
+        self._clock = clock
+        self._latency_time = 0.0
+        self._latency_completions = 0.0
+        self._step_period_ewa: float | None = None
+        self._last_step_began: float | None = None
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -138,10 +207,28 @@ class PolicyGate:
             next_training_step=self.next_training_step,
             max_steps_off_policy=self.max_steps_off_policy,
             max_batch_size=self.max_batch_size,
-            collected=self.collected,
             queued=self.queued,
             fresh_in_flight=sum(n for v, n in self._in_flight.items() if v >= floor),
+            rollout_latency=self.rollout_latency,
+            step_period=self._step_period_ewa,
         )
+
+    @property
+    def rollout_latency(self) -> float | None:
+        """Mean rollout latency, counting cancelled rollouts' time as censored samples.
+
+        Cancelled rollouts are the slow ones; leaving them out would make rollouts look
+        faster than they are. For exponential latencies this (decayed) total time over
+        completions is the maximum-likelihood mean.
+        """
+        if self._latency_completions <= 0:
+            return None
+        return self._latency_time / self._latency_completions
+
+    def note_rollout_time(self, seconds: float, *, completed: bool) -> None:
+        """A rollout ran `seconds`, and either completed or was cancelled before it could."""
+        self._latency_time = self._latency_time * LATENCY_DECAY + seconds
+        self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
 
     @property
     def min_fresh_version(self) -> int:
@@ -215,24 +302,48 @@ class PolicyGate:
 
     # -- the training side ---------------------------------------------------------------
 
-    def group_received(self, *, usable: bool) -> None:
-        """The trainer took a group out of the channel; `usable` if it joins the batch."""
+    def group_discarded(self) -> None:
+        """The trainer discarded a delivered group (stale or zero variance)."""
         self.queued -= 1
-        if usable:
-            self.collected += 1
         self._pump()
 
-    def begin_training(self, step: int) -> None:
-        """The collected batch goes to `backend.train` to produce `step`."""
+    def begin_training(self, step: int, batch_size: int) -> None:
+        """A batch of `batch_size` delivered groups goes to `backend.train` to produce `step`.
+
+        Taking the batch and starting the step are one change, so admission never sees the
+        groups gone while the window still counts the batch being collected.
+        """
+        self.queued -= batch_size
+        now = self._clock()
+        if self._last_step_began is not None:
+            self._step_period_ewa = _ewa(self._step_period_ewa, now - self._last_step_began)
+        self._last_step_began = now
         self.next_training_step = step
-        self.collected = 0
+        if self.cancels_doomed_rollouts:
+            floor = self.min_fresh_version
+            for version in [v for v in self._rollout_scopes if v < floor]:
+                for scope in self._rollout_scopes.pop(version):
+                    scope.cancel()
         self._pump()
+
+    def track(self, version: int, scope: anyio.CancelScope) -> None:
+        """Register a running rollout's scope: it is cancelled once no batch can train it."""
+        if self.cancels_doomed_rollouts and version < self.min_fresh_version:
+            scope.cancel()
+            return
+        self._rollout_scopes.setdefault(version, set()).add(scope)
+
+    def untrack(self, version: int, scope: anyio.CancelScope) -> None:
+        scopes = self._rollout_scopes.get(version)
+        if scopes is not None:
+            scopes.discard(scope)
+            if not scopes:
+                del self._rollout_scopes[version]
 
     def publish(self, version: int) -> None:
         """Weights for `version` are in place: rollouts may sample them from now on."""
         self.policy_version = version
         self.next_training_step = version
-        self.collected = 0
         previous, self._version_published = self._version_published, anyio.Event()
         previous.set()
         self._pump()

@@ -43,6 +43,8 @@ class RunCounters:
     taken: int = 0
     trained: int = 0
     stale: int = 0
+    #: Of `stale`: rollouts the gate cancelled before they finished (doomed to be stale).
+    stale_cancelled: int = 0
     zero_variance: int = 0
     errored: int = 0
     dropped_at_stop: int = 0
@@ -181,6 +183,8 @@ class PipelineRun:
             admission=settings.admission,
             beyond_bound=settings.rollouts_beyond_bound,
         )
+        #: Usable groups received from the channel, waiting for a batch (see collect_batch).
+        self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
         self.held_zero_variance_total = 0

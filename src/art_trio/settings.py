@@ -71,14 +71,16 @@ class PipelineSettings:
 
     @property
     def rollouts_beyond_bound(self) -> int:
-        """The staleness-aware gate's slack: rollouts it admits past the freshness bound.
+        """The staleness-aware gate's slack: rollouts it admits past its bound.
 
-        Half a batch by default: enough that the slowest rollouts of a batch rarely keep the
-        trainer waiting, few enough that most of the extra ones are still trained.
+        One per 8 groups of a batch by default. The bound already counts on some rollouts
+        missing their window (see gate.py); the slack covers the luck of a single batch.
+        Measured in virtual time (benchmarks/): on the issue's plenty-off1 workload, slack 0
+        gives utilization 0.96 with 5% wasted rollouts, 1 gives 0.98 / 9%, 4 gives 0.995 / 19%.
         """
         if self.max_rollouts_beyond_bound is not None:
             return self.max_rollouts_beyond_bound
-        return max(1, self.max_batch_size // 2)
+        return max(1, math.ceil(self.max_batch_size / 8))
 
 
 def build_settings(
@@ -158,7 +160,7 @@ def build_settings(
         )
     if max_rollouts_beyond_bound is not None and max_rollouts_beyond_bound < 0:
         raise ValueError(
-            "max_rollouts_beyond_bound must be >= 0 (or None for half of max_batch_size)"
+            "max_rollouts_beyond_bound must be >= 0 (or None for max_batch_size / 8)"
         )
     return PipelineSettings(
         num_rollout_workers=num_rollout_workers,

@@ -42,7 +42,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     - `admission`: "staleness_aware" (default) starts a rollout only if a batch still to come
       can train it; "eager" reproduces the reference's gate exactly.
     - `max_rollouts_beyond_bound`: how many rollouts "staleness_aware" admits past that bound,
-      trading wasted rollouts for trainer utilization (default: half of `max_batch_size`).
+      trading wasted rollouts for trainer utilization (default: `max_batch_size / 8`).
     - `eval_at_start`: ART 0.5.18's name for `eval_step_0`.
     - `fsync_state`: make each step's resume record durable against power loss, not only
       against the process dying (default True; costs one fsync per step).
@@ -187,8 +187,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             finally:
                 self._run = None
                 self.last_counters = run.counters
-                # Groups still in the channel were never trained; they roll again on resume.
-                run.counters.dropped_at_stop += run.counters.delivered - run.counters.received
+                # Groups still in the channel or ready were never trained; they roll again on
+                # resume.
+                run.counters.dropped_at_stop += (
+                    run.counters.delivered - run.counters.received + len(run.ready)
+                )
                 run.persist()
 
     def request_stop(self) -> None:

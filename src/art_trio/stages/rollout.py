@@ -73,12 +73,21 @@ async def _worker(
                 counters.rollouts_started += 1
                 status.note_rollout_started()
                 errored = True
+                doomed = False
                 try:
                     started = run.now()
-                    async with run.lease(version):
-                        group = await _call_rollout(run, scenario, run.rollout_fn)
+                    with anyio.CancelScope() as scope:
+                        gate.track(version, scope)
+                        try:
+                            async with run.lease(version):
+                                group = await _call_rollout(run, scenario, run.rollout_fn)
+                        finally:
+                            gate.untrack(version, scope)
                     wall = run.now() - started
-                    _check_rollout_result(group)
+                    doomed = scope.cancelled_caught
+                    gate.note_rollout_time(wall, completed=not doomed)
+                    if not doomed:
+                        _check_rollout_result(group)
                     errored = False
                 except anyio.get_cancelled_exc_class():
                     raise
@@ -97,6 +106,13 @@ async def _worker(
                     return
                 if errored:
                     counters.errored += 1
+                    run.state.ledger.resolve(index)
+                    continue
+                if doomed:
+                    # Cancelled by the gate: no batch still to be taken could train it.
+                    counters.stale += 1
+                    counters.stale_cancelled += 1
+                    status.note_stale(1)
                     run.state.ledger.resolve(index)
                     continue
                 copy_scenario_metadata(group, scenario)

@@ -87,23 +87,36 @@ async def _train_until_done(
         if batch is None or not batch.items:
             return
         step = await _train_step(run, batch, step, eval_send, step_started)
-        if batch.source_ended:
+        if batch.source_ended and not run.ready:
             return
 
 
 async def collect_batch(
     run: PipelineRun, receive: MemoryObjectReceiveStream[Delivered], current_step: int
 ) -> CollectedBatch | None:
-    """The next batch, or None if the run stopped or collapsed while collecting."""
+    """The next batch, or None if the run stopped or collapsed while collecting.
+
+    Waits until `min_batch_size` usable groups are ready, then takes what is ready up to
+    `max_batch_size`. Among ready groups it takes the oldest policy versions first (earliest
+    deadline first): a newer group can wait for the next batch, an older one may not get
+    another chance. The rest stay ready, in `run.ready`, for the next batch.
+    """
     settings = run.settings
     min_version = run.gate.batch_min_version(current_step)
     batch = CollectedBatch()
+    ready = run.ready
     started = run.now()
+    # Groups that aged out of the window while they waited for a batch.
+    for item in [item for item in ready if is_stale(item.group, min_version)]:
+        ready.remove(item)
+        _discard_stale(run, item, batch)
     with anyio.CancelScope() as scope:
         run.collect_scope = scope
         if run.stopping:
             scope.cancel()
-        while len(batch.items) < settings.min_batch_size:
+        if not _receive_ready(run, receive, min_version, batch):
+            return None
+        while len(ready) < settings.min_batch_size and not batch.source_ended:
             try:
                 item = await receive.receive()
             except anyio.EndOfStream:
@@ -111,30 +124,57 @@ async def collect_batch(
                 break
             if not _accept(run, item, min_version, batch):
                 return None
-        while not batch.source_ended and len(batch.items) < settings.max_batch_size:
-            try:
-                item = receive.receive_nowait()
-            except anyio.WouldBlock:
-                break
-            except anyio.EndOfStream:
-                batch.source_ended = True
-                break
-            if not _accept(run, item, min_version, batch):
-                return None
+        if not _receive_ready(run, receive, min_version, batch):
+            return None
     run.collect_scope = None
     if scope.cancel_called:
-        # Stopped while collecting: these groups are neither trained nor resolved, so a
-        # resumed run rolls their scenarios again.
-        run.counters.dropped_at_stop += len(batch.items)
+        # Stopped while collecting: the ready groups are neither trained nor resolved, so
+        # a resumed run rolls their scenarios again.
         return None
+    if settings.admission == "staleness_aware":
+        ready.sort(key=_deadline)  # stable: FIFO among equal versions, as in "eager"
+    batch.items = ready[: settings.max_batch_size]
+    del ready[: settings.max_batch_size]
     batch.idle_s = run.now() - started
     if batch.stale:
         run.status.note_stale(batch.stale)
     return batch
 
 
+def _deadline(item: Delivered) -> tuple[float, int]:
+    version = group_initial_version(item.group)
+    return (float("inf") if version is None else version, item.scenario_index)
+
+
+def _receive_ready(
+    run: PipelineRun,
+    receive: MemoryObjectReceiveStream[Delivered],
+    min_version: int,
+    batch: CollectedBatch,
+) -> bool:
+    """Move every group already waiting in the channel to `run.ready`; False on collapse."""
+    while not batch.source_ended:
+        try:
+            item = receive.receive_nowait()
+        except anyio.WouldBlock:
+            return True
+        except anyio.EndOfStream:
+            batch.source_ended = True
+            return True
+        if not _accept(run, item, min_version, batch):
+            return False
+    return True
+
+
+def _discard_stale(run: PipelineRun, item: Delivered, batch: CollectedBatch) -> None:
+    run.gate.group_discarded()
+    run.counters.stale += 1
+    batch.stale += 1
+    run.state.ledger.resolve(item.scenario_index)
+
+
 def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: CollectedBatch) -> bool:
-    """Sort one received group into the batch or a discard pile; False on collapse."""
+    """Sort one received group into the ready pool or a discard pile; False on collapse."""
     group, counters = item.group, run.counters
     counters.received += 1
     run.status.note_group_dequeued(group)
@@ -142,13 +182,10 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     if error is not None:
         raise error
     if is_stale(group, min_version):
-        run.gate.group_received(usable=False)
-        counters.stale += 1
-        batch.stale += 1
-        run.state.ledger.resolve(item.scenario_index)
+        _discard_stale(run, item, batch)
         return True
     if is_zero_variance(group):
-        run.gate.group_received(usable=False)
+        run.gate.group_discarded()
         counters.zero_variance += 1
         run.status.note_zero_variance_discarded(1)
         run.state.ledger.resolve(item.scenario_index)
@@ -163,8 +200,7 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
             )
             return False
         return True
-    run.gate.group_received(usable=True)
-    batch.items.append(item)
+    run.ready.append(item)
     return True
 
 
@@ -206,7 +242,7 @@ async def _train_step(
     expected = current_step + 1
     eval_this_step = should_eval(run, expected)
     groups = [item.group for item in batch.items]
-    run.gate.begin_training(expected)
+    run.gate.begin_training(expected, batch_size=len(groups))
     # Written before the call: if the process dies inside backend.train, resume asks the
     # backend whether this step happened and either counts these scenarios or rolls them again.
     run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
