@@ -110,13 +110,13 @@ def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
     trainer waiting) at the price of some stale ones.
 
     With `max_steps_off_policy == 0` only the batch being collected can use a rollout, and
-    the trainer is waiting on it: admission is then as eager as the reference's, and the
-    gate cancels the losers of the race the moment the batch is taken.
+    the trainer is waiting on it: until that batch is ready, admission is as eager as the
+    reference's, and the gate cancels the losers of the race the moment the batch is taken.
     """
     if not reference_gate_allows(s):
         return False
     if s.max_steps_off_policy == 0:
-        return True
+        return s.queued < s.window_slots
     slots = s.window_slots
     target = s.pipeline_target
     if target is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .retention import CheckpointRetentionStrategy
 
@@ -177,7 +177,7 @@ def build_settings(
         eval_at_start=resolved_eval_at_start,
         checkpoint_retention_interval=checkpoint_retention_interval,
         shutdown_grace_seconds=shutdown_grace_seconds,
-        admission=admission,  # type: ignore[arg-type]  # checked against ADMISSION_MODES
+        admission=cast(Admission, admission),  # checked against ADMISSION_MODES above
         max_rollouts_beyond_bound=max_rollouts_beyond_bound,
         packed_sequence_length=packed_sequence_length,
         **rest,

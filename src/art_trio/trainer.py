@@ -16,6 +16,7 @@ from typing import Any, Generic
 import anyio
 import art
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .bridge import Bridge, open_bridge
 from .ledger import PipelineState, StateStore
@@ -158,32 +159,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """
         if self._run is not None:
             raise RuntimeError("train() is already running on this trainer; await it first")
+        failure: ExceptionGroup[Exception] | None = None
         async with open_bridge() as bridge:
             run, eval_send, eval_receive = await self._prepare_run(bridge)
             self._run = run
             if self._stop_before_start:
                 self._stop_before_start = False
                 run.request_stop()
-            send, receive = anyio.create_memory_object_stream[Delivered](
-                self.settings.groups_capacity
-            )
             try:
-                with anyio.CancelScope() as run_scope:
-                    run.run_scope = run_scope
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_stage, "rollout", rollout_stage, run, send)
-                        tg.start_soon(
-                            _stage, "training", training_stage, run, receive, eval_send
-                        )
-                        tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
-                        tg.start_soon(_stage, "status", status_stage, run)
-                        tg.start_soon(
-                            _stage,
-                            "control",
-                            _control(handle_signals),
-                            run,
-                        )
-                        task_status.started()
+                await self._run_stages(run, eval_send, eval_receive, handle_signals, task_status)
+            except ExceptionGroup as group:
+                # Raised below, outside the bridge: a trio-asyncio loop opened here would
+                # otherwise wrap the stages' group in a second one.
+                failure = group
             finally:
                 self._run = None
                 self.last_counters = run.counters
@@ -193,6 +181,29 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     run.counters.delivered - run.counters.received + len(run.ready)
                 )
                 run.persist()
+        if failure is not None:
+            raise failure
+
+    async def _run_stages(
+        self,
+        run: PipelineRun,
+        eval_send: MemoryObjectSendStream[int],
+        eval_receive: MemoryObjectReceiveStream[int],
+        handle_signals: bool,
+        task_status: TaskStatus[None],
+    ) -> None:
+        send, receive = anyio.create_memory_object_stream[Delivered](
+            self.settings.groups_capacity
+        )
+        with anyio.CancelScope() as run_scope:
+            run.run_scope = run_scope
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stage, "rollout", rollout_stage, run, send)
+                tg.start_soon(_stage, "training", training_stage, run, receive, eval_send)
+                tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
+                tg.start_soon(_stage, "status", status_stage, run)
+                tg.start_soon(_stage, "control", _control(handle_signals), run)
+                task_status.started()
 
     def request_stop(self) -> None:
         """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.
@@ -209,7 +220,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     async def _prepare_run(
         self, bridge: Bridge
-    ) -> tuple[PipelineRun, Any, Any]:
+    ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
         settings = self.settings
         start_step = int(await bridge.call(self.model.get_step))
         store = StateStore(self.model._get_output_dir(), fsync=settings.fsync_state)

@@ -1,0 +1,46 @@
+"""`art-trio`: the command line. Each subcommand lives with the code it runs.
+
+    art-trio demo      a real RL run on the CPU (art_trio.demo)
+    art-trio simulate  the scheduler in virtual time, to plan a run (art_trio.sim)
+    art-trio bench     art_trio against ART's asyncio trainer (art_trio.bench)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+# ART fetches a model price table when imported unless told to use its bundled copy.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+SUBCOMMANDS = {
+    "demo": ("art_trio.demo.cli", "a real RL run on the CPU, through the same code as a GPU run"),
+    "simulate": ("art_trio.sim.cli", "run the real scheduler in virtual time to plan a run"),
+    "bench": ("art_trio.bench.runner", "measure art_trio against ART's asyncio trainer"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: art-trio {demo,simulate,bench} [options]", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`art-trio COMMAND --help` lists a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in SUBCOMMANDS:
+        print(f"art-trio: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Behaviour 1, 9, 10: where scenarios come from, how a run ends, what is persisted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from art_trio import PipelineTrainer
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+
+
+def pipeline_state(model: Any) -> dict[str, Any]:
+    state = json.loads((Path(model._get_output_dir()) / "state.json").read_text())
+    return state["_pipeline_trainer"]
+
+
+def trained_ids(backend: RecordingBackend) -> list[int]:
+    return [i for call in backend.calls for i in call.scenario_ids]
+
+
+async def test_sync_iterable_source_trains_every_scenario_and_counts_them(model, backend):
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(10), None,
+        num_rollout_workers=3, min_batch_size=2, max_batch_size=2,
+    )
+    await trainer.train(handle_signals=False)
+    assert sorted(trained_ids(backend)) == list(range(10))
+    state = pipeline_state(model)
+    assert state["scenario_offset"] == 10
+    assert state["total_scenarios_consumed"] == 10
+    assert state["training_step"] == backend.step == 5
+
+
+async def test_async_iterator_source_is_pulled_as_asyncio_code(model, backend):
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for scenario in scenarios(6):
+            await asyncio.sleep(0)  # asyncio-only: fails if pulled from plain trio
+            yield scenario
+
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, source(), None,
+        num_rollout_workers=2, min_batch_size=3, max_batch_size=3,
+    )
+    await trainer.train(handle_signals=False)
+    assert sorted(trained_ids(backend)) == list(range(6))
+    assert pipeline_state(model)["total_scenarios_consumed"] == 6
+
+
+async def test_finite_source_trains_a_final_partial_batch(model, backend):
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(5), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    )
+    await trainer.train(handle_signals=False)
+    assert [len(c.scenario_ids) for c in backend.calls] == [2, 2, 1]
+
+
+async def test_max_steps_counts_steps_of_this_run(model, backend):
+    def make() -> PipelineTrainer:
+        return PipelineTrainer(
+            model, backend, asyncio_rollout, scenarios(100), None,
+            num_rollout_workers=2, min_batch_size=2, max_batch_size=2, max_steps=2,
+        )
+
+    await make().train(handle_signals=False)
+    assert backend.step == 2
+    await make().train(handle_signals=False)
+    assert backend.step == 4
+    # Resumed: the second run trained scenarios the first had not.
+    ids = trained_ids(backend)
+    assert len(ids) == len(set(ids)) == 8
+
+
+async def test_max_steps_zero_trains_nothing(model, backend):
+    trainer = PipelineTrainer(model, backend, asyncio_rollout, scenarios(10), None, max_steps=0)
+    await trainer.train(handle_signals=False)
+    assert backend.calls == []
+
+
+async def test_resume_skips_resolved_scenarios_and_warns_when_the_source_is_short(
+    model, backend, capsys
+):
+    first = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(8), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    )
+    await first.train(handle_signals=False)
+    assert pipeline_state(model)["scenario_offset"] == 8
+    second = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(5), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    )
+    await second.train(handle_signals=False)
+    assert "scenario iterator exhausted early while skipping (skipped 5/8)" in capsys.readouterr().out
+    assert backend.step == 4  # nothing new trained
+
+
+async def test_resume_false_starts_from_the_first_scenario(model, backend):
+    for _ in range(2):
+        await PipelineTrainer(
+            model, backend, asyncio_rollout, scenarios(4), None,
+            num_rollout_workers=1, min_batch_size=2, max_batch_size=2, resume=False,
+        ).train(handle_signals=False)
+    assert sorted(trained_ids(backend)) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+async def test_state_keeps_the_references_four_fields(model, backend):
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(4), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2, eval_every_n_steps=0,
+    ).train(handle_signals=False)
+    state = pipeline_state(model)
+    assert {"scenario_offset", "total_scenarios_consumed", "training_step", "last_eval_step"} <= set(
+        state
+    )
+
+
+async def test_art_train_step_log_prints_start_and_end(model, backend, monkeypatch, capsys):
+    monkeypatch.setenv("ART_TRAIN_STEP_LOG", "1")
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(2), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    out = capsys.readouterr().out
+    assert "[train] step 1 starting (batch=2)" in out
+    assert "[train] step 1 done in" in out
+
+
+async def test_a_clean_end_leaves_no_pending_batch_or_stray_resolutions(model, backend):
+    """Extra art_trio fields ride along without disturbing the reference's."""
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(3), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    state = pipeline_state(model)
+    assert state["pending_batch"] is None
+    assert state["resolved_scenarios"] == []

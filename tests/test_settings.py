@@ -1,0 +1,146 @@
+"""Constructor parity with ART's trainer: names, defaults, keyword-only placement, errors."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import types
+from typing import Any
+
+import pytest
+from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
+
+from art_trio import PipelineTrainer
+from tests.doubles import asyncio_rollout
+
+# The reference's parameters that ART 0.5.18 no longer has (it dropped the KL kwargs).
+REFERENCE_ONLY = {"kl_penalty_coef": 0.0, "kl_penalty_reference_step": None}
+
+
+def test_every_parameter_of_arts_trainer_with_the_same_default_and_kind() -> None:
+    ours = inspect.signature(PipelineTrainer.__init__).parameters
+    theirs = inspect.signature(ArtPipelineTrainer.__init__).parameters
+    for name, param in theirs.items():
+        assert name in ours, f"missing parameter {name}"
+        assert ours[name].kind == param.kind, name
+        if name == "eval_at_start":
+            # An alias of eval_step_0 here: None means "as eval_step_0 says" (default True).
+            assert ours[name].default is None
+            continue
+        assert ours[name].default == param.default, name
+    for name, default in REFERENCE_ONLY.items():
+        assert ours[name].default == default
+        assert ours[name].kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours["eval_step_0"].default is True
+
+
+BAD_VALUES: list[tuple[dict[str, Any], str]] = [
+    ({"num_rollout_workers": 0}, "num_rollout_workers must be > 0"),
+    ({"min_batch_size": 0}, "min_batch_size must be > 0"),
+    ({"max_batch_size": 0}, "max_batch_size must be > 0"),
+    ({"min_batch_size": 4, "max_batch_size": 3}, "max_batch_size must be >= min_batch_size"),
+    ({"max_steps_off_policy": -1}, "max_steps_off_policy must be >= 0"),
+    ({"queue_maxsize": 0}, "queue_maxsize must be > 0"),
+    ({"eval_every_n_steps": -1}, "eval_every_n_steps must be >= 0"),
+    ({"max_steps": -1}, "max_steps must be >= 0"),
+    ({"log_interval_seconds": 0}, "log_interval_seconds must be > 0"),
+    ({"discard_queue_multiplier": 0}, "discard_queue_multiplier must be > 0"),
+    ({"status_ewa_alpha": 0}, "status_ewa_alpha must be in (0, 1]"),
+    ({"total_scenarios": -1}, "total_scenarios must be >= 0"),
+    ({"checkpoint_retention_interval": 0}, "checkpoint_retention_interval must be > 0"),
+    ({"shutdown_grace_seconds": -1}, "shutdown_grace_seconds must be >= 0"),
+    ({"admission": "greedy"}, "admission must be one of"),
+    ({"max_rollouts_beyond_bound": -1}, "max_rollouts_beyond_bound must be >= 0"),
+    ({"packed_sequence_length": 0}, "packed_sequence_length must be > 0"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_VALUES)
+def test_bad_values_raise_the_references_value_error(
+    model: Any, backend: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{message.replace('(', '[(]').replace(')', '[)]')}"):
+        PipelineTrainer(model, backend, asyncio_rollout, [], None, **kwargs)
+
+
+def test_art_raises_the_same_messages(model: Any, backend: Any) -> None:
+    """Our messages are ART's for every parameter ART validates (checked against ART itself)."""
+    ArtPipelineTrainer._validate_backend_support = lambda self: None  # type: ignore[method-assign]
+    for kwargs, message in BAD_VALUES[:13]:
+        with pytest.raises(ValueError) as art_error:
+            ArtPipelineTrainer(model, backend, asyncio_rollout, [], None, **kwargs)
+        assert str(art_error.value) == message
+
+
+def test_defaults_resolve_like_the_reference(model: Any, backend: Any) -> None:
+    trainer = PipelineTrainer(model, backend, asyncio_rollout, [], None, min_batch_size=3)
+    assert trainer.max_batch_size == 30
+    assert trainer.settings.groups_capacity == 4 * 30
+    assert PipelineTrainer(
+        model, backend, asyncio_rollout, [], None, max_steps_off_policy=0
+    ).settings.groups_capacity == 1
+    assert PipelineTrainer(
+        model, backend, asyncio_rollout, [], None, queue_maxsize=7
+    ).settings.groups_capacity == 7
+
+
+def test_construction_needs_no_torch_or_local_backend() -> None:
+    """The reference imports LocalBackend (torch) before checking the backend's type."""
+    code = """
+import os, sys
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+import art
+from art_trio import PipelineTrainer
+class Backend:
+    pass
+model = art.TrainableModel(name="m", project="p", base_model="b", base_path="/tmp/unused")
+PipelineTrainer(model, Backend(), lambda *a: None, [], None)
+assert "art.local.backend" not in sys.modules, "LocalBackend was imported"
+assert "torch" not in sys.modules, "torch was imported"
+print("constructed")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "constructed" in done.stdout
+
+
+@pytest.fixture
+def fake_local_backend(monkeypatch: pytest.MonkeyPatch) -> type:
+    """ART's LocalBackend needs torch; stand in its module so isinstance() sees our class."""
+    module = types.ModuleType("art.local.backend")
+
+    class LocalBackend:
+        pass
+
+    module.LocalBackend = LocalBackend  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "art.local.backend", module)
+    return LocalBackend
+
+
+@pytest.mark.parametrize(
+    ("internal", "kwargs", "message"),
+    [
+        ({}, {}, "dedicated mode"),
+        ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}, {"loss_fn": "sft"},
+         "loss_fn='cispo' or loss_fn='ppo'"),
+        ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}, {"loss_fn_config": {}},
+         "loss_fn_config=None"),
+        ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}, {"normalize_advantages": False},
+         "normalize_advantages=True"),
+        ({"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}, {"adam_params": object()},
+         "adam_params=None"),
+    ],
+)
+def test_local_backend_must_be_dedicated(
+    model: Any, fake_local_backend: type, internal: dict[str, Any], kwargs: dict[str, Any],
+    message: str,
+) -> None:
+    object.__setattr__(model, "_internal_config", internal)
+    with pytest.raises(ValueError, match=message.replace("(", "[(]").replace(")", "[)]")):
+        PipelineTrainer(model, fake_local_backend(), asyncio_rollout, [], None, **kwargs)
+
+
+def test_dedicated_local_backend_is_accepted(model: Any, fake_local_backend: type) -> None:
+    object.__setattr__(model, "_internal_config", {"trainer_gpu_ids": [0], "inference_gpu_ids": [1]})
+    PipelineTrainer(model, fake_local_backend(), asyncio_rollout, [], None)
