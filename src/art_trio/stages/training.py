@@ -97,11 +97,21 @@ async def collect_batch(
     """The next batch, or None if the run stopped or collapsed while collecting.
 
     Waits until `min_batch_size` usable groups are ready, then takes what is ready up to
-    `max_batch_size`. Among ready groups it takes the oldest policy versions first (earliest
-    deadline first): a newer group can wait for the next batch, an older one may not get
-    another chance. The rest stay ready, in `run.ready`, for the next batch.
+    `max_batch_size`. In "staleness_aware" mode the trainer looks at up to a channel's worth
+    of ready groups and takes the oldest policy versions first (earliest deadline first): a
+    newer group can wait for the next batch, an older one may not get another chance. The rest
+    stay ready, in `run.ready`, for the next batch. In "eager" mode it takes them in arrival
+    order, as the reference does.
     """
     settings = run.settings
+    earliest_deadline_first = settings.admission == "staleness_aware"
+    # How many groups the trainer holds out of the channel: bounded, so backpressure on the
+    # rollout workers still works.
+    lookahead = (
+        max(settings.max_batch_size, settings.groups_capacity)
+        if earliest_deadline_first
+        else settings.max_batch_size
+    )
     min_version = run.gate.batch_min_version(current_step)
     batch = CollectedBatch()
     ready = run.ready
@@ -114,7 +124,7 @@ async def collect_batch(
         run.collect_scope = scope
         if run.stopping:
             scope.cancel()
-        if not _receive_ready(run, receive, min_version, batch):
+        if not _receive_ready(run, receive, min_version, batch, lookahead):
             return None
         while len(ready) < settings.min_batch_size and not batch.source_ended:
             try:
@@ -124,15 +134,15 @@ async def collect_batch(
                 break
             if not _accept(run, item, min_version, batch):
                 return None
-        if not _receive_ready(run, receive, min_version, batch):
+        if not _receive_ready(run, receive, min_version, batch, lookahead):
             return None
     run.collect_scope = None
     if scope.cancel_called:
         # Stopped while collecting: the ready groups are neither trained nor resolved, so
         # a resumed run rolls their scenarios again.
         return None
-    if settings.admission == "staleness_aware":
-        ready.sort(key=_deadline)  # stable: FIFO among equal versions, as in "eager"
+    if earliest_deadline_first:
+        ready.sort(key=_deadline)  # stable: arrival order among equal versions
     batch.items = ready[: settings.max_batch_size]
     del ready[: settings.max_batch_size]
     batch.idle_s = run.now() - started
@@ -151,9 +161,10 @@ def _receive_ready(
     receive: MemoryObjectReceiveStream[Delivered],
     min_version: int,
     batch: CollectedBatch,
+    lookahead: int,
 ) -> bool:
-    """Move every group already waiting in the channel to `run.ready`; False on collapse."""
-    while not batch.source_ended:
+    """Move groups waiting in the channel to `run.ready`, up to `lookahead`; False on collapse."""
+    while not batch.source_ended and len(run.ready) < lookahead:
         try:
             item = receive.receive_nowait()
         except anyio.WouldBlock:

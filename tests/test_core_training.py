@@ -1,0 +1,237 @@
+"""Behaviour 5, 6, 7: batch collection, what backend.train receives, logging then publishing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import art
+import pytest
+import trio
+
+from art_trio import PipelineTrainer
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+
+
+def history(model: Any) -> list[dict[str, Any]]:
+    path = Path(model._get_output_dir()) / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_batches_wait_for_min_then_take_what_is_ready_up_to_max(model, autojump_clock):
+    backend = RecordingBackend(train_seconds=10.0)
+    object.__setattr__(model, "_backend", backend)
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        await asyncio.sleep(1.0 + scenario["i"] * 0.01)
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(30), None, num_rollout_workers=10,
+        min_batch_size=2, max_batch_size=5, max_steps_off_policy=5, max_steps=3,
+        admission="eager",
+    ).train(handle_signals=False)
+    sizes = [len(c.scenario_ids) for c in backend.calls]
+    # Step 1 starts as soon as 2 are ready (the rest finish 10 ms apart); while it trains
+    # for 10 s the others pile up, so later steps take the maximum.
+    assert sizes == [2, 5, 5]
+
+
+async def test_stale_groups_are_discarded_and_counted(model, backend):
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        # Scenarios 2 and 5 claim to come from a policy far behind (version -10).
+        version = -10 if scenario["i"] in (2, 5) else None
+        return art.TrajectoryGroup(
+            [trajectory(0, initial_policy_version=version), trajectory(1, initial_policy_version=version)]
+        )
+
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(8), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1,
+    )
+    await trainer.train(handle_signals=False)
+    assert sorted(i for c in backend.calls for i in c.scenario_ids) == [0, 1, 3, 4, 6, 7]
+    assert trainer.last_counters is not None and trainer.last_counters.stale == 2
+    last = [r for r in history(model) if "train/discarded_stale_groups" in r][-1]
+    assert last["train/discarded_stale_groups"] == 2
+
+
+async def test_zero_variance_groups_are_held_then_logged_as_discarded(model, backend):
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] == 1:
+            return art.TrajectoryGroup([trajectory(0.5), trajectory(0.5)])
+        if scenario["i"] == 2:
+            return art.TrajectoryGroup([trajectory(1.0)])  # one trajectory: no variance
+        return await asyncio_rollout(model, scenario, config)
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(6), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    assert sorted(i for c in backend.calls for i in c.scenario_ids) == [0, 3, 4, 5]
+    discarded = Path(model._get_output_dir()) / "trajectories" / "discarded"
+    assert [p.name for p in discarded.iterdir()] == ["0001.parquet"]
+
+
+async def test_collapse_stops_training_exactly_at_the_limit(model, backend, capsys):
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([trajectory(1.0), trajectory(1.0)])
+
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(100), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, discard_queue_multiplier=3,
+    )
+    await trainer.train(handle_signals=False)
+    assert backend.calls == []
+    assert trainer.last_counters is not None
+    assert trainer.last_counters.zero_variance == 6  # 3 * min_batch_size, not one fewer or more
+    out = capsys.readouterr().out
+    assert "MODEL COLLAPSE DETECTED - Training stopped" in out
+    assert "discard_queue_multiplier" in out
+
+
+async def test_backend_train_receives_the_references_kwargs(model, backend):
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(4), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, learning_rate=3e-4, loss_fn="ppo",
+        loss_fn_config={"clip": 0.2}, normalize_advantages=False, adam_params={"beta1": 0.8},
+    ).train(handle_signals=False)
+    assert backend.calls[0].kwargs == {
+        "learning_rate": 3e-4,
+        "loss_fn": "ppo",
+        "loss_fn_config": {"clip": 0.2},
+        "normalize_advantages": False,
+        "save_checkpoint": False,
+        "adam_params": {"beta1": 0.8},
+    }
+
+
+async def test_kl_kwargs_exactly_when_the_coefficient_is_positive(model, backend):
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(4), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, kl_penalty_coef=0.1, kl_penalty_reference_step=3,
+        packed_sequence_length=2048,
+    ).train(handle_signals=False)
+    kwargs = backend.calls[0].kwargs
+    assert kwargs["kl_penalty_coef"] == 0.1
+    assert kwargs["kl_penalty_source"] == "sample"
+    assert kwargs["kl_penalty_reference_step"] == 3
+    assert kwargs["packed_sequence_length"] == 2048
+
+
+async def test_save_checkpoint_only_on_eval_steps(model, backend):
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        return [trajectory(1.0)]
+
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(10), None, eval_fn, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, eval_every_n_steps=2,
+    ).train(handle_signals=False)
+    assert [c.kwargs["save_checkpoint"] for c in backend.calls] == [False, True, False, True, False]
+    no_checkpoints = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(4), None, eval_fn, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, eval_every_n_steps=1, save_checkpoint=False,
+        resume=False,
+    )
+    backend.calls.clear()
+    await no_checkpoints.train(handle_signals=False)
+    assert [c.kwargs["save_checkpoint"] for c in backend.calls] == [False, False]
+
+
+async def test_each_step_logs_the_references_metric_keys(model, backend):
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(4), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    rows = {r["step"]: r for r in history(model) if "train/reward" in r}
+    assert sorted(rows) == [1, 2]
+    for row in rows.values():
+        assert {
+            "train/discarded_stale_groups",
+            "train/steps_off_policy",
+            "time/step_wall_s",
+            "throughput/step_trainer_idle_s",
+            "time/step_trainer_s",
+            "time/step_actor_s",
+            "train/loss",  # the backend's own metrics
+        } <= set(row)
+    assert (Path(model._get_output_dir()) / "trajectories" / "train" / "0002.parquet").exists()
+
+
+async def test_the_new_version_is_published_only_after_the_step_is_logged(model, backend):
+    """No rollout samples policy s before model.log for step s has returned."""
+    logged_at: dict[int, int] = {}
+    events = 0
+    original_log = model.log
+
+    async def log(*args: Any, **kwargs: Any) -> None:
+        nonlocal events
+        await original_log(*args, **kwargs)
+        if kwargs.get("split") == "train":
+            events += 1
+            logged_at[kwargs["step"]] = events
+
+    object.__setattr__(model, "log", log)
+    started: list[tuple[int, int]] = []  # (event count when started, version it sampled)
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        mark = events
+        group = await asyncio_rollout(model, scenario, config)
+        started.append((mark, -1))
+        return group
+
+    original_train = backend.train
+
+    async def spy(model_: Any, groups: Any, **kwargs: Any) -> Any:
+        groups = list(groups)
+        for g in groups:
+            for t in g.trajectories:
+                assert t.initial_policy_version is not None
+                version = t.initial_policy_version
+                # A group that sampled version v > 0 started after step v was logged.
+                assert version == 0 or version in logged_at
+        return await original_train(model_, groups, **kwargs)
+
+    backend.train = spy  # type: ignore[method-assign]
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(12), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_steps_off_policy=1,
+    ).train(handle_signals=False)
+    assert len(logged_at) == 6
+
+
+async def test_the_groups_channel_is_bounded(model, autojump_clock):
+    backend = RecordingBackend(train_seconds=100.0)
+    object.__setattr__(model, "_backend", backend)
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(200), None, num_rollout_workers=20,
+        min_batch_size=2, max_batch_size=2, queue_maxsize=3, max_steps=2, admission="eager",
+    )
+    await trainer.train(handle_signals=False)
+    counters = trainer.last_counters
+    assert counters is not None
+    # Delivered but not trained: in the channel (<= 3), held ready by the trainer (<= one
+    # batch in eager mode), or held by workers blocked handing over (<= 20).
+    assert counters.max_queued <= 3 + 2 + 20
+
+
+@pytest.mark.parametrize("admission", ["eager", "staleness_aware"])
+async def test_off_policy_bound_holds_under_load(model, autojump_clock, admission):
+    backend = RecordingBackend(train_seconds=1.0)
+    object.__setattr__(model, "_backend", backend)
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        await asyncio.sleep(0.1 + (scenario["i"] * 7919 % 13) * 0.2)
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(400), None, num_rollout_workers=16,
+        min_batch_size=4, max_batch_size=4, max_steps_off_policy=1, max_steps=20,
+        admission=admission,
+    ).train(handle_signals=False)
+    for call in backend.calls:
+        for version in call.initial_versions:
+            assert version is not None and version >= (call.step - 1) - 1
+    await trio.lowlevel.checkpoint()
