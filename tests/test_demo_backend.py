@@ -57,6 +57,22 @@ async def aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
 
 
+def require_trio_asyncio_patched_anyio() -> None:
+    """httpx runs on anyio; under trio-asyncio anyio must see trio-asyncio's patched
+    ``asyncio.get_running_loop``. anyio's asyncio backend binds it when first imported, so it
+    must be imported after trio_asyncio. pytest's anyio plugin imports it first; without this
+    check every rollout would fail to connect and the trainer would wait forever."""
+    import asyncio
+
+    import anyio._backends._asyncio as anyio_asyncio
+
+    if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
+        pytest.fail(
+            "anyio's asyncio backend was imported before trio_asyncio patched asyncio "
+            "(pytest's anyio plugin does that): run pytest with `-p no:anyio`"
+        )
+
+
 async def val_reward(model: art.TrainableModel, step: int, config: TaskConfig) -> float:
     trajectories = await aio(eval_fn, model, step, config)
     rewards = [t.reward for t in trajectories if isinstance(t, art.Trajectory)]
@@ -287,6 +303,7 @@ async def test_register_resumes_from_the_newest_checkpoint(tmp_path: Path) -> No
 async def test_short_training_run_raises_reward(tmp_path: Path) -> None:
     """Rollouts from the served policy, trained with cispo, for 12 steps: deterministic for
     the seed, and clearly better (the optimum is 1.0, the start about 0.75)."""
+    require_trio_asyncio_patched_anyio()
     config = TaskConfig(group_size=8, eval_samples=4, seed=0)
 
     async def run(loss_fn: str, path: Path) -> tuple[float, float]:

@@ -27,7 +27,6 @@ import os
 import secrets
 import socket
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import sniffio
 from hypercorn.config import Config
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -248,13 +247,16 @@ def complete(
 
 def create_app(registry: PolicyRegistry, *, seed: int = 0) -> Starlette:
     """The ASGI app. Requests without a ``seed`` draw from one generator seeded with ``seed``;
-    requests with one get their own stream, so they repeat exactly for the same weights."""
+    a request with one gets its own stream, so it repeats exactly for the same weights."""
     shared_rng = np.random.default_rng(seed)
 
     def rng_for(request: CompletionRequest) -> np.random.Generator:
         if request.seed is None:
             return shared_rng
-        return np.random.default_rng([request.seed % 2**63, zlib.crc32(request.model.encode())])
+        # The seed alone picks the random stream, not the model name: two steps asked with one
+        # seed see the same draws through different probabilities (common random numbers), and
+        # runs under different model names repeat each other.
+        return np.random.default_rng(request.seed % 2**63)
 
     async def chat_completions(http_request: Request) -> Response:
         try:
@@ -279,6 +281,9 @@ def create_app(registry: PolicyRegistry, *, seed: int = 0) -> Starlette:
                 ) from None
         except OpenAIError as exc:
             return exc.response()
+        except ClientDisconnect:
+            # The client gave up (a rollout cancelled at shutdown): nobody reads this answer.
+            return Response(status_code=499)
         except Exception:
             # A bug here must still answer, so one bad request cannot take a rollout down.
             logger.exception("chat completion failed")

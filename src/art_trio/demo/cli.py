@@ -1,0 +1,242 @@
+"""``art-trio demo`` / ``python -m art_trio.demo``: a whole pipelined RL run on a CPU.
+
+It trains the numpy policy of ``CpuBackend`` on ART's yes/no/maybe task with
+``art_trio.PipelineTrainer`` under ``trio.run``: rollouts, training and eval overlap exactly as
+they would against a GPU backend. It prints a summary (steps, wall time, first and last val
+reward) and writes a reward-vs-step plot next to the model's ``history.jsonl``.
+
+Everything is written under ``<output-dir>/.art/<project>/models/<name>/`` (ART's layout).
+Running again with the same ``--name`` resumes that run from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+# Before ART (through .backend / .task) is imported: keep litellm off the network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import art  # noqa: E402
+import trio  # noqa: E402
+
+from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
+from .plot import plot_rewards, read_rewards  # noqa: E402
+from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
+
+PROJECT = "art-trio-demo"
+BASE_MODEL = "cpu-demo"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """The demo's settings; the defaults finish in seconds on two cores."""
+
+    steps: int = 30
+    workers: int = 4
+    seed: int = 0
+    group_size: int = 8
+    learning_rate: float = 0.03
+    loss_fn: str = "cispo"
+    min_batch_size: int = 4
+    max_steps_off_policy: int = 2
+    eval_every: int = 2
+    output_dir: Path = Path(".")
+    name: str | None = None
+    plot: bool = True
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What a finished run reports. Val points are ``(step, reward)``."""
+
+    name: str
+    start_step: int
+    final_step: int
+    wall_seconds: float
+    first_val: tuple[int, float] | None
+    last_val: tuple[int, float] | None
+    history_path: Path
+    plot_path: Path | None
+
+    @property
+    def steps_trained(self) -> int:
+        return self.final_step - self.start_step
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = DemoOptions()
+    parser = argparse.ArgumentParser(
+        prog="art-trio demo",
+        description=(
+            "Train a tiny numpy policy on ART's yes/no/maybe task with art_trio's "
+            "PipelineTrainer, on the CPU, through a real OpenAI-compatible server."
+        ),
+    )
+    parser.add_argument("--steps", type=int, default=d.steps, help="training steps to run")
+    parser.add_argument("--workers", type=int, default=d.workers, help="concurrent rollout workers")
+    parser.add_argument(
+        "--seed", type=int, default=d.seed, help="seed of the initial policy and sampling"
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=d.group_size, help="answers per rollout group"
+    )
+    parser.add_argument(
+        "--learning-rate", type=float, default=d.learning_rate, help="Adam step size"
+    )
+    parser.add_argument("--loss-fn", choices=["cispo", "ppo"], default=d.loss_fn)
+    parser.add_argument(
+        "--min-batch-size", type=int, default=d.min_batch_size, help="groups per training step"
+    )
+    parser.add_argument(
+        "--max-steps-off-policy",
+        type=int,
+        default=d.max_steps_off_policy,
+        help="how stale a rollout may be when it is trained on",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="evaluate every N steps"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=d.output_dir,
+        help="where .art/ goes (default: the current directory)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="model name (default: timestamped); reuse one to resume"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the reward plot")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> DemoOptions:
+    return DemoOptions(
+        steps=args.steps,
+        workers=args.workers,
+        seed=args.seed,
+        group_size=args.group_size,
+        learning_rate=args.learning_rate,
+        loss_fn=args.loss_fn,
+        min_batch_size=args.min_batch_size,
+        max_steps_off_policy=args.max_steps_off_policy,
+        eval_every=args.eval_every,
+        output_dir=args.output_dir,
+        name=args.name,
+        plot=not args.no_plot,
+    )
+
+
+async def run_demo(options: DemoOptions) -> DemoResult:
+    """Run the demo in the current trio run and return its result (prints progress)."""
+    from art_trio import PipelineTrainer
+
+    started = time.monotonic()
+    name = options.name or f"yes-no-maybe-{datetime.now():%Y%m%d-%H%M%S}"
+    model: art.TrainableModel = art.TrainableModel(
+        name=name,
+        project=PROJECT,
+        base_model=BASE_MODEL,
+        base_path=str(options.output_dir / ".art"),
+    )
+    config = TaskConfig(group_size=options.group_size, seed=options.seed)
+    # Keep every step a rollout or a lagging eval may still ask for.
+    keep_steps = max(DEFAULT_KEEP_STEPS, options.max_steps_off_policy + 8)
+    async with CpuBackend(seed=options.seed, keep_steps=keep_steps) as backend:
+        # The backend's methods never touch a loop primitive, so registering needs no bridge.
+        await model.register(backend)
+        start_step = await backend._get_step(model)
+        print(
+            f"Training {name!r}: {options.steps} steps from step {start_step}, "
+            f"{options.workers} rollout workers, groups of {options.group_size}, "
+            f"seed {options.seed}; policy served at {backend.base_url}",
+            flush=True,
+        )
+        trainer = PipelineTrainer(
+            model,
+            backend,
+            rollout,
+            scenarios(options.seed),
+            config,
+            eval_fn,
+            num_rollout_workers=options.workers,
+            min_batch_size=options.min_batch_size,
+            max_steps_off_policy=options.max_steps_off_policy,
+            learning_rate=options.learning_rate,
+            loss_fn=options.loss_fn,
+            max_steps=options.steps,
+            eval_every_n_steps=options.eval_every,
+            log_interval_seconds=5.0,
+        )
+        await trainer.train(handle_signals=True)
+        final_step = await backend._get_step(model)
+    wall_seconds = time.monotonic() - started
+
+    history_path = Path(model._get_output_dir()) / "history.jsonl"
+    vals = read_rewards(history_path)["val/reward"] if history_path.exists() else []
+    plot_path = None
+    if options.plot and history_path.exists():
+        plot_path = plot_rewards(
+            history_path,
+            Path(model._get_output_dir()) / "reward.png",
+            title=f"{name}: yes/no/maybe on a CPU (seed {options.seed})",
+        )
+    return DemoResult(
+        name=name,
+        start_step=start_step,
+        final_step=final_step,
+        wall_seconds=wall_seconds,
+        first_val=vals[0] if vals else None,
+        last_val=vals[-1] if vals else None,
+        history_path=history_path,
+        plot_path=plot_path,
+    )
+
+
+def format_summary(result: DemoResult) -> str:
+    lines = [
+        f"Done: {result.steps_trained} steps (to step {result.final_step}) "
+        f"in {result.wall_seconds:.1f} s."
+    ]
+    if result.first_val is not None and result.last_val is not None:
+        (s0, r0), (s1, r1) = result.first_val, result.last_val
+        lines.append(
+            f"val reward: {r0:.3f} at step {s0} -> {r1:.3f} at step {s1} "
+            "(optimum 1.000: always answer 'maybe')"
+        )
+    lines.append(f"history: {result.history_path}")
+    if result.plot_path is not None:
+        lines.append(f"plot:    {result.plot_path}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``art-trio demo``; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    options = options_from_args(args)
+    for flag, value, minimum in (
+        ("--steps", options.steps, 1),
+        ("--workers", options.workers, 1),
+        # A group of one has no reward variance, so nothing to learn from.
+        ("--group-size", options.group_size, 2),
+        ("--min-batch-size", options.min_batch_size, 1),
+        ("--max-steps-off-policy", options.max_steps_off_policy, 0),
+        ("--eval-every", options.eval_every, 1),
+    ):
+        if value < minimum:
+            print(f"art-trio demo: {flag} must be >= {minimum}", file=sys.stderr)
+            return 2
+    if options.learning_rate <= 0:
+        print("art-trio demo: --learning-rate must be > 0", file=sys.stderr)
+        return 2
+    try:
+        result = trio.run(run_demo, options)
+    except KeyboardInterrupt:
+        return 130
+    print(format_summary(result), flush=True)
+    return 0

@@ -1,0 +1,139 @@
+"""The ``art-trio demo`` command end to end: art_trio's PipelineTrainer under trio.run with the
+CPU backend, its summary, its reward plot, resuming, and the default run's promise."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import pytest  # noqa: E402
+
+from art_trio.demo.cli import PROJECT, DemoOptions, build_parser, main  # noqa: E402
+from art_trio.demo.plot import plot_rewards, read_rewards  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def require_trio_asyncio_patched_anyio() -> None:
+    """httpx runs on anyio; under trio-asyncio anyio must see trio-asyncio's patched
+    ``asyncio.get_running_loop``. anyio's asyncio backend binds it when first imported, so it
+    must be imported after trio_asyncio. pytest's anyio plugin imports it first; without this
+    check every rollout would fail to connect and the trainer would wait forever."""
+    import asyncio
+
+    import anyio._backends._asyncio as anyio_asyncio
+
+    if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
+        pytest.fail(
+            "anyio's asyncio backend was imported before trio_asyncio patched asyncio "
+            "(pytest's anyio plugin does that): run pytest with `-p no:anyio`"
+        )
+
+
+def model_dir(output_dir: Path, name: str) -> Path:
+    return output_dir / ".art" / PROJECT / "models" / name
+
+
+def printed_plot_path(out: str) -> Path:
+    match = re.search(r"^plot:\s+(\S+)$", out, re.MULTILINE)
+    assert match, out
+    return Path(match.group(1))
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > len(PNG_MAGIC)
+
+
+def test_demo_trains_prints_summary_writes_plot_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    require_trio_asyncio_patched_anyio()
+    args = ["--output-dir", str(tmp_path), "--name", "short", "--eval-every", "3"]
+    assert main([*args, "--steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "Training 'short': 6 steps from step 0" in out
+    assert "Done: 6 steps (to step 6)" in out
+    assert re.search(r"val reward: 0\.\d{3} at step 0 -> [01]\.\d{3} at step 6", out), out
+
+    plot = printed_plot_path(out)
+    assert plot == model_dir(tmp_path, "short") / "reward.png"
+    assert_png(plot)
+
+    curves = read_rewards(model_dir(tmp_path, "short") / "history.jsonl")
+    assert [step for step, _ in curves["val/reward"]] == [0, 3, 6]
+    assert [step for step, _ in curves["train/reward"]] == [1, 2, 3, 4, 5, 6]
+    checkpoints = model_dir(tmp_path, "short") / "checkpoints"
+    assert {"0000", "0006"} <= {p.name for p in checkpoints.iterdir()}
+
+    # Same name again: ART's resume picks up from the newest checkpoint (step 6).
+    assert main([*args, "--steps", "2", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "Training 'short': 2 steps from step 6" in out
+    assert "Done: 2 steps (to step 8)" in out
+    assert "plot:" not in out
+
+
+def test_default_demo_run_learns_the_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The promise the README makes: the defaults take the untrained policy (about 0.75) to at
+    least 0.95 of the optimum (1.0)."""
+    require_trio_asyncio_patched_anyio()
+    assert main(["--output-dir", str(tmp_path), "--name", "default"]) == 0
+    out = capsys.readouterr().out
+    steps = DemoOptions().steps
+    assert f"Done: {steps} steps (to step {steps})" in out
+    vals = read_rewards(model_dir(tmp_path, "default") / "history.jsonl")["val/reward"]
+    (first_step, first), (last_step, last) = vals[0], vals[-1]
+    assert (first_step, last_step) == (0, steps)
+    assert 0.7 <= first <= 0.8
+    assert last >= 0.95
+    assert_png(printed_plot_path(out))
+
+
+def test_bad_flags_exit_with_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--steps", "0"]) == 2
+    assert main(["--group-size", "1"]) == 2
+    assert "--group-size must be >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--loss-fn", "dpo"])
+
+
+def test_parser_defaults_match_demo_options() -> None:
+    args = build_parser().parse_args([])
+    d = DemoOptions()
+    assert (args.steps, args.workers, args.seed, args.group_size) == (
+        d.steps,
+        d.workers,
+        d.seed,
+        d.group_size,
+    )
+    assert args.output_dir == Path(".")
+
+
+def test_plot_reads_history_rows_by_step_and_writes_png(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    rows: list[object] = [
+        {"step": 0, "val/reward": 0.75},
+        {"step": 1, "train/reward": 0.7, "train/loss": 0.1},
+        {"step": 2, "train/reward": 0.8},
+        {"step": 2, "val/reward": 0.9},
+        {"step": 2, "val/reward": 0.8},  # averaged with the row above
+        {"step": 2, "checkpoint/eval_completed": 1.0},
+        {"val/reward": 0.1},  # no step: skipped
+        [1, 2],  # not a row: skipped
+    ]
+    text = "\n".join(json.dumps(row) for row in rows) + "\n{truncated"
+    history.write_text(text)
+    curves = read_rewards(history)
+    assert curves["val/reward"] == [(0, 0.75), (2, pytest.approx(0.85))]
+    assert curves["train/reward"] == [(1, 0.7), (2, 0.8)]
+    out = plot_rewards(history, tmp_path / "plots" / "reward.png")
+    assert out == tmp_path / "plots" / "reward.png"
+    assert_png(out)
