@@ -109,6 +109,7 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
         "wasted work",
         "staleness",
         "return s",
+        "CPU us/group",
         "peak RSS MB",
     ]
     rows: list[list[str]] = []
@@ -120,7 +121,7 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
                 continue
             if not cell.reports:
                 rows.append(
-                    [wl, kind, "error: " + (cell.errors[0] if cell.errors else "?")[:60]] + [""] * 8
+                    [wl, kind, "error: " + (cell.errors[0] if cell.errors else "?")[:60]] + [""] * 9
                 )
                 continue
             base = art if (art is not None and kind != "art" and art.reports) else None
@@ -150,6 +151,7 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
                     col("wasted_work", ".3f"),
                     format_staleness(cell.staleness()),
                     col("return_latency_s", ".2f", ratio=False),
+                    col("cpu_us_per_group", ".0f"),
                     col("peak_rss_mb", ".0f"),
                 ]
             )

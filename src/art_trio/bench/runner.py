@@ -28,9 +28,11 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -248,6 +250,17 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+# Children still running, so an interrupted benchmark can kill them rather than orphan them.
+_live: set[subprocess.Popen[str]] = set()
+_live_lock = threading.Lock()
+
+
+def _kill_children() -> None:
+    with _live_lock:
+        for proc in _live:
+            proc.kill()
+
+
 def _run_job(job: Job, timeout: float) -> Job:
     with tempfile.TemporaryDirectory(prefix="art-trio-bench-job-") as tmp:
         spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "out.json")
@@ -259,29 +272,36 @@ def _run_job(job: Job, timeout: float) -> Job:
         }
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "art_trio.bench.child", str(spec_path), str(out_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+        )
+        with _live_lock:
+            _live.add(proc)
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "art_trio.bench.child", str(spec_path), str(out_path)],
-                capture_output=True,
-                text=True,
-                env=_child_env(),
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            job.results = [
-                {"extra": p, "error": f"timed out after {timeout:.0f}s"} for p in job.points
-            ]
-        else:
-            if proc.returncode == 0 and out_path.exists():
-                job.results = json.loads(out_path.read_text(encoding="utf-8"))
-            else:
-                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
                 job.results = [
-                    {"extra": p, "error": f"child exit {proc.returncode}: {tail}"}
-                    for p in job.points
+                    {"extra": p, "error": f"timed out after {timeout:.0f}s"} for p in job.points
                 ]
-        job.seconds = time.monotonic() - started
+                return job
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+            job.seconds = time.monotonic() - started
+        if proc.returncode == 0 and out_path.exists():
+            job.results = json.loads(out_path.read_text(encoding="utf-8"))
+        else:
+            tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
+            job.results = [
+                {"extra": p, "error": f"child exit {proc.returncode}: {tail}"} for p in job.points
+            ]
     return job
 
 
@@ -309,6 +329,37 @@ def _cells(jobs: Sequence[Job]) -> list[Cell]:
             else:
                 cell.errors.append(str(result.get("error")))
     return list(cells.values())
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM raise SystemExit (so children get killed); returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _load_warning(cells: Sequence[Cell]) -> str | None:
+    """A warning if other work loaded the machine during the runs (wall times suffer)."""
+    cpus = os.cpu_count() or 1
+    loads = [
+        float(r.labels.get("load1_after", 0.0))
+        for c in cells
+        for r in c.reports
+        if r.labels.get("load1_after") is not None
+    ]
+    if not loads or max(loads) <= cpus:
+        return None
+    busy = sum(load > cpus for load in loads)
+    return (
+        f"WARNING: 1-min load average reached {max(loads):.1f} on {cpus} CPUs ({busy} of "
+        f"{len(loads)} runs ended above {cpus}): other processes competed for the cores, so "
+        "wall-time figures (rates, util) are perturbed; CPU us/group much less so. Re-run "
+        "on a quiet machine for numbers to quote."
+    )
 
 
 def _meta(args: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
@@ -390,9 +441,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     started = time.monotonic()
     # Wall-time measurements: by default one child at a time so runs do not share the cores.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    previous_sigterm = _exit_on_sigterm()
+    try:
         for job in pool.map(lambda j: _run_job(j, args.timeout), jobs):
             _progress(job)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_children()
+        raise
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+    pool.shutdown()
     elapsed = time.monotonic() - started
 
     main_cells = _cells([j for j in jobs if not j.sweep])
@@ -409,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train() returning. " + ART_PATCH_NOTE,
         main_table(main_cells, workloads, shown_kinds),
     ]
+    warning = _load_warning(main_cells + sweep_cells)
+    if warning:
+        sections.insert(1, warning)
     if skipped:
         sections.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     mem = memory_table(main_cells, [w for w in workloads if w in MEMORY_WORKLOADS], shown_kinds)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -159,8 +161,10 @@ async def _drive(
         **kwargs,
     )
     recorder.train_called_at = anyio.current_time()
+    cpu_started = time.process_time()
     await trainer.train(handle_signals=False)
     recorder.train_returned_at = anyio.current_time()
+    recorder.train_cpu_s = time.process_time() - cpu_started
     recorder.sample_rss()
 
 
@@ -174,6 +178,7 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
     cls = _trainer_class(kind)
     kwargs = trainer_kwargs(cls, workload, extra)
     recorder = Recorder(detailed=workload.detailed, rss_checkpoints=workload.rss_checkpoints)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="art-trio-bench-") as tmp:
         drive = functools.partial(_drive, kind, workload, recorder, tmp, cls, kwargs)
         if kind == "art":
@@ -194,5 +199,9 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
         seed=workload.seed,
         steps_requested=workload.steps,
         extra={k: v for k, v in extra.items()},
+        # 1-minute load averages around the run: wall-time numbers mean little when other
+        # processes compete for the cores.
+        load1_before=load_before,
+        load1_after=os.getloadavg()[0],
     )
     return report

@@ -463,6 +463,9 @@ class Recorder:
         self.evals: list[tuple[int, float, float]] = []
         self.train_called_at: float | None = None
         self.train_returned_at: float | None = None
+        #: Process CPU seconds spent from the train() call to its return (set by the runner;
+        #: unlike wall time, barely moved by other load on the machine).
+        self.train_cpu_s: float | None = None
         self.rss_samples: list[RssSample] = []
         self._rss_pending = sorted(set(rss_checkpoints))
 
@@ -729,6 +732,9 @@ class RunReport:
     return_latency_s: float | None
     #: ``train()`` call to return.
     wall_s: float | None
+    #: Process CPU seconds from ``train()`` call to return, and per trained group.
+    cpu_s: float | None
+    cpu_us_per_group: float | None
     peak_rss_mb: float
     #: ``(groups trained, peak RSS MB)`` at the workload's checkpoints and at the end.
     rss_mb: list[tuple[int, float]]
@@ -775,6 +781,7 @@ def measure(records: Recorder) -> RunReport:
       the part-run of cancelled ones and the end-of-run tail) over all their rollout-seconds;
     * staleness: trained groups by ``base_version - initial_policy_version`` (0 = on-policy);
     * return latency: last train end to ``train()`` returning (needs ``train_returned_at``);
+    * CPU: process CPU seconds in ``train()`` (if the runner set ``train_cpu_s``), per group;
     * peak RSS: ``getrusage`` peak of this process, sampled now.
     """
     steps = records.steps
@@ -860,6 +867,12 @@ def measure(records: Recorder) -> RunReport:
         staleness=dict(sorted(records.staleness.items())),
         return_latency_s=return_latency,
         wall_s=wall,
+        cpu_s=records.train_cpu_s,
+        cpu_us_per_group=(
+            records.train_cpu_s / groups * 1e6
+            if records.train_cpu_s is not None and groups
+            else None
+        ),
         peak_rss_mb=peak / _MB,
         rss_mb=rss,
         rollouts_started=records.started,
