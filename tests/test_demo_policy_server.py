@@ -311,6 +311,16 @@ async def test_server_port_is_closed_when_backend_context_exits(tmp_path: Path) 
         _ = backend.base_url
 
 
+async def test_taken_port_is_a_plain_oserror() -> None:
+    async with CpuBackend(seed=0) as running:
+        with pytest.raises(OSError):
+            async with CpuBackend(port=running.port):
+                pytest.fail("a second server bound the same port")
+        # The first server is unaffected.
+        async with client_for(running) as client:
+            await client.models.list()
+
+
 async def test_close_stops_the_server(tmp_path: Path) -> None:
     """ART's ``backend.close()`` (an asyncio-side call) ends the serving task, so the
     ``async with`` block's exit does not have to wait for anything else."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -61,7 +62,7 @@ from .policy import (
     policy_gradient,
     prompt_features,
 )
-from .server import UnknownModelError, create_app, serve
+from .server import UnknownModelError, create_app, open_listener, serve
 
 if TYPE_CHECKING:
     from art import dev
@@ -133,16 +134,19 @@ class CpuBackend:
     async def __aenter__(self) -> Self:
         if self._task_group is not None:
             raise RuntimeError("CpuBackend is already running")
+        # Bind first, outside the task group: a taken port is a plain OSError here.
+        listener = open_listener(self.host, self._requested_port)
         self._shutdown = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         try:
-            app = create_app(self, seed=self.seed)
-            self._port = await task_group.start(self._serve, app)
+            await task_group.start(self._serve, create_app(self, seed=self.seed), listener)
         except BaseException as exc:
+            listener.close()  # serve() closes it too; closing twice is harmless
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        self._port = int(listener.getsockname()[1])
         self._task_group = task_group
         return self
 
@@ -161,16 +165,14 @@ class CpuBackend:
             self._port = None
 
     async def _serve(
-        self, app: Any, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+        self,
+        app: Any,
+        listener: socket.socket,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         assert self._shutdown is not None
-        await serve(
-            app,
-            shutdown_trigger=self._shutdown.wait,
-            host=self.host,
-            port=self._requested_port,
-            task_status=task_status,
-        )
+        await serve(app, listener, shutdown_trigger=self._shutdown.wait, task_status=task_status)
 
     async def close(self) -> None:
         """Ask the server to stop; it is gone once the ``async with`` block exits.

@@ -14,7 +14,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 #: The history keys plotted, and their legend labels.
-SERIES: dict[str, str] = {"train/reward": "train reward", "val/reward": "val reward"}
+SERIES: dict[str, str] = {
+    # Train reward averages the groups trained on; the trainer drops groups whose answers all
+    # scored the same, so near convergence it sits below the val reward.
+    "train/reward": "train reward (groups trained on)",
+    "val/reward": "val reward",
+}
 
 
 def read_rewards(history_path: str | Path) -> dict[str, list[tuple[int, float]]]:

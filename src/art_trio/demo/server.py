@@ -13,9 +13,9 @@ What you may rely on:
   ``model_not_found`` for an unknown model, 400 ``invalid_request_error`` for a malformed body
   or bad parameter, 404/405 for unknown routes and methods. A bug answers 500 in the same shape
   instead of dropping the connection.
-* ``serve`` runs on whichever loop calls it (hypercorn's trio or asyncio worker) and reports the
-  bound port through ``task_status`` before it accepts; it stops when ``shutdown_trigger``
-  returns, and the listening port is closed when it returns.
+* ``serve`` runs on whichever loop calls it (hypercorn's trio or asyncio worker) on a socket
+  from ``open_listener``; it stops when ``shutdown_trigger`` returns, and the listening port is
+  closed when it returns.
 """
 
 from __future__ import annotations
@@ -310,39 +310,47 @@ def create_app(registry: PolicyRegistry, *, seed: int = 0) -> Starlette:
     )
 
 
-async def serve(
-    app: Starlette,
-    *,
-    shutdown_trigger: Callable[[], Awaitable[None]],
-    host: str = "127.0.0.1",
-    port: int = 0,
-    graceful_timeout: float = 1.0,
-    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``app`` on ``host:port`` until ``shutdown_trigger`` returns.
+def open_listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one; read it back with
+    ``getsockname()``). Raises ``OSError`` at once if the address is taken.
 
-    Port 0 picks a free port; ``task_status.started(port)`` reports the real one. Runs
-    hypercorn's trio worker under trio and its asyncio worker under asyncio.
+    Bound here rather than by hypercorn, so the port is known before serving on both loops
+    (hypercorn's asyncio worker cannot report it), and a connection that arrives before
+    hypercorn accepts waits in the kernel's backlog instead of being refused.
     """
-    library = sniffio.current_async_library()
-    # Bind here rather than let hypercorn do it: we learn the port before serving, on both
-    # loops (hypercorn's asyncio worker has no way to report it), and the kernel queues any
-    # connection that arrives before hypercorn starts accepting, so "started" is already true.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
         listener.listen(1024)
-        bound_port = int(listener.getsockname()[1])
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
+
+async def serve(
+    app: Starlette,
+    listener: socket.socket,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    graceful_timeout: float = 1.0,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``listener`` until ``shutdown_trigger`` returns.
+
+    Takes ownership of ``listener``: it is closed, and the port released, when this returns.
+    Runs hypercorn's trio worker under trio and its asyncio worker under asyncio.
+    """
+    library = sniffio.current_async_library()
+    try:
         config = Config()
-        # hypercorn owns (and closes) the duplicate; we close the original below. The port is
-        # released once both are closed, i.e. when this function returns.
+        # hypercorn owns (and closes) the duplicate; we close the original below.
         config.bind = [f"fd://{os.dup(listener.fileno())}"]
         config.accesslog = None
         config.errorlog = logger
         config.graceful_timeout = graceful_timeout
-        task_status.started(bound_port)
+        task_status.started()
         # Starlette is an ASGI app; hypercorn's ASGI type is narrower than starlette's.
         asgi_app: Any = app
         if library == "trio":
