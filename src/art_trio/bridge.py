@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -98,6 +99,21 @@ class _TrioAsyncioBridge(Bridge):
         return result
 
 
+def _see_trio_asyncio_loops() -> None:
+    """Make modules that imported asyncio.get_running_loop early see trio-asyncio's loops.
+
+    trio-asyncio replaces `asyncio.get_running_loop` when it is imported. A module that did
+    `from asyncio import get_running_loop` before that keeps the original, which does not know
+    trio-asyncio's loop: anyio's asyncio backend is one, and through it httpx and openai then
+    fail inside the bridge with "no running event loop" (pytest's anyio plugin imports it
+    first, for instance). Rebinding its name to the patched function fixes that; the patched
+    function behaves exactly like the original outside trio-asyncio.
+    """
+    anyio_asyncio = sys.modules.get("anyio._backends._asyncio")
+    if anyio_asyncio is not None and anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
+        anyio_asyncio.get_running_loop = asyncio.get_running_loop
+
+
 @asynccontextmanager
 async def open_bridge() -> AsyncIterator[Bridge]:
     """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed."""
@@ -106,6 +122,7 @@ async def open_bridge() -> AsyncIterator[Bridge]:
         return
     import trio_asyncio
 
+    _see_trio_asyncio_loops()
     loop = trio_asyncio.current_loop.get()
     if loop is not None:
         yield _TrioAsyncioBridge(loop)

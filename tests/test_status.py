@@ -1,0 +1,100 @@
+"""Behaviour 11: the live status line on a TTY and the periodic `[status]` log line."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import art
+import pytest
+
+from art_trio import PipelineTrainer, StatusReporter
+from tests.doubles import RecordingBackend, scenarios, trajectory
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def group(*rewards: float) -> art.TrajectoryGroup:
+    return art.TrajectoryGroup([trajectory(r) for r in rewards])
+
+
+def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    status = StatusReporter(
+        get_scenario_offset=lambda: 7, log_interval_seconds=10, status_ewa_alpha=0.5,
+        total_scenarios=10, num_workers=4, clock=lambda: now[0], stream=out,
+    )
+    status.start(initial_step=0)
+    status.note_rollout_started()
+    status.note_rollout_started()
+    status.note_rollout_finished(errored=True)
+    status.note_group_enqueued(group(0, 1))
+    status.note_stale(2)
+    status.note_training_batch([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0)
+    status.note_training_batch([group(1.0, 1.0)], step=2, step_seconds=2.0)
+    status.note_val_finished(2, 0.9)
+    line = status.full_line()
+    assert line.startswith("[status] scenarios[trained=1 remaining=3 queued=1 training=0 ")
+    assert "discarded[total=5 0_var=2 stale=2 errored=1] rollouts=1/4" in line
+    # EWA with alpha 0.5: reward 0.75 then 1.0 -> 0.875; seconds 4 then 2 -> 3.0
+    assert "train[step=2 reward=0.875 step_seconds=3.00" in line
+    assert "val[reward=0.900 active=no step=2]" in line
+
+
+def test_the_log_line_is_due_every_interval_of_the_given_clock() -> None:
+    now = [100.0]
+    out = io.StringIO()
+    status = StatusReporter(
+        get_scenario_offset=lambda: 0, log_interval_seconds=60, clock=lambda: now[0], stream=out
+    )
+    status.start()
+    status.log_if_due()  # the first line is due at once
+    now[0] += 59
+    status.log_if_due()
+    assert status.seconds_until_log() == pytest.approx(1.0)
+    now[0] += 1
+    status.log_if_due()
+    assert out.getvalue().count("[status]") == 2
+
+
+def test_a_tty_gets_a_live_condensed_line() -> None:
+    tty = FakeTTY()
+    status = StatusReporter(
+        get_scenario_offset=lambda: 0, log_interval_seconds=60, stream=tty, clock=lambda: 0.0
+    )
+    status.start(initial_step=3)
+    status.note_training_batch([group(0.0, 1.0)], step=4, step_seconds=1.5)
+    assert "scenarios[tr=1 q=0 b=0 d=0] train[s=4 r=0.50 dt=1.5" in tty.getvalue()
+    status.close()
+
+
+def test_the_condensed_line_drops_fields_to_fit_narrow_terminals() -> None:
+    status = StatusReporter(get_scenario_offset=lambda: 0, total_scenarios=100)
+    wide = status.condensed_line(width=200)
+    narrow = status.condensed_line(width=60)
+    assert "sd=" in wide and "act=" in wide and "r=100" in wide
+    assert "sd=" not in narrow and "act=" not in narrow
+
+
+async def test_the_trainer_prints_a_status_line_every_log_interval(model, capsys, autojump_clock):
+    backend = RecordingBackend(train_seconds=10.0)
+    object.__setattr__(model, "_backend", backend)
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        await asyncio.sleep(5.0)
+        return group(0.0, 1.0)
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(8), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, log_interval_seconds=20.0,
+    ).train(handle_signals=False)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[status]")]
+    # 4 steps of 5 s rollouts + 10 s training, overlapped: about 45 virtual seconds, so lines at
+    # 0, 20 and 40 s plus the final flush.
+    assert len(lines) == 4
+    assert "trained=8" in lines[-1]
