@@ -3,6 +3,7 @@ CPU backend, its summary, its reward plot, resuming, and the default run's promi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -12,7 +13,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest  # noqa: E402
 
-from art_trio.demo.cli import PROJECT, DemoOptions, build_parser, main  # noqa: E402
+from art_trio.demo.cli import (  # noqa: E402
+    PROJECT,
+    DemoOptions,
+    build_parser,
+    format_summary,
+    main,
+    run_demo,
+)
 from art_trio.demo.plot import plot_rewards, read_rewards  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -95,6 +103,16 @@ def test_default_demo_run_learns_the_task(
     assert 0.7 <= first <= 0.8
     assert last >= 0.95
     assert_png(printed_plot_path(out))
+
+
+def test_the_same_demo_runs_under_asyncio(tmp_path: Path) -> None:
+    options = DemoOptions(steps=4, eval_every=2, output_dir=tmp_path, name="aio", plot=False)
+    result = asyncio.run(run_demo(options))
+    assert (result.start_step, result.final_step, result.steps_trained) == (0, 4, 4)
+    assert result.first_val is not None and result.first_val[0] == 0
+    assert result.last_val is not None and result.last_val[0] == 4
+    assert result.plot_path is None
+    assert "Done: 4 steps (to step 4)" in format_summary(result)
 
 
 def test_bad_flags_exit_with_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

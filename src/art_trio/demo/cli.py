@@ -133,7 +133,11 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
 
 
 async def run_demo(options: DemoOptions) -> DemoResult:
-    """Run the demo in the current trio run and return its result (prints progress)."""
+    """Run the demo and return its result (prints progress).
+
+    Loop-agnostic: ``main`` runs it with ``trio.run``; ``asyncio.run(run_demo(...))`` works too,
+    with hypercorn's asyncio worker serving and the trainer on anyio's asyncio backend.
+    """
     from art_trio import PipelineTrainer
 
     started = time.monotonic()
