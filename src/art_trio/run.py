@@ -8,8 +8,7 @@ policy gate, the scenario ledger, the stop protocol and the counters.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +23,7 @@ from .settings import PipelineSettings
 from .status import StatusReporter
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(slots=True)
@@ -251,32 +251,68 @@ class PipelineRun:
 
     # -- leases ---------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def lease(self, step: int) -> AsyncIterator[None]:
-        """Hold `step`'s weights for a rollout or eval that samples from them.
+    async def call_leased(self, step: int, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+        """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
 
-        Retention never deletes a leased checkpoint; a backend with `adapter_lease(model,
-        step)` (ART 0.5.18's protocol) is asked to keep the adapter loaded meanwhile.
+        Retention never deletes a leased checkpoint. A backend with `adapter_lease(model,
+        step)` (ART 0.5.18's protocol) holds the adapter for the callback's whole duration.
+        For asyncio callbacks the lease is entered in the asyncio task that runs the callback,
+        as ART does, so what it sets in context reaches the callback (LocalBackend pins the
+        step `model.get_inference_name()` answers with) and is reset in the task that set it.
         """
         self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
         try:
             if getattr(type(self.backend), "adapter_lease", None) is None:
-                yield
-                return
-            manager = self.backend.adapter_lease(self.model, step)
-            await self.bridge.call(manager.__aenter__)
-            try:
-                yield
-            except BaseException as exc:
-                with anyio.CancelScope(shield=True):
-                    await self.bridge.call(manager.__aexit__, type(exc), exc, exc.__traceback__)
-                raise
-            with anyio.CancelScope(shield=True):
-                await self.bridge.call(manager.__aexit__, None, None, None)
+                return await self.bridge.callback(fn, *args)
+            if is_native(fn) and self.bridge.uses_trio_asyncio:
+                return await self._call_native_leased(step, fn, *args)
+
+            async def leased() -> R:
+                async with self.backend.adapter_lease(self.model, step):
+                    return await fn(*args)
+
+            return await self.bridge.call(leased)
         finally:
             self.leased_steps[step] -= 1
             if self.leased_steps[step] <= 0:
                 del self.leased_steps[step]
+
+    async def _call_native_leased(
+        self, step: int, fn: Callable[..., Awaitable[R]], *args: Any
+    ) -> R:
+        # A trio-native callback cannot run inside an asyncio task, so the (asyncio) lease is
+        # held by an asyncio task of its own for the callback's duration, entered and left in
+        # that one task. Context it sets does not reach trio code.
+        entered = anyio.Event()
+        failed: list[BaseException] = []
+
+        async def hold() -> None:
+            async with self.backend.adapter_lease(self.model, step):
+                entered.set()
+                await anyio.sleep_forever()
+
+        async def holder() -> None:
+            try:
+                await self.bridge.call(hold)
+            except Exception as exc:
+                failed.append(exc)
+                entered.set()
+
+        outcome: list[R] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder)
+            await entered.wait()
+            try:
+                if not failed:
+                    outcome.append(await fn(*args))
+            except Exception as exc:
+                failed.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+        # Raised here, outside the task group, so callers see the callback's own exception.
+        if failed:
+            raise failed[0]
+        return outcome[0]
 
     # -- persistence ---------------------------------------------------------------------
 

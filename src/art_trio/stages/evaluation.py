@@ -45,8 +45,7 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         token = model.activate_metrics_context("eval")
         started = run.now()
         try:
-            async with run.lease(step):
-                result = await run.bridge.callback(run.eval_fn, model, step, run.config)
+            result = await run.call_leased(step, run.eval_fn, model, step, run.config)
         finally:
             token.var.reset(token)
             elapsed = run.now() - started

@@ -41,10 +41,11 @@ async def rollout_stage(run: PipelineRun, send: MemoryObjectSendStream[Delivered
         run.stage_done("rollout")
 
 
-async def _call_rollout(run: PipelineRun, scenario: Any, rollout_fn: Any) -> Any:
+async def _call_rollout(run: PipelineRun, scenario: Any, version: int) -> Any:
     token = run.model.activate_metrics_context("train")
     try:
-        return await run.bridge.callback(rollout_fn, run.model, scenario, run.config)
+        # Leased for the whole call: the rollout samples from `version`'s weights.
+        return await run.call_leased(version, run.rollout_fn, run.model, scenario, run.config)
     finally:
         token.var.reset(token)
 
@@ -79,8 +80,7 @@ async def _worker(
                     with anyio.CancelScope() as scope:
                         gate.track(version, scope)
                         try:
-                            async with run.lease(version):
-                                group = await _call_rollout(run, scenario, run.rollout_fn)
+                            group = await _call_rollout(run, scenario, version)
                         finally:
                             gate.untrack(version, scope)
                     wall = run.now() - started
