@@ -51,7 +51,8 @@ def keep_recent_and_top(
 
     def strategy(context: CheckpointRetentionContext) -> set[int]:
         by_step = sorted(context.checkpoints, key=lambda c: c.step)
-        keep = {c.step for c in by_step[len(by_step) - recent :]} if recent else set()
+        # [-recent:] is all of them when there are fewer than `recent`.
+        keep = {c.step for c in by_step[-recent:]} if recent else set()
         scored = [c for c in context.checkpoints if metric in c.metrics]
         scored.sort(key=lambda c: (c.metrics[metric], c.step), reverse=True)
         keep.update(c.step for c in scored[:top])

@@ -224,7 +224,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         settings = self.settings
         start_step = int(await bridge.call(self.model.get_step))
         store = StateStore(self.model._get_output_dir(), fsync=settings.fsync_state)
-        state = (store.read() if settings.resume else None) or PipelineState()
+        stored = store.read() if settings.resume else None
+        state = stored or PipelineState()
         pending = state.ledger.pending
         if state.ledger.settle_pending(start_step) and pending is not None:
             state.training_step = pending.step
@@ -267,7 +268,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             for step in sorted(state.pending_eval_steps - state.completed_eval_steps):
                 if step <= start_step:
                     eval_send.send_nowait(step)
-            if settings.eval_at_start and start_step == 0 and 0 not in state.pending_eval_steps:
+            # The start step of a fresh run (or a run at step 0), once: a resumed run re-ran
+            # its interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead
+            # evaluates whatever step it resumes at, and restarts the schedule from there).
+            if (
+                settings.eval_at_start
+                and (stored is None or start_step == 0)
+                and start_step not in state.pending_eval_steps | state.completed_eval_steps
+            ):
                 state.pending_eval_steps.add(start_step)
                 state.last_eval_step = start_step
                 eval_send.send_nowait(start_step)

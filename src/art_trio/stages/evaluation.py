@@ -2,7 +2,9 @@
 
 Requests arrive over a channel from the training stage (eval steps are few and tiny, so the
 channel is unbounded: the trainer never waits on eval). An eval that raises is reported and
-training goes on. After a stop no new eval starts; the running one gets the grace period.
+training goes on; it is not retried. After a stop no new eval starts and the running one gets
+the grace period; those evals stay in the persisted `pending_eval_steps` and a resumed run
+does them first. A finished eval is persisted at once in `completed_eval_steps`.
 """
 
 from __future__ import annotations
@@ -71,12 +73,17 @@ async def run_eval(run: PipelineRun, step: int) -> None:
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")
+        # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
+        run.scheduled_eval_steps.discard(step)
     finally:
         status.note_val_finished(step, reward)
         if completed:
             run.counters.evals_finished += 1
             run.scheduled_eval_steps.discard(step)
             run.state.completed_eval_steps.add(step)
+            # Persisted now, as ART does, so a run killed before its next step does not
+            # evaluate this step again on resume.
+            run.persist()
 
 
 __all__ = ["eval_stage", "run_eval"]
