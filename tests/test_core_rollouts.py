@@ -60,7 +60,7 @@ async def test_on_policy_gate_starts_no_rollout_while_a_step_trains(model, autoj
         spans.clear()
         starts.clear()
         await PipelineTrainer(
-            model, backend, rollout, scenarios(12), None, num_rollout_workers=4,
+            model, backend, rollout, scenarios(100), None, num_rollout_workers=4,
             min_batch_size=2, max_batch_size=2, max_steps_off_policy=0, max_steps=3,
             admission=admission, resume=False,
         ).train(handle_signals=False)

@@ -53,7 +53,7 @@ async def _call_rollout(run: PipelineRun, scenario: Any, version: int) -> Any:
 async def _worker(
     run: PipelineRun, worker_id: int, send: MemoryObjectSendStream[Delivered]
 ) -> None:
-    gate, status, counters = run.gate, run.status, run.counters
+    gate, counters = run.gate, run.counters
     # Time this worker spent blocked handing its previous group over, charged to the next one.
     handover_wait = 0.0
     async with send:
@@ -63,92 +63,104 @@ async def _worker(
                 version = await gate.admit()
             except GateClosed:
                 return
-            gate_wait = run.now() - wait_started
-            delivered = False
+            actor_idle = run.now() - wait_started + handover_wait
+            handed_over = False
             try:
                 taken = None if run.stopping else await run.source.take()
                 if taken is None:
                     return
                 index, scenario = taken
                 counters.taken += 1
-                counters.rollouts_started += 1
-                status.note_rollout_started()
-                errored = True
-                doomed = False
+                settled = False  # has this scenario's fate been counted?
                 try:
-                    started = run.now()
-                    with anyio.CancelScope() as scope:
-                        gate.track(version, scope)
-                        try:
-                            group = await _call_rollout(run, scenario, version)
-                        finally:
-                            gate.untrack(version, scope)
-                    wall = run.now() - started
-                    doomed = scope.cancelled_caught
-                    gate.note_rollout_time(wall, completed=not doomed)
-                    if not doomed:
-                        _check_rollout_result(group)
-                    errored = False
-                except anyio.get_cancelled_exc_class():
-                    raise
-                except Exception as exc:
-                    kind = f"{type(exc).__module__}.{type(exc).__name__}"
-                    print(
-                        f"Worker {worker_id}: rollout failed ({kind}): {exc!r}"
-                        f"{scenario_context(scenario)}"
-                    )
-                finally:
-                    status.note_rollout_finished(errored=errored)
-                if run.stopping:
-                    # In flight when the stop came: neither trained nor resolved, so a resumed
-                    # run rolls this scenario again.
-                    counters.dropped_at_stop += 1
-                    return
-                if errored:
-                    counters.errored += 1
-                    run.state.ledger.resolve(index)
-                    continue
-                if doomed:
-                    # Cancelled by the gate: no batch still to be taken could train it.
-                    counters.stale += 1
-                    counters.stale_cancelled += 1
-                    status.note_stale(1)
-                    run.state.ledger.resolve(index)
-                    continue
-                copy_scenario_metadata(group, scenario)
-                stamp_policy_versions(group, initial=version, final=gate.policy_version)
-                if is_stale(group, gate.min_fresh_version):
-                    # No batch still to be taken would accept it: drop it now.
-                    counters.stale += 1
-                    status.note_stale(1)
-                    run.state.ledger.resolve(index)
-                    continue
-                item = Delivered(
-                    group=group,
-                    scenario_index=index,
-                    rollout_wall_s=wall,
-                    actor_idle_s=gate_wait + handover_wait,
-                )
-                gate.hand_over(version)
-                delivered = True
-                counters.max_queued = max(counters.max_queued, gate.queued)
-                handover_started = run.now()
-                try:
-                    await send.send(item)
+                    item = await _roll(run, worker_id, version, index, scenario, actor_idle)
+                    if item is None:
+                        settled = True
+                        continue
+                    gate.hand_over(version)
+                    handed_over = True
+                    counters.max_queued = max(counters.max_queued, gate.queued)
+                    handover_started = run.now()
+                    try:
+                        await send.send(item)
+                    except BaseException:
+                        gate.withdraw()
+                        raise
+                    settled = True
+                    counters.delivered += 1
+                    run.status.note_group_enqueued(item.group)
+                    handover_wait = run.now() - handover_started
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    # The trainer is gone (it stopped): the group counts as dropped at stop.
-                    gate.withdraw()
-                    counters.dropped_at_stop += 1
-                    return
-                except BaseException:
-                    gate.withdraw()
-                    raise
-                counters.delivered += 1
-                status.note_group_enqueued(group)
-                handover_wait = run.now() - handover_started
+                    return  # the trainer stopped receiving: dropped at stop (below)
+                finally:
+                    if not settled:
+                        # In flight, or handing over, when the run stopped or ended: neither
+                        # trained nor resolved, so a resumed run rolls this scenario again.
+                        counters.dropped_at_stop += 1
             finally:
-                if not delivered:
+                if not handed_over:
                     gate.rollout_done(version)
+
+
+async def _roll(
+    run: PipelineRun, worker_id: int, version: int, index: int, scenario: Any, actor_idle: float
+) -> Delivered | None:
+    """Roll one scenario out; its group to deliver, or None once its fate is counted.
+
+    Cancellation (a stop, the end of the run) propagates; the caller counts it as dropped.
+    """
+    gate, status, counters = run.gate, run.status, run.counters
+    counters.rollouts_started += 1
+    status.note_rollout_started()
+    errored = True
+    try:
+        started = run.now()
+        with anyio.CancelScope() as scope:
+            gate.track(version, scope)
+            try:
+                group = await _call_rollout(run, scenario, version)
+            finally:
+                gate.untrack(version, scope)
+        wall = run.now() - started
+        doomed = scope.cancelled_caught
+        gate.note_rollout_time(wall, completed=not doomed)
+        if not doomed:
+            _check_rollout_result(group)
+        errored = False
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:
+        kind = f"{type(exc).__module__}.{type(exc).__name__}"
+        print(f"Worker {worker_id}: rollout failed ({kind}): {exc!r}{scenario_context(scenario)}")
+    finally:
+        status.note_rollout_finished(errored=errored)
+    if run.stopping:
+        # Finished after the stop: not trained and not resolved, so a resumed run rolls it
+        # again.
+        counters.dropped_at_stop += 1
+        return None
+    if errored:
+        counters.errored += 1
+        run.state.ledger.resolve(index)
+        return None
+    if doomed:
+        # Cancelled by the gate: no batch still to be taken could train it.
+        counters.stale += 1
+        counters.stale_cancelled += 1
+        status.note_stale(1)
+        run.state.ledger.resolve(index)
+        return None
+    copy_scenario_metadata(group, scenario)
+    stamp_policy_versions(group, initial=version, final=gate.policy_version)
+    if is_stale(group, gate.min_fresh_version):
+        # No batch still to be taken would accept it: drop it now, not after it queued.
+        counters.stale += 1
+        status.note_stale(1)
+        run.state.ledger.resolve(index)
+        return None
+    return Delivered(
+        group=group, scenario_index=index, rollout_wall_s=wall, actor_idle_s=actor_idle
+    )
 
 
 def _check_rollout_result(group: object) -> None:
