@@ -1,0 +1,645 @@
+"""Drive the real `PipelineTrainer` under trio's MockClock and record what its doubles saw.
+
+One `Case` (a configuration, one `RolloutPlan` per scenario, training and eval durations and
+an optional stop time) is run by `run_case` (or `run_resume_case`: stop, then resume with a
+new trainer on the same model directory and backend). Every example gets a fresh model
+directory and a fresh `trio.run` with `MockClock(autojump_threshold=0)`, so hours of virtual
+training take milliseconds and a run depends on nothing but its case.
+
+What is recorded comes from the outside of the trainer, so the invariants in `checks.py`
+count independently of the trainer's own counters:
+
+- the rollout double (trio-native) logs each call: scenario, start, how it ended (returned a
+  group / zero-variance group / wrong type / NaN reward, raised, or was cancelled), and
+  whether a stop had been requested when it returned;
+- the backend double (asyncio code, reached through trio-asyncio like a real ART backend)
+  logs each `train` call: step produced, scenario ids, initial and final policy versions;
+- the eval double logs start and end of each eval (to see two at once);
+- two observation points wrap trainer objects without changing behaviour: the receive end
+  of the groups channel (occupancy just before each receive and at close is the channel's
+  exact maximum, since only sends grow the buffer; and the sequence of groups the trainer
+  received), and the gate's `publish` (the sequence of published policy versions).
+
+`model.log` stays ART's real one (parquet + history.jsonl + state.json writes): it costs about
+2 ms a step here, and keeping it means the trainer's state mirror in ART's `state.json` is
+exercised against ART's own rewrites of that file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import anyio  # noqa: E402
+import art  # noqa: E402
+import trio  # noqa: E402
+import trio.testing  # noqa: E402
+from art.types import TrainResult  # noqa: E402
+
+import art_trio.trainer  # noqa: E402
+from art_trio import PipelineTrainer, trio_native  # noqa: E402
+from art_trio.ledger import PipelineState, StateStore  # noqa: E402
+
+#: Failure kinds a rollout plan can ask for.
+#: - "raise": the rollout raises; "wrong_type": it returns a dict, not a TrajectoryGroup;
+#: - "nan": one reward is NaN (art_trio rejects the group as errored);
+#: - "partial": some rollouts of the group raised, the rest are trajectories (a normal group);
+#: - "all_failed": every rollout raised: a group with no trajectories, which makes the trainer
+#:   raise RuntimeError (ART's behaviour) when it receives it.
+FAILURE_KINDS = ("raise", "wrong_type", "nan", "partial", "all_failed")
+#: Failures that count as `errored`.
+ERROR_KINDS = frozenset({"raise", "wrong_type", "nan"})
+
+
+class PlannedRolloutError(Exception):
+    """What a rollout planned to fail raises."""
+
+
+# -- inputs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What the rollout of one scenario does: how long it takes and what it returns."""
+
+    latency: float
+    rewards: tuple[float, ...]
+    failure: str | None = None
+
+    @property
+    def zero_variance(self) -> bool:
+        """The trainer's rule, restated: one trajectory or fewer, or all rewards equal."""
+        return len(self.rewards) <= 1 or len(set(self.rewards)) == 1
+
+    @property
+    def usable(self) -> bool:
+        """Returns a group the trainer may keep (not errored, not all-failed)."""
+        return self.failure in (None, "partial")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The trainer parameters the properties vary."""
+
+    num_rollout_workers: int = 2
+    min_batch_size: int = 1
+    max_batch_size: int = 2
+    max_steps_off_policy: int = 1
+    queue_maxsize: int | None = None
+    max_steps: int | None = None
+    eval_every_n_steps: int = 0
+    eval_at_start: bool = False
+    discard_queue_multiplier: int = 100
+    admission: str = "staleness_aware"
+    shutdown_grace_seconds: float | None = 5.0
+    max_rollouts_beyond_bound: int | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "num_rollout_workers": self.num_rollout_workers,
+            "min_batch_size": self.min_batch_size,
+            "max_batch_size": self.max_batch_size,
+            "max_steps_off_policy": self.max_steps_off_policy,
+            "queue_maxsize": self.queue_maxsize,
+            "max_steps": self.max_steps,
+            "eval_every_n_steps": self.eval_every_n_steps,
+            "eval_at_start": self.eval_at_start,
+            "discard_queue_multiplier": self.discard_queue_multiplier,
+            "admission": self.admission,
+            "shutdown_grace_seconds": self.shutdown_grace_seconds,
+            "max_rollouts_beyond_bound": self.max_rollouts_beyond_bound,
+        }
+
+    @property
+    def channel_capacity(self) -> int:
+        """The reference's groups-queue size, restated independently of art_trio's settings."""
+        if self.queue_maxsize is not None:
+            return self.queue_maxsize
+        return max(1, self.max_steps_off_policy * self.max_batch_size)
+
+    @property
+    def discard_limit(self) -> int:
+        return self.discard_queue_multiplier * self.min_batch_size
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated scenario: a configuration and everything the doubles will do."""
+
+    config: Config
+    plans: tuple[RolloutPlan, ...]
+    train_seconds: tuple[float, ...] = (1.0,)
+    #: None: no eval_fn. Otherwise eval durations, cycled over the evals.
+    eval_seconds: tuple[float, ...] | None = None
+    #: Virtual time at which `request_stop()` is called (None: never).
+    stop_at: float | None = None
+    #: For resume cases: when the second run is stopped (None: it runs to its end).
+    second_stop_at: float | None = None
+
+    def virtual_time_bound(self) -> float:
+        """A generous upper bound on a run's virtual duration, for the no-deadlock property.
+
+        Even with every rollout serialized, every scenario trained in its own step and an
+        eval after every step, a run finishes within this.
+        """
+        n = len(self.plans)
+        latencies = sum(p.latency for p in self.plans)
+        train = max(self.train_seconds, default=0.0)
+        evals = max(self.eval_seconds or (0.0,), default=0.0)
+        grace = self.config.shutdown_grace_seconds or 0.0
+        stops = (self.stop_at or 0.0) + (self.second_stop_at or 0.0)
+        return stops + latencies + (n + 2) * (train + evals) + grace + 100.0
+
+
+# -- observations ---------------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    """One call of the rollout double."""
+
+    scenario_id: int
+    started_at: float
+    #: "group", "raise", "wrong_type", "nan", "all_failed" or "cancelled" (None: running).
+    outcome: str | None = None
+    ended_at: float | None = None
+    #: A stop had been requested when the rollout returned or raised.
+    stopping_at_end: bool = False
+    group: art.TrajectoryGroup | None = None
+    plan: RolloutPlan | None = None
+
+
+@dataclass
+class TrainCall:
+    """One `backend.train` call, as the backend double saw it."""
+
+    run: int
+    step: int
+    scenario_ids: list[int]
+    #: Per group: the oldest `initial_policy_version` of its trajectories.
+    initial_versions: list[int | None]
+    #: Every trajectory's (initial, final) policy versions.
+    version_pairs: list[tuple[int | None, int | None]]
+    started_at: float
+    ended_at: float
+
+
+@dataclass
+class Received:
+    """A group the training stage took out of the groups channel."""
+
+    scenario_id: int
+    version: int | None
+    zero_variance: bool
+    all_failed: bool
+    #: Train calls of this run finished when the group was received.
+    steps_done: int
+    at: float
+
+
+@dataclass
+class EvalRecord:
+    step: int
+    started_at: float
+    ended_at: float | None = None
+
+
+@dataclass
+class RunRecord:
+    """Everything observed during one `train()` call."""
+
+    index: int
+    start_step: int
+    #: Scenario indices the persisted ledger had resolved before this run started.
+    resolved_before: frozenset[int] = frozenset()
+    state_before: PipelineState | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    received: list[Received] = field(default_factory=list)
+    publishes: list[int] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    max_concurrent_evals: int = 0
+    max_channel_used: int = 0
+    channel_max_buffer_size: float | None = None
+    counters: Any = None
+    collapsed: bool = False
+    error: BaseException | None = None
+    timed_out: bool = False
+    stop_requested: bool = False
+    stop_requested_at: float | None = None
+    ended_at: float = 0.0
+    #: The persisted state after the run, as a new trainer would read it.
+    state_after: PipelineState | None = None
+    calls: list[TrainCall] = field(default_factory=list)
+
+    @property
+    def trained_ids(self) -> list[int]:
+        return [i for call in self.calls for i in call.scenario_ids]
+
+    def unresolved_after(self, ids: set[int]) -> set[int]:
+        return {i for i in ids if not is_resolved(self.state_after, i)}
+
+
+def is_resolved(state: PipelineState | None, index: int) -> bool:
+    """Whether a persisted art_trio state counts scenario `index` as resolved."""
+    return state is not None and state.ledger.is_resolved(index)
+
+
+@dataclass
+class Observer:
+    """Shared by the doubles of one case; `run` is the record of the `train()` in progress."""
+
+    case: Case
+    run: RunRecord
+    eval_active: int = 0
+    #: Which scenario a group object came from (by identity), set by the rollout double.
+    owners: dict[int, int] = field(default_factory=dict)
+
+
+# -- doubles --------------------------------------------------------------------------------
+
+
+def _trajectory(reward: float) -> art.Trajectory:
+    return art.Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ],
+        reward=reward,
+    )
+
+
+def make_rollout_fn(observer: Observer) -> Any:
+    """A trio-native rollout_fn that follows `observer.case.plans[scenario_id]`."""
+
+    @trio_native
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
+        sid = int(scenario["metadata"]["scenario_id"])
+        plan = observer.case.plans[sid]
+        run = observer.run
+        attempt = Attempt(scenario_id=sid, started_at=trio.current_time(), plan=plan)
+        run.attempts.append(attempt)
+        try:
+            await anyio.sleep(plan.latency)
+        except BaseException:
+            attempt.outcome = "cancelled"
+            attempt.ended_at = trio.current_time()
+            raise
+        # No await from here to the return: the worker reads `run.stopping` in the same
+        # step, so `stopping_at_end` is exactly what the trainer saw.
+        attempt.ended_at = trio.current_time()
+        attempt.stopping_at_end = run.stop_requested
+        attempt.outcome = plan.failure if plan.failure in ERROR_KINDS else "group"
+        if plan.failure == "raise":
+            raise PlannedRolloutError(f"planned failure of scenario {sid}")
+        if plan.failure == "wrong_type":
+            return {"not": "a TrajectoryGroup"}
+        items: list[art.Trajectory | BaseException] = [_trajectory(r) for r in plan.rewards]
+        if plan.failure == "nan":
+            items.append(_trajectory(math.nan))
+        if plan.failure == "partial" and plan.rewards:
+            items.append(PlannedRolloutError("one rollout of the group failed"))
+        if plan.failure == "all_failed":
+            attempt.outcome = "all_failed"
+            items = [PlannedRolloutError(f"rollout {k} failed") for k in range(2)]
+        group = art.TrajectoryGroup(items)
+        attempt.group = group
+        observer.owners[id(group)] = sid
+        return group
+
+    return rollout
+
+
+def make_eval_fn(observer: Observer) -> Any:
+    """A trio-native eval_fn that sleeps the planned duration and records start and end."""
+
+    @trio_native
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        run = observer.run
+        durations = observer.case.eval_seconds or (0.0,)
+        record = EvalRecord(step=step, started_at=trio.current_time())
+        duration = durations[len(run.evals) % len(durations)]
+        run.evals.append(record)
+        observer.eval_active += 1
+        run.max_concurrent_evals = max(run.max_concurrent_evals, observer.eval_active)
+        try:
+            await anyio.sleep(duration)
+        finally:
+            observer.eval_active -= 1
+            record.ended_at = trio.current_time()
+        return [_trajectory(1.0)]
+
+    return eval_fn
+
+
+class BackendDouble:
+    """ART Backend double (asyncio code): its step persists across trainers, like a server's.
+
+    `train` sleeps the planned training time (virtual under trio-asyncio + MockClock) and
+    records the batch by scenario identity, not by what the trainer wrote on the groups.
+    """
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        self.step = 0
+        self.calls: list[TrainCall] = []
+        self.training = 0
+        self.max_concurrent_training = 0
+
+    # ART's Backend protocol.
+    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        return f"{model.name}@{self.step if step is None else step}"
+
+    async def close(self) -> None:
+        return None
+
+    async def register(self, model: Any) -> None:
+        return None
+
+    async def _get_step(self, model: Any) -> int:
+        return self.step
+
+    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
+        return None
+
+    async def _prepare_backend_for_training(self, model: Any, config: Any) -> tuple[str, str]:
+        return "http://127.0.0.1:9/v1", "test-key"
+
+    async def train(
+        self, model: Any, trajectory_groups: Any, **kwargs: Any
+    ) -> TrainResult:
+        loop = asyncio.get_running_loop()
+        groups = list(trajectory_groups)
+        started = loop.time()
+        durations = self.observer.case.train_seconds or (0.0,)
+        self.training += 1
+        self.max_concurrent_training = max(self.max_concurrent_training, self.training)
+        try:
+            await asyncio.sleep(durations[len(self.calls) % len(durations)])
+        finally:
+            self.training -= 1
+        self.step += 1
+        owners = self.observer.owners
+        call = TrainCall(
+            run=self.observer.run.index,
+            step=self.step,
+            scenario_ids=[owners.get(id(g), -1) for g in groups],
+            initial_versions=[
+                min(
+                    (
+                        t.initial_policy_version
+                        for t in g.trajectories
+                        if t.initial_policy_version is not None
+                    ),
+                    default=None,
+                )
+                for g in groups
+            ],
+            version_pairs=[
+                (t.initial_policy_version, t.final_policy_version)
+                for g in groups
+                for t in g.trajectories
+            ],
+            started_at=started,
+            ended_at=loop.time(),
+        )
+        self.calls.append(call)
+        self.observer.run.calls.append(call)
+        return TrainResult(step=self.step, metrics={})
+
+
+# -- observation points inside the trainer ----------------------------------------------------
+
+
+class ObservedReceive:
+    """The training stage's end of the groups channel, observed.
+
+    The buffer grows only by sends made while no receiver waits, and shrinks only by
+    receives, so its occupancy sampled just before each receive and once at close is its
+    exact maximum over the run.
+    """
+
+    def __init__(self, inner: Any, observer: Observer) -> None:
+        self._inner = inner
+        self._observer = observer
+
+    def _sample(self) -> None:
+        stats = self._inner.statistics()
+        run = self._observer.run
+        run.max_channel_used = max(run.max_channel_used, stats.current_buffer_used)
+        run.channel_max_buffer_size = stats.max_buffer_size
+
+    def _note(self, item: Any) -> Any:
+        group = item.group
+        rewards = [t.reward for t in group.trajectories]
+        versions = [
+            t.initial_policy_version
+            for t in group.trajectories
+            if t.initial_policy_version is not None
+        ]
+        run = self._observer.run
+        run.received.append(
+            Received(
+                scenario_id=self._observer.owners.get(id(group), -1),
+                version=min(versions) if versions else None,
+                zero_variance=len(rewards) <= 1 or len(set(rewards)) == 1,
+                all_failed=not group.trajectories and bool(group.exceptions),
+                steps_done=len(run.calls),
+                at=trio.current_time(),
+            )
+        )
+        return item
+
+    def receive_nowait(self) -> Any:
+        self._sample()
+        return self._note(self._inner.receive_nowait())
+
+    async def receive(self) -> Any:
+        self._sample()
+        return self._note(await self._inner.receive())
+
+    def statistics(self) -> Any:
+        return self._inner.statistics()
+
+    def close(self) -> None:
+        self._sample()
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ObservedReceive:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def observe_trainer(observer: Observer) -> Iterator[None]:
+    """Wrap the training stage so its channel end and the gate's `publish` are observed."""
+    real_stage = art_trio.trainer.training_stage
+
+    async def observed_stage(run: Any, receive: Any, eval_send: Any) -> None:
+        gate = run.gate
+        publish = gate.publish
+
+        def observed_publish(version: int) -> None:
+            publish(version)
+            # What the gate now serves, whatever `publish` did with its argument.
+            observer.run.publishes.append(gate.policy_version)
+
+        gate.publish = observed_publish
+        try:
+            await real_stage(run, cast(Any, ObservedReceive(receive, observer)), eval_send)
+        finally:
+            observer.run.collapsed = bool(run.collapsed)
+
+    art_trio.trainer.training_stage = observed_stage
+    try:
+        yield
+    finally:
+        art_trio.trainer.training_stage = real_stage
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def read_state(model: art.TrainableModel) -> PipelineState | None:
+    """The persisted pipeline state, read the way a resuming trainer reads it."""
+    return StateStore(model._get_output_dir()).read()
+
+
+def _new_model(base_path: Path) -> art.TrainableModel:
+    return art.TrainableModel(
+        name="m", project="p", base_model="test-base", base_path=str(base_path)
+    )
+
+
+def scenarios_for(case: Case) -> list[dict[str, Any]]:
+    return [{"metadata": {"scenario_id": i}} for i in range(len(case.plans))]
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    runs: list[RunRecord]
+    backend: BackendDouble
+
+
+async def _drive(
+    trainer: PipelineTrainer[Any, Any], record: RunRecord, stop_at: float | None, bound: float
+) -> None:
+    async with trio.open_nursery() as nursery:
+        if stop_at is not None:
+
+            async def stopper() -> None:
+                await trio.sleep(stop_at)
+                record.stop_requested = True
+                record.stop_requested_at = trio.current_time()
+                trainer.request_stop()
+
+            nursery.start_soon(stopper)
+        with trio.move_on_after(bound) as scope:
+            try:
+                await trainer.train(handle_signals=False)
+            except Exception as exc:  # the all-failed property inspects it
+                record.error = exc
+        record.timed_out = scope.cancelled_caught
+        record.ended_at = trio.current_time()
+        nursery.cancel_scope.cancel()
+
+
+def _run_once(
+    case: Case,
+    observer: Observer,
+    backend: BackendDouble,
+    base_path: Path,
+    index: int,
+    stop_at: float | None,
+) -> RunRecord:
+    model = _new_model(base_path)
+    state_before = read_state(model)
+    resolved_before = frozenset(
+        i for i in range(len(case.plans)) if is_resolved(state_before, i)
+    )
+    record = RunRecord(
+        index=index,
+        start_step=backend.step,
+        resolved_before=resolved_before,
+        state_before=state_before,
+    )
+    observer.run = record
+    # ART's register() is asyncio code; the backend double is too.
+    asyncio.run(model.register(cast(Any, backend)))
+    trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
+        model,
+        backend,
+        make_rollout_fn(observer),
+        scenarios_for(case),
+        None,
+        make_eval_fn(observer) if case.eval_seconds is not None else None,
+        log_interval_seconds=1e9,
+        fsync_state=False,
+        **case.config.kwargs(),
+    )
+    with observe_trainer(observer):
+        trio.run(
+            _drive,
+            trainer,
+            record,
+            stop_at,
+            case.virtual_time_bound(),
+            clock=trio.testing.MockClock(autojump_threshold=0),
+        )
+    record.counters = trainer.last_counters
+    record.state_after = read_state(model)
+    return record
+
+
+def run_case(case: Case) -> CaseResult:
+    """Run `case` once on a fresh model directory (one `train()`)."""
+    with tempfile.TemporaryDirectory(prefix="art_trio_prop_") as tmp:
+        observer = Observer(case=case, run=RunRecord(index=0, start_step=0))
+        backend = BackendDouble(observer)
+        record = _run_once(case, observer, backend, Path(tmp), 0, case.stop_at)
+        return CaseResult(case=case, runs=[record], backend=backend)
+
+
+def run_resume_case(case: Case) -> CaseResult:
+    """Run `case` stopped at `stop_at`, then resume it with a new trainer and model object
+    on the same model directory and the same backend (whose step persists)."""
+    with tempfile.TemporaryDirectory(prefix="art_trio_prop_") as tmp:
+        observer = Observer(case=case, run=RunRecord(index=0, start_step=0))
+        backend = BackendDouble(observer)
+        first = _run_once(case, observer, backend, Path(tmp), 0, case.stop_at)
+        second = _run_once(case, observer, backend, Path(tmp), 1, case.second_stop_at)
+        return CaseResult(case=case, runs=[first, second], backend=backend)
+
+
+__all__ = [
+    "Attempt",
+    "BackendDouble",
+    "Case",
+    "CaseResult",
+    "Config",
+    "ERROR_KINDS",
+    "EvalRecord",
+    "FAILURE_KINDS",
+    "Observer",
+    "Received",
+    "RolloutPlan",
+    "RunRecord",
+    "TrainCall",
+    "is_resolved",
+    "run_case",
+    "run_resume_case",
+]

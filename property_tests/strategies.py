@@ -1,0 +1,121 @@
+"""Hypothesis strategies for `harness.Case`: configurations, rollout plans, durations, stops.
+
+Durations mix small integers (many events at the same virtual instant, where ordering bugs
+live) with arbitrary floats. Sizes stay small: the invariants are about interleavings, and
+small cases shrink to readable counterexamples.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from .harness import Case, Config, RolloutPlan
+
+durations = st.one_of(
+    st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0]),
+    st.floats(min_value=0.0, max_value=20.0, allow_nan=False, allow_infinity=False),
+)
+
+rewards = st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=0, max_size=4).map(tuple)
+
+
+@st.composite
+def rollout_plans(draw: st.DrawFn, *, failures: tuple[str, ...] = ()) -> RolloutPlan:
+    """One scenario's rollout: latency, rewards (zero-variance and one-trajectory groups
+    included), and sometimes a failure from `failures`."""
+    failure = None
+    if failures and draw(st.integers(0, 5)) == 0:
+        failure = draw(st.sampled_from(failures))
+    # Mostly groups with signal, so batches form; zero variance is common enough anyway.
+    group_rewards = draw(
+        st.one_of(
+            st.just((0.0, 1.0)),
+            st.just((1.0, 0.5, 0.0)),
+            rewards,
+        )
+    )
+    return RolloutPlan(latency=draw(durations), rewards=group_rewards, failure=failure)
+
+
+#: Failures for the main properties ("all_failed" makes the run fail by design: separately).
+COMMON_FAILURES = ("raise", "wrong_type", "nan", "partial")
+
+
+@st.composite
+def configs(
+    draw: st.DrawFn,
+    *,
+    evals: bool = False,
+    collapse: bool = False,
+    max_steps: bool = True,
+    grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
+) -> Config:
+    min_batch = draw(st.integers(1, 3))
+    max_batch = min_batch + draw(st.integers(0, 3))
+    return Config(
+        num_rollout_workers=draw(st.integers(1, 6)),
+        min_batch_size=min_batch,
+        max_batch_size=max_batch,
+        max_steps_off_policy=draw(st.integers(0, 3)),
+        queue_maxsize=draw(st.one_of(st.none(), st.integers(1, 6))),
+        max_steps=draw(st.one_of(st.none(), st.integers(0, 8))) if max_steps else None,
+        eval_every_n_steps=draw(st.integers(0, 4)) if evals else 0,
+        eval_at_start=draw(st.booleans()) if evals else False,
+        discard_queue_multiplier=draw(st.integers(1, 3)) if collapse else 100,
+        admission=draw(st.sampled_from(["staleness_aware", "eager"])),
+        shutdown_grace_seconds=draw(st.sampled_from(grace)),
+        max_rollouts_beyond_bound=draw(st.one_of(st.none(), st.integers(0, 3))),
+    )
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    *,
+    evals: bool = False,
+    collapse: bool = False,
+    stop: bool = True,
+    failures: tuple[str, ...] = COMMON_FAILURES,
+    max_scenarios: int = 24,
+    max_steps: bool = True,
+    grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
+) -> Case:
+    """A whole case: config, one plan per scenario, durations, maybe a stop."""
+    config = draw(configs(evals=evals, collapse=collapse, max_steps=max_steps, grace=grace))
+    # A uniform size rather than Hypothesis' list sizes, which favour tiny lists: the
+    # interesting interleavings need a few steps.
+    n = draw(st.integers(0, max_scenarios))
+    plans = tuple(draw(st.lists(rollout_plans(failures=failures), min_size=n, max_size=n)))
+    train_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3)))
+    eval_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3))) if evals else None
+    stop_at = draw(st.one_of(st.none(), durations)) if stop else None
+    return Case(
+        config=config,
+        plans=plans,
+        train_seconds=train_seconds,
+        eval_seconds=eval_seconds,
+        stop_at=stop_at,
+    )
+
+
+@st.composite
+def resume_cases(
+    draw: st.DrawFn,
+    *,
+    second_stop: bool = True,
+    max_steps: bool = True,
+    grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
+) -> Case:
+    """A case that is stopped at a random time, then resumed (maybe stopped again)."""
+    case = draw(cases(evals=draw(st.booleans()), stop=False, max_steps=max_steps, grace=grace))
+    return Case(
+        config=case.config,
+        plans=case.plans,
+        train_seconds=case.train_seconds,
+        eval_seconds=case.eval_seconds,
+        stop_at=draw(durations),
+        second_stop_at=draw(st.one_of(st.none(), durations)) if second_stop else None,
+    )
+
+
+__all__ = ["COMMON_FAILURES", "cases", "configs", "durations", "resume_cases", "rollout_plans"]

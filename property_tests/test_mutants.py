@@ -1,0 +1,367 @@
+"""The suite can fail: each invariant catches a deliberately broken trainer.
+
+Each test monkeypatches one broken variant into art_trio (a gate one version too lenient, a
+collector that overfills batches, a trainer that loses a group, an eval run twice, collapse
+off by one, ...), runs the invariant's property under Hypothesis, and asserts that Hypothesis
+finds a counterexample that breaks *that* invariant (its tag in the AssertionError).
+
+Strategies are those of the real properties; where a known trainer bug would make the
+property fail on its own (in-flight rollouts cancelled at a stop or at max_steps are counted
+nowhere), the mutant's strategy avoids those endings, so the test shows the mutant is caught,
+not the bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import art_trio.gate
+import art_trio.ledger
+import art_trio.settings
+import art_trio.stages.evaluation
+import art_trio.stages.rollout
+import art_trio.stages.training
+import art_trio.trainer
+from art_trio.gate import MIN_ON_TIME_PROBABILITY, GateSnapshot, PolicyGate
+from art_trio.settings import PipelineSettings
+
+from . import checks
+from .harness import Case
+from .strategies import cases, resume_cases
+from .test_trainer_invariants import (
+    STRATEGIES,
+    prop_all_failed_group,
+    prop_batch_bounds,
+    prop_channel_capacity,
+    prop_collapse,
+    prop_conservation,
+    prop_eval_schedule,
+    prop_max_steps_and_termination,
+    prop_off_policy_bound,
+    prop_resume,
+    prop_versions,
+)
+
+#: Examples Hypothesis may try before the test declares the mutant uncaught.
+MUTANT_BUDGET = 150
+
+
+def _on_time_probability_without_zero_division(s: GateSnapshot) -> float:
+    if not s.rollout_latency or not s.step_period:
+        return 1.0
+    window = s.batches_left * s.step_period
+    return max(MIN_ON_TIME_PROBABILITY, 1.0 - math.exp(-window / s.rollout_latency))
+
+
+@pytest.fixture(autouse=True)
+def _isolate_known_bugs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Keep a known, reported trainer bug from masking what a mutation test looks for.
+
+    `GateSnapshot.on_time_probability` divides by the measured rollout latency, which is 0
+    when the first rollouts take no time (see test_gate.py::test_admission_decision_is_total);
+    the trainer then crashes and any property fails for that reason instead of the mutant's.
+    While that bug is present, mutation tests run with a zero-safe copy of the property.
+    """
+    probe = GateSnapshot(
+        policy_version=0, next_training_step=0, max_steps_off_policy=1, max_batch_size=1,
+        queued=0, fresh_in_flight=0, rollout_latency=0.0, step_period=1.0,
+    )
+    try:
+        probe.on_time_probability  # noqa: B018
+    except ZeroDivisionError:
+        monkeypatch.setattr(
+            GateSnapshot,
+            "on_time_probability",
+            property(_on_time_probability_without_zero_division),
+        )
+    yield
+
+
+def counterexample(
+    prop: Callable[[Case], None], strategy: st.SearchStrategy[Case], tag: str
+) -> AssertionError:
+    """Run `prop` under Hypothesis; return the AssertionError of the counterexample it found.
+
+    Fails the test if Hypothesis finds none within MUTANT_BUDGET examples, or if what it
+    finds breaks another invariant than `tag`.
+    """
+
+    @settings(
+        max_examples=MUTANT_BUDGET,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=(Phase.explicit, Phase.generate),
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(strategy)
+    def run(case: Case) -> None:
+        prop(case)
+
+    try:
+        run()
+    except AssertionError as exc:
+        assert f"[{tag}]" in str(exc), f"expected a [{tag}] counterexample, got: {exc}"
+        return exc
+    pytest.fail(f"Hypothesis found no [{tag}] counterexample against the broken variant")
+
+
+# 1 ------------------------------------------------------------------------------------------
+
+
+def test_off_policy_bound_catches_gate_one_version_too_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def lenient(s: Any) -> bool:
+        return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
+
+    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", lenient)
+    monkeypatch.setattr(
+        PolicyGate, "batch_min_version", lambda self, step: step - self.max_steps_off_policy - 1
+    )
+    monkeypatch.setattr(
+        PolicyGate,
+        "min_fresh_version",
+        property(lambda self: self.next_training_step - self.max_steps_off_policy - 1),
+    )
+    counterexample(prop_off_policy_bound, STRATEGIES[prop_off_policy_bound], checks.OFF_POLICY)
+
+
+# 2 ------------------------------------------------------------------------------------------
+
+
+def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A collector that takes one group more than max_batch_size when it can.
+    real = art_trio.stages.training.collect_batch
+
+    async def overfilling(run: Any, receive: Any, current_step: int) -> Any:
+        settings_ = run.settings
+        run.settings = dataclasses.replace(settings_, max_batch_size=settings_.max_batch_size + 1)
+        try:
+            return await real(run, receive, current_step)
+        finally:
+            run.settings = settings_
+
+    monkeypatch.setattr(art_trio.stages.training, "collect_batch", overfilling)
+    counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
+
+
+def test_batch_bounds_catches_collector_not_waiting_for_min(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A collector that trains whatever single group is ready (min_batch_size ignored).
+    real = art_trio.stages.training.collect_batch
+
+    async def impatient(run: Any, receive: Any, current_step: int) -> Any:
+        settings_ = run.settings
+        run.settings = dataclasses.replace(settings_, min_batch_size=1)
+        try:
+            return await real(run, receive, current_step)
+        finally:
+            run.settings = settings_
+
+    monkeypatch.setattr(art_trio.stages.training, "collect_batch", impatient)
+    counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
+
+
+# 3 ------------------------------------------------------------------------------------------
+
+
+def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = art_trio.stages.training._accept
+
+    def losing(run: Any, item: Any, min_version: int, batch: Any) -> bool:
+        if item.scenario_index % 3 == 2:
+            # Taken out of the channel, then forgotten: counted nowhere, never resolved.
+            run.counters.received += 1
+            run.gate.group_discarded()
+            return True
+        return bool(real(run, item, min_version, batch))
+
+    monkeypatch.setattr(art_trio.stages.training, "_accept", losing)
+    counterexample(
+        prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
+    )
+
+
+def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = art_trio.trainer.rollout_stage
+
+    class DroppingSend:
+        """A worker's end of the channel that silently loses every third group."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def clone(self) -> DroppingSend:
+            return DroppingSend(self._inner.clone())
+
+        async def send(self, item: Any) -> None:
+            if item.scenario_index % 3 != 2:
+                await self._inner.send(item)
+
+        async def __aenter__(self) -> DroppingSend:
+            await self._inner.__aenter__()
+            return self
+
+        async def __aexit__(self, *exc: Any) -> None:
+            await self._inner.__aexit__(*exc)
+
+    async def dropping(run: Any, send: Any) -> None:
+        await real(run, cast(Any, DroppingSend(send)))
+
+    monkeypatch.setattr(art_trio.trainer, "rollout_stage", dropping)
+    counterexample(
+        prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
+    )
+
+
+# 4 ------------------------------------------------------------------------------------------
+
+
+def test_versions_catches_swapped_version_stamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = art_trio.stages.rollout.stamp_policy_versions
+
+    def swapped(group: Any, *, initial: int, final: int) -> None:
+        real(group, initial=final, final=initial)
+
+    monkeypatch.setattr(art_trio.stages.rollout, "stamp_policy_versions", swapped)
+    counterexample(prop_versions, STRATEGIES[prop_versions], checks.VERSIONS)
+
+
+def test_versions_catches_a_skipped_publish(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = PolicyGate.publish
+
+    def skipping(self: PolicyGate, version: int) -> None:
+        real(self, version + 1 if version == 2 else version)
+
+    monkeypatch.setattr(PolicyGate, "publish", skipping)
+    counterexample(prop_versions, STRATEGIES[prop_versions], checks.VERSIONS)
+
+
+# 5 ------------------------------------------------------------------------------------------
+
+
+def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = art_trio.trainer.build_settings
+
+    def one_more(**kwargs: Any) -> PipelineSettings:
+        s = real(**kwargs)
+        return s if s.max_steps is None else dataclasses.replace(s, max_steps=s.max_steps + 1)
+
+    monkeypatch.setattr(art_trio.trainer, "build_settings", one_more)
+    counterexample(
+        prop_max_steps_and_termination,
+        STRATEGIES[prop_max_steps_and_termination],
+        checks.TERMINATION,
+    )
+
+
+def test_termination_catches_trainer_waiting_past_end_of_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = art_trio.stages.training.collect_batch
+
+    async def waiting(run: Any, receive: Any, current_step: int) -> Any:
+        batch = await real(run, receive, current_step)
+        if batch is not None and batch.source_ended:
+            await anyio.sleep_forever()  # expects more groups after the end: a deadlock
+        return batch
+
+    monkeypatch.setattr(art_trio.stages.training, "collect_batch", waiting)
+    counterexample(
+        prop_max_steps_and_termination,
+        cases(stop=False, max_steps=False),
+        checks.TERMINATION,
+    )
+
+
+# 6 ------------------------------------------------------------------------------------------
+
+
+def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    def late(run: Any, step: int) -> bool:
+        every = run.settings.eval_every_n_steps
+        return bool(
+            run.eval_fn is not None and every > 0 and step - run.state.last_eval_step > every
+        )
+
+    monkeypatch.setattr(art_trio.stages.training, "should_eval", late)
+    counterexample(prop_eval_schedule, STRATEGIES[prop_eval_schedule], checks.EVAL)
+
+
+def test_eval_schedule_catches_eval_run_twice_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = art_trio.stages.evaluation.run_eval
+
+    async def twice(run: Any, step: int) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(real, run, step)
+            tg.start_soon(real, run, step)
+
+    monkeypatch.setattr(art_trio.stages.evaluation, "run_eval", twice)
+    counterexample(prop_eval_schedule, STRATEGIES[prop_eval_schedule], checks.EVAL)
+
+
+# 7 ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("off_by", [1, -1], ids=["one_late", "one_early"])
+def test_collapse_catches_limit_off_by_one(monkeypatch: pytest.MonkeyPatch, off_by: int) -> None:
+    monkeypatch.setattr(
+        PipelineSettings,
+        "discard_limit",
+        property(lambda s: s.discard_queue_multiplier * s.min_batch_size + off_by),
+    )
+    counterexample(prop_collapse, STRATEGIES[prop_collapse], checks.COLLAPSE)
+
+
+# 8 ------------------------------------------------------------------------------------------
+
+
+def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        PipelineSettings,
+        "groups_capacity",
+        property(
+            lambda s: 2 * (s.queue_maxsize or max(1, s.max_steps_off_policy * s.max_batch_size))
+        ),
+    )
+    counterexample(prop_channel_capacity, STRATEGIES[prop_channel_capacity], checks.CAPACITY)
+
+
+# 9 ------------------------------------------------------------------------------------------
+
+
+def test_resume_catches_ledger_forgetting_trained_scenarios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forgetting(self: art_trio.ledger.ScenarioLedger) -> None:
+        self.pending = None  # the batch trained, but its scenarios are never resolved
+
+    monkeypatch.setattr(art_trio.ledger.ScenarioLedger, "commit_batch", forgetting)
+    counterexample(
+        prop_resume,
+        # Stops that wait for in-flight rollouts, so the known in-flight bug cannot fire.
+        resume_cases(second_stop=False, max_steps=False, grace=(None,)),
+        checks.RESUME,
+    )
+
+
+# all-failed groups ---------------------------------------------------------------------------
+
+
+def test_all_failed_catches_trainer_ignoring_all_failed_groups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(art_trio.stages.training, "all_failed_error", lambda group: None)
+    counterexample(prop_all_failed_group, STRATEGIES[prop_all_failed_group], checks.ALL_FAILED)
