@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.ledger import StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 # -- a backend with ART 0.5.18's optional adapter hooks ------------------------------------
@@ -324,8 +325,10 @@ async def test_prune_model_adapters_keeps_the_steps_rollouts_may_still_sample(
 
 
 def pipeline_state(model: art.TrainableModel) -> dict[str, Any]:
-    state = json.loads((Path(model._get_output_dir()) / "state.json").read_text())
-    return state["_pipeline_trainer"]
+    """What a resumed run would read (snapshot + journal; state.json mirrors snapshots only)."""
+    state = StateStore(model._get_output_dir()).read()
+    assert state is not None
+    return state.to_json()
 
 
 async def test_an_eval_a_stop_interrupted_runs_again_after_resume(

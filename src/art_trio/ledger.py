@@ -12,6 +12,15 @@ was in flight, queued or in the batch being trained. art_trio keeps a ledger ins
 
 Scenario indices are positions in the scenario source, so a resumed run must be given the
 same source in the same order (as with the reference).
+
+Persisting is a journal plus snapshots, so a step costs one small append, not a file rewrite:
+each step appends a record (what was resolved since the last one, the pending batch, the small
+fields) to `art_trio_journal.jsonl` before `backend.train` is called; every few hundred
+records, and at the start and end of `train()`, the whole state is written atomically
+(temporary file, fsync, rename) to `art_trio_state.json` and mirrored into ART's `state.json`,
+and the journal starts over. Reading takes the snapshot and replays the newer records; a
+record torn by a kill is the last line, and is ignored (the train call it announced never
+started).
 """
 
 from __future__ import annotations
@@ -34,6 +43,12 @@ ART's `model.log` rewrites `state.json` in place; a kill during that write leave
 This file is only ever replaced atomically, so resume never depends on ART's write.
 """
 
+JOURNAL_FILE = "art_trio_journal.jsonl"
+"""Per-step records newer than the snapshot; appended, never rewritten."""
+
+SNAPSHOT_EVERY = 200
+"""Journal records between two snapshots: bounds the journal's size and the replay on resume."""
+
 STATE_FORMAT = "art_trio/1"
 
 
@@ -52,14 +67,17 @@ class ScenarioLedger:
     watermark: int = 0
     resolved_above: set[int] = field(default_factory=set)
     pending: PendingBatch | None = None
+    #: Indices resolved since the last journal record (what the next record must carry).
+    unjournaled: list[int] = field(default_factory=list)
 
     def is_resolved(self, index: int) -> bool:
         return index < self.watermark or index in self.resolved_above
 
     def resolve(self, index: int) -> None:
         """Mark one scenario done (trained, or discarded with a reason)."""
-        if index < self.watermark:
+        if index < self.watermark or index in self.resolved_above:
             return
+        self.unjournaled.append(index)
         self.resolved_above.add(index)
         while self.watermark in self.resolved_above:
             self.resolved_above.remove(self.watermark)
@@ -105,6 +123,38 @@ class PipelineState:
     completed_eval_steps: set[int] = field(default_factory=set)
     #: Eval steps scheduled but not finished: a resumed run evaluates them again.
     pending_eval_steps: set[int] = field(default_factory=set)
+
+    def _small_fields(self) -> dict[str, Any]:
+        pending = self.ledger.pending
+        return {
+            "total_scenarios_consumed": self.total_scenarios_consumed,
+            "training_step": self.training_step,
+            "last_eval_step": self.last_eval_step,
+            "completed_eval_steps": sorted(self.completed_eval_steps),
+            "pending_eval_steps": sorted(self.pending_eval_steps - self.completed_eval_steps),
+            "pending_batch": (
+                None
+                if pending is None
+                else {"step": pending.step, "scenario_indices": pending.scenario_indices}
+            ),
+        }
+
+    def journal_record(self, seq: int) -> dict[str, Any]:
+        """What changed since the previous record, for the journal."""
+        resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
+        return {"seq": seq, "resolved": resolved, **self._small_fields()}
+
+    def apply_record(self, record: dict[str, Any]) -> None:
+        """Replay one journal record onto this (older) state."""
+        self.ledger.resolve_all(int(i) for i in record.get("resolved", []))
+        self.ledger.unjournaled.clear()
+        newer = PipelineState.from_json({"scenario_offset": 0, **record})
+        self.ledger.pending = newer.ledger.pending
+        self.total_scenarios_consumed = newer.total_scenarios_consumed
+        self.training_step = newer.training_step
+        self.last_eval_step = newer.last_eval_step
+        self.completed_eval_steps = newer.completed_eval_steps
+        self.pending_eval_steps = newer.pending_eval_steps
 
     def to_json(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -166,6 +216,13 @@ def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if fsync:
+            # The rename is durable only once the directory entry is on disk too.
+            directory = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -187,19 +244,28 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 class StateStore:
-    """Reads and writes the pipeline state for one model directory.
+    """Reads and writes the pipeline state for one model directory (see the module docstring).
 
-    Writes are atomic (temporary file, fsync, rename) and synchronous on the event loop's
-    thread, the same thread ART's own `state.json` writes run on, so the two never interleave.
+    Every write is synchronous on the event loop's thread, the same thread ART's own
+    `state.json` writes run on, so the two never interleave. `fsync` makes each journal
+    record durable against power loss too, at the cost of a disk sync per step; without it a
+    record survives the process dying (kill -9, OOM, Ctrl-C), which is what resume needs.
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, output_dir: str | os.PathLike[str], *, fsync: bool = False) -> None:
         self.output_dir = Path(output_dir)
         self.fsync = fsync
+        self._seq = 0
+        self._records_since_snapshot = 0
+        self._journal_fd: int | None = None
 
     @property
     def sidecar_path(self) -> Path:
         return self.output_dir / SIDECAR_FILE
+
+    @property
+    def journal_path(self) -> Path:
+        return self.output_dir / JOURNAL_FILE
 
     @property
     def art_state_path(self) -> Path:
@@ -208,9 +274,11 @@ class StateStore:
     def read(self) -> PipelineState | None:
         """The last persisted state, or None for a fresh run.
 
-        Prefers art_trio's own file; falls back to `state.json`'s `_pipeline_trainer` (a run
-        started by ART's trainer). A torn `state.json` is rebuilt so ART can read it again.
+        Prefers art_trio's own snapshot and journal; falls back to `state.json`'s
+        `_pipeline_trainer` (a run started by ART's trainer). A torn `state.json` is rebuilt
+        so ART can read it again.
         """
+        self._remove_torn_temporaries()
         sidecar = self._read_sidecar()
         try:
             art_state = _read_json(self.art_state_path)
@@ -221,30 +289,92 @@ class StateStore:
                 "counters restart from zero."
             )
             art_state = {}
-            if sidecar is not None:
-                _atomic_write_json(
-                    self.art_state_path, {PIPELINE_STATE_KEY: sidecar}, fsync=self.fsync
-                )
-            else:
-                _atomic_write_json(self.art_state_path, {}, fsync=self.fsync)
+            repaired = {} if sidecar is None else {PIPELINE_STATE_KEY: sidecar}
+            _atomic_write_json(self.art_state_path, repaired, fsync=True)
+        state: PipelineState | None = None
         if sidecar is not None:
-            return PipelineState.from_json(sidecar)
-        stored = (art_state or {}).get(PIPELINE_STATE_KEY)
-        if isinstance(stored, dict):
-            return PipelineState.from_json(stored)
-        return None
+            state = PipelineState.from_json(sidecar)
+            self._seq = int(sidecar.get("journal_seq", 0) or 0)
+        else:
+            stored = (art_state or {}).get(PIPELINE_STATE_KEY)
+            if isinstance(stored, dict):
+                state = PipelineState.from_json(stored)
+        for record in self._read_journal():
+            if record["seq"] <= self._seq:
+                continue  # already in the snapshot (a crash came before the journal reset)
+            if state is None:
+                state = PipelineState()
+            state.apply_record(record)
+            self._seq = record["seq"]
+        return state
+
+    def append(self, state: PipelineState) -> None:
+        """Record what changed since the last write; cheap enough to do every step."""
+        self._seq += 1
+        line = json.dumps(state.journal_record(self._seq), separators=(",", ":")) + "\n"
+        if self._journal_fd is None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._journal_fd = os.open(
+                self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+            )
+        os.write(self._journal_fd, line.encode())
+        if self.fsync:
+            os.fsync(self._journal_fd)
+        self._records_since_snapshot += 1
+        if self._records_since_snapshot >= SNAPSHOT_EVERY:
+            self.write(state)
 
     def write(self, state: PipelineState) -> None:
-        data = state.to_json()
-        _atomic_write_json(self.sidecar_path, data, fsync=self.fsync)
+        """Snapshot the whole state atomically and durably, then start a new journal."""
+        state.ledger.unjournaled.clear()  # the snapshot holds them
+        data = {**state.to_json(), "journal_seq": self._seq}
+        _atomic_write_json(self.sidecar_path, data, fsync=True)
         # The mirror keeps ART's trainer and tools able to read the reference's fields. It
-        # need not be durable: the sidecar above already is, and resume prefers it.
+        # need not be durable: the snapshot above already is, and resume prefers it.
         try:
             art_state = _read_json(self.art_state_path) or {}
         except ValueError:
             art_state = {}
         art_state[PIPELINE_STATE_KEY] = data
         _atomic_write_json(self.art_state_path, art_state, fsync=False)
+        # Records up to _seq are in the snapshot now; replay skips them even if this
+        # truncation never happens.
+        if self._journal_fd is not None:
+            os.ftruncate(self._journal_fd, 0)
+        elif self.journal_path.exists():
+            os.truncate(self.journal_path, 0)
+        self._records_since_snapshot = 0
+
+    def close(self) -> None:
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+
+    def _remove_torn_temporaries(self) -> None:
+        # A kill between writing a temporary file and renaming it leaves it behind; the file
+        # it was meant to replace is still whole, so the temporary is garbage.
+        for name in (SIDECAR_FILE, self.art_state_path.name):
+            for leftover in self.output_dir.glob(f".{name}.*.tmp"):
+                leftover.unlink(missing_ok=True)
+
+    def _read_journal(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.journal_path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        records = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    break  # torn by a kill mid-append: that step's train never started
+                raise ValueError(
+                    f"{self.journal_path} line {number} is not valid JSON; only its last line "
+                    "can be torn by a crash. Restore the file, or delete it to resume from "
+                    f"{self.sidecar_path.name} alone (the steps since may then be rolled again)."
+                ) from None
+        return records
 
     def _read_sidecar(self) -> dict[str, Any] | None:
         try:
@@ -258,6 +388,7 @@ class StateStore:
 
 
 __all__ = [
+    "JOURNAL_FILE",
     "PIPELINE_STATE_KEY",
     "SIDECAR_FILE",
     "PendingBatch",

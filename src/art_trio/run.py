@@ -317,6 +317,11 @@ class PipelineRun:
     # -- persistence ---------------------------------------------------------------------
 
     def persist(self) -> None:
+        """Record the state's changes in the journal (cheap: one append; see ledger.py)."""
+        self.store.append(self.state)
+
+    def snapshot(self) -> None:
+        """Write the whole state atomically (start and end of a run)."""
         self.store.write(self.state)
 
     def now(self) -> float:

@@ -55,7 +55,7 @@ class PipelineSettings:
     shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS
     admission: Admission = "staleness_aware"
     max_rollouts_beyond_bound: int | None = None
-    fsync_state: bool = True
+    fsync_state: bool = False
 
     @property
     def groups_capacity(self) -> int:

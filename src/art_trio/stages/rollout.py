@@ -128,6 +128,7 @@ async def _roll(
             _check_rollout_result(group)
         errored = False
     except anyio.get_cancelled_exc_class():
+        errored = False  # stopped, not failed: the caller counts it as dropped
         raise
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
