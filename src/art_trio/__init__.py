@@ -4,6 +4,12 @@ Rollout workers, a training loop and an eval loop run as stages of one task grou
 bound on how stale the trained data may be. The public names are re-exported here.
 """
 
+import os
+
+# Importing ART fetches a model price table from the network unless told to use the copy it
+# ships; a library import should not reach for the network. An explicit setting wins.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 from .bridge import trio_native
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,

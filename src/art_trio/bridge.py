@@ -22,6 +22,10 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
+# Imported with art_trio, before user code builds clients: importing trio_asyncio patches
+# asyncio.get_running_loop so asyncio libraries find trio-asyncio's loop.
+import trio_asyncio
+
 P = ParamSpec("P")
 R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -83,8 +87,6 @@ class _TrioAsyncioBridge(Bridge):
         self._loop = loop
 
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
-        import trio_asyncio
-
         bound = functools.partial(fn, *args, **kwargs)
         try:
             result: R = await trio_asyncio.aio_as_trio(bound, loop=self._loop)()
@@ -110,8 +112,11 @@ def _see_trio_asyncio_loops() -> None:
     function behaves exactly like the original outside trio-asyncio.
     """
     anyio_asyncio = sys.modules.get("anyio._backends._asyncio")
-    if anyio_asyncio is not None and anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
-        anyio_asyncio.get_running_loop = asyncio.get_running_loop
+    patched = asyncio.get_running_loop
+    if anyio_asyncio is None:
+        return
+    if getattr(anyio_asyncio, "get_running_loop", patched) is not patched:
+        setattr(anyio_asyncio, "get_running_loop", patched)  # noqa: B010  (module global)
 
 
 @asynccontextmanager
@@ -120,8 +125,6 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     if sniffio.current_async_library() != "trio":
         yield Bridge()
         return
-    import trio_asyncio
-
     _see_trio_asyncio_loops()
     loop = trio_asyncio.current_loop.get()
     if loop is not None:
@@ -130,5 +133,7 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     async with trio_asyncio.open_loop() as loop:
         yield _TrioAsyncioBridge(loop)
 
+
+_see_trio_asyncio_loops()
 
 __all__ = ["AsyncioTaskCancelled", "Bridge", "is_native", "open_bridge", "trio_native"]
