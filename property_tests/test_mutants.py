@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -365,3 +366,91 @@ def test_all_failed_catches_trainer_ignoring_all_failed_groups(
 ) -> None:
     monkeypatch.setattr(art_trio.stages.training, "all_failed_error", lambda group: None)
     counterexample(prop_all_failed_group, STRATEGIES[prop_all_failed_group], checks.ALL_FAILED)
+
+
+# the gate alone --------------------------------------------------------------------------------
+
+
+def machine_counterexample(tag: str) -> None:
+    """Run the gate state machine; assert Hypothesis finds a run breaking invariant `tag`."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from .test_gate import GateMachine
+
+    with pytest.raises(AssertionError, match=re.escape(f"[{tag}]")):
+        run_state_machine_as_test(
+            GateMachine,
+            settings=settings(
+                max_examples=MUTANT_BUDGET,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                phases=(Phase.generate,),
+                report_multiple_bugs=False,
+                print_blob=False,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            ),
+        )
+
+
+def test_gate_machine_catches_admission_one_version_too_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def lenient(s: Any) -> bool:
+        return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
+
+    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", lenient)
+    from .test_gate import ADMISSION_BOUND
+
+    machine_counterexample(ADMISSION_BOUND)
+
+
+def test_gate_machine_catches_hand_over_leaking_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def leaking(self: PolicyGate, version: int) -> None:
+        self.queued += 1  # the in-flight slot is never given back
+
+    monkeypatch.setattr(PolicyGate, "hand_over", leaking)
+    from .test_gate import IN_FLIGHT
+
+    machine_counterexample(IN_FLIGHT)
+
+
+def test_gate_machine_catches_discard_counted_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = PolicyGate.group_discarded
+
+    def twice(self: PolicyGate) -> None:
+        self.queued -= 1
+        real(self)
+
+    monkeypatch.setattr(PolicyGate, "group_discarded", twice)
+    from .test_gate import QUEUED
+
+    machine_counterexample(QUEUED)
+
+
+def test_gate_machine_catches_doomed_bound_off_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        PolicyGate,
+        "min_fresh_version",
+        property(lambda self: self.next_training_step - self.max_steps_off_policy + 1),
+    )
+    from .test_gate import DOOMED
+
+    machine_counterexample(DOOMED)
+
+
+def test_gate_machine_catches_publish_not_ending_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = PolicyGate.publish
+
+    def stuck(self: PolicyGate, version: int) -> None:
+        real(self, version)
+        self.next_training_step = version + 1  # still "training" after the publish
+
+    monkeypatch.setattr(PolicyGate, "publish", stuck)
+    from .test_gate import VERSIONS
+
+    machine_counterexample(VERSIONS)
