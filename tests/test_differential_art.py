@@ -271,3 +271,42 @@ def test_resumed_start_step_is_evaluated_by_art_but_not_by_art_trio(tmp_path: Pa
     assert all((s - 3) % EVAL_EVERY == 0 for s in theirs_resumed)
     assert ours_resumed and all(s % EVAL_EVERY == 0 for s in ours_resumed)
     assert theirs.history[0]["step"] == 0  # both histories continue in the same file
+
+
+def trained_scenarios(backend: DifferentialBackend) -> list[str]:
+    return [sid for call in backend.calls for sid in call.scenario_ids]
+
+
+def test_art_trio_resumes_a_run_that_arts_trainer_started(tmp_path: Path) -> None:
+    """Switching trainers mid-run: art_trio reads ART's `_pipeline_trainer` record."""
+    backend = DifferentialBackend()
+    run_art(tmp_path, backend, max_steps=3)
+    art_state = json.loads((tmp_path / ".art/p/models/m/state.json").read_text())
+    skipped = art_state["_pipeline_trainer"]["scenario_offset"]
+    ours = run_art_trio(tmp_path, "trio", backend)
+    assert ours.steps == list(range(1, len(ours.steps) + 1)) and len(ours.steps) > 3
+    trained = trained_scenarios(backend)
+    assert len(trained) == len(set(trained))  # nothing trained twice
+    # ART's offset counts what it took, trained or not: art_trio starts after it (the
+    # scenarios ART held in its queue are lost, as they would be if ART resumed itself).
+    assert all(int(sid[1:]) >= skipped for sid in trained[6:])
+    assert ours.eval_steps == list(range(0, ours.steps[-1] + 1, EVAL_EVERY))
+
+
+def test_arts_trainer_resumes_a_run_that_art_trio_started(tmp_path: Path) -> None:
+    """The other way: ART reads the fields it knows and ignores art_trio's additions."""
+    backend = DifferentialBackend()
+    run_art_trio(tmp_path, "trio", backend, max_steps=3)
+    record = json.loads((tmp_path / ".art/p/models/m/state.json").read_text())
+    ours_state = record["_pipeline_trainer"]
+    theirs = run_art(tmp_path, backend)
+    assert theirs.steps == list(range(1, len(theirs.steps) + 1)) and len(theirs.steps) > 3
+    trained = trained_scenarios(backend)
+    # ART resumes at art_trio's watermark: scenarios art_trio resolved above it (trained or
+    # discarded out of order) are the only ones ART can see again.
+    again = {sid for sid in trained if trained.count(sid) > 1}
+    assert again <= {f"s{i}" for i in ours_state["resolved_scenarios"]}
+    everything = {f"s{i}" for i in range(N_SCENARIOS) if i % ZERO_VARIANCE_EVERY != 4}
+    assert everything - set(trained) == set()
+    # ART evaluates the step it resumes at (3) and restarts its schedule there.
+    assert theirs.eval_steps[:3] == [0, 2, 3]
