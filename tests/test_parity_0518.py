@@ -535,3 +535,24 @@ async def test_a_rollout_failure_line_names_the_exception_type_and_the_scenario(
         "Worker 0: rollout failed (builtins.KeyError): KeyError('no such tool') [epoch=3]",
         "Worker 0: rollout failed (builtins.KeyError): KeyError('no such tool')",
     ]
+
+
+async def test_a_failing_trio_native_rollout_reports_its_own_exception_under_a_lease(
+    leasing_model: Any, leasing: LeasingBackend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lease holder's task group must not turn the rollout's error into a group."""
+
+    @trio_native
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] == 0:
+            raise KeyError("boom")
+        return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
+
+    await PipelineTrainer(
+        leasing_model, leasing, rollout, scenarios(3), None,
+        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    out = capsys.readouterr().out
+    assert "rollout failed (builtins.KeyError): KeyError('boom') [scenario_id=0]" in out
+    assert len(leasing.calls) == 1
+    assert not leasing.active_leases
