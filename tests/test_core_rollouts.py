@@ -214,3 +214,49 @@ async def test_native_group_rollout_via_make_group_rollout_fn(model, backend):
         num_rollout_workers=1, min_batch_size=1, max_batch_size=1, discard_queue_multiplier=50,
     ).train(handle_signals=False)
     assert calls == 6
+
+
+async def test_a_rollout_that_always_fails_stops_the_run_and_leaves_its_scenarios_unresolved(
+    model, backend
+):
+    broken = True
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        if broken:
+            raise ConnectionRefusedError("policy server is down")
+        return await asyncio_rollout(model, scenario, config)
+
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(50), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_consecutive_rollout_failures=5,
+    )
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(Exception, match="5 rollouts in a row failed, the last with "
+                         "builtins.ConnectionRefusedError: policy server is down"),
+    ):
+        await trainer.train(handle_signals=False)
+    # Fixed: the resumed run trains the scenarios the broken one only failed on.
+    broken = False
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(6), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    assert sorted(i for c in backend.calls for i in c.scenario_ids) == list(range(6))
+
+
+async def test_failures_between_successes_are_resolved_as_errored(model, backend):
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] % 2:
+            raise ValueError("odd scenario")
+        return await asyncio_rollout(model, scenario, config)
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(9), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, max_consecutive_rollout_failures=2,
+    ).train(handle_signals=False)
+    backend.calls.clear()
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(9), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2,
+    ).train(handle_signals=False)
+    assert backend.calls == []  # nothing left: the odd ones were resolved as errored

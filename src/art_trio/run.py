@@ -183,6 +183,9 @@ class PipelineRun:
             admission=settings.admission,
             beyond_bound=settings.rollouts_beyond_bound,
         )
+        #: Scenarios whose rollouts failed since the last one that did not (left unresolved
+        #: until a success shows the failures were the scenarios' and not the setup's).
+        self.failure_streak: list[int] = []
         #: Usable groups received from the channel, waiting for a batch (see collect_batch).
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").

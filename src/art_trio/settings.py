@@ -24,6 +24,15 @@ never feels like a hang. `None` waits as long as they take, as ART's trainer doe
 """
 
 
+DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES = 100
+"""Rollouts failing in a row (no success between) after which the run stops with an error.
+
+A rollout that fails now and then is counted and skipped; a hundred in a row means the
+rollout code or the server it calls is broken, and going on would only mark the whole source
+as errored while printing failure lines forever.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
     """What `PipelineTrainer(...)` was configured with, after defaults are resolved."""
@@ -56,6 +65,7 @@ class PipelineSettings:
     admission: Admission = "staleness_aware"
     max_rollouts_beyond_bound: int | None = None
     fsync_state: bool = False
+    max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES
 
     @property
     def groups_capacity(self) -> int:
@@ -157,6 +167,11 @@ def build_settings(
         raise ValueError(
             f"admission must be one of {', '.join(map(repr, ADMISSION_MODES))}, "
             f"got {admission!r}"
+        )
+    failures = rest.get("max_consecutive_rollout_failures")
+    if failures is not None and failures <= 0:
+        raise ValueError(
+            "max_consecutive_rollout_failures must be > 0 (or None to never stop on failures)"
         )
     if max_rollouts_beyond_bound is not None and max_rollouts_beyond_bound < 0:
         raise ValueError(

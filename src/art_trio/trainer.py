@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Generic
 
 import anyio
@@ -22,7 +22,12 @@ from .bridge import Bridge, open_bridge
 from .ledger import PipelineState, StateStore
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
-from .settings import DEFAULT_SHUTDOWN_GRACE_SECONDS, PipelineSettings, build_settings
+from .settings import (
+    DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+    PipelineSettings,
+    build_settings,
+)
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
 from .stages.rollout import rollout_stage
@@ -48,6 +53,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     - `fsync_state`: also make each step's resume record durable against power loss or an OS
       crash, not only against the process dying (default False: a disk sync per step costs
       0.5-5 ms on a plain SSD, more than the rest of a step's overhead).
+    - `max_consecutive_rollout_failures`: stop the run with an error after this many rollouts
+      in a row fail (default 100; None never stops). Those scenarios stay unresolved, so a
+      resumed run rolls them again once the cause is fixed.
 
     `rollout_fn`, `eval_fn` and async scenario iterators are asyncio code unless marked with
     `art_trio.trio_native`. Read settings back as attributes (`trainer.max_batch_size`).
@@ -93,6 +101,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         admission: str = "staleness_aware",
         max_rollouts_beyond_bound: int | None = None,
         fsync_state: bool = False,
+        max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
     ) -> None:
         self.settings = build_settings(
             num_rollout_workers=num_rollout_workers,
@@ -124,6 +133,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             admission=admission,
             max_rollouts_beyond_bound=max_rollouts_beyond_bound,
             fsync_state=fsync_state,
+            max_consecutive_rollout_failures=max_consecutive_rollout_failures,
         )
         self.model = model
         self.backend = backend
@@ -330,13 +340,31 @@ def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
 async def _stage(
     name: str, fn: Callable[..., Awaitable[None]], *args: Any
 ) -> None:
-    """Run one stage; an exception leaving it is labelled with the stage's name."""
+    """Run one stage; an exception leaving it is labelled with the stage's name.
+
+    A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
+    group holding one exception is unwrapped, so the caller gets one group, not two nested.
+    """
     try:
-        await fn(*args)
+        try:
+            await fn(*args)
+        except ExceptionGroup as group:
+            leaves = list(_leaves(group))
+            if len(leaves) != 1:
+                raise
+            raise leaves[0] from None
     except Exception as exc:
         exc.add_note(f"raised in art_trio's {name} stage")
         print(f"Pipeline stage failed: {name}: {type(exc).__name__}: {exc}")
         raise
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 __all__ = ["PipelineTrainer"]

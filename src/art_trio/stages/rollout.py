@@ -113,6 +113,7 @@ async def _roll(
     counters.rollouts_started += 1
     status.note_rollout_started()
     errored = True
+    failure: Exception | None = None
     try:
         started = run.now()
         with anyio.CancelScope() as scope:
@@ -131,8 +132,9 @@ async def _roll(
         errored = False  # stopped, not failed: the caller counts it as dropped
         raise
     except Exception as exc:
-        kind = f"{type(exc).__module__}.{type(exc).__name__}"
-        print(f"Worker {worker_id}: rollout failed ({kind}): {exc!r}{scenario_context(scenario)}")
+        failure = exc
+        context = scenario_context(scenario)
+        print(f"Worker {worker_id}: rollout failed ({_kind(exc)}): {exc!r}{context}")
     finally:
         status.note_rollout_finished(errored=errored)
     if run.stopping:
@@ -140,10 +142,13 @@ async def _roll(
         # again.
         counters.dropped_at_stop += 1
         return None
-    if errored:
+    if failure is not None:
         counters.errored += 1
-        run.state.ledger.resolve(index)
+        _note_failure(run, index, failure)
         return None
+    # A rollout got through: the failures before it were the scenarios' own.
+    run.state.ledger.resolve_all(run.failure_streak)
+    run.failure_streak.clear()
     if doomed:
         # Cancelled by the gate: no batch still to be taken could train it.
         counters.stale += 1
@@ -164,6 +169,27 @@ async def _roll(
     )
 
 
+class RolloutsKeepFailing(RuntimeError):
+    """Too many rollouts failed in a row: the rollout code or what it calls is broken."""
+
+
+def _kind(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__name__}"
+
+
+def _note_failure(run: PipelineRun, index: int, failure: Exception) -> None:
+    run.failure_streak.append(index)
+    limit = run.settings.max_consecutive_rollout_failures
+    if limit is None or len(run.failure_streak) != limit:
+        return  # (past the limit: another worker already raised, and all are being cancelled)
+    raise RolloutsKeepFailing(
+        f"{limit} rollouts in a row failed, the last with {_kind(failure)}: {failure}. Fix "
+        "rollout_fn or the service it calls, then resume: these scenarios were not marked "
+        "done and will be rolled again. To keep going through failures, raise "
+        f"max_consecutive_rollout_failures (now {limit}) or set it to None."
+    ) from failure
+
+
 def _check_rollout_result(group: object) -> None:
     if not isinstance(group, TrajectoryGroup):
         raise RolloutRejected(
@@ -174,4 +200,4 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(problem)
 
 
-__all__ = ["RolloutRejected", "rollout_stage"]
+__all__ = ["RolloutRejected", "RolloutsKeepFailing", "rollout_stage"]
