@@ -176,6 +176,8 @@ class Attempt:
     stopping_at_end: bool = False
     group: art.TrajectoryGroup | None = None
     plan: RolloutPlan | None = None
+    #: Order in which attempts ended, across the run.
+    end_seq: int = -1
 
 
 @dataclass
@@ -260,6 +262,7 @@ class Observer:
     case: Case
     run: RunRecord
     eval_active: int = 0
+    ended: int = 0
     #: Which scenario a group object came from (by identity), set by the rollout double.
     owners: dict[int, int] = field(default_factory=dict)
 
@@ -292,10 +295,12 @@ def make_rollout_fn(observer: Observer) -> Any:
         except BaseException:
             attempt.outcome = "cancelled"
             attempt.ended_at = trio.current_time()
+            attempt.end_seq, observer.ended = observer.ended, observer.ended + 1
             raise
         # No await from here to the return: the worker reads `run.stopping` in the same
         # step, so `stopping_at_end` is exactly what the trainer saw.
         attempt.ended_at = trio.current_time()
+        attempt.end_seq, observer.ended = observer.ended, observer.ended + 1
         attempt.stopping_at_end = run.stop_requested
         attempt.outcome = plan.failure if plan.failure in ERROR_KINDS else "group"
         if plan.failure == "raise":
