@@ -88,8 +88,8 @@ class GateSnapshot:
         The window closes about `batches_left` step periods from now; latencies are taken
         as exponential with the measured mean (the memoryless worst case for a given mean).
         """
-        if self.rollout_latency is None or not self.step_period:
-            return 1.0
+        if not self.rollout_latency or not self.step_period:
+            return 1.0  # unmeasured yet, or rollouts that take no time: all are on time
         window = self.batches_left * self.step_period
         return max(MIN_ON_TIME_PROBABILITY, 1.0 - math.exp(-window / self.rollout_latency))
 
