@@ -1,0 +1,295 @@
+"""``art-trio simulate`` / ``python -m art_trio.sim``: plan a run in virtual time.
+
+Give the workload as distributions and the trainer settings to try; the real
+``PipelineTrainer`` runs against a synthetic backend under trio's ``MockClock``, so hours of
+training take seconds. Prints a table (``--json`` for machines). With ``--sweep`` it runs
+every combination of the swept settings and names the cheapest one that keeps the trainer
+busy; ``--plot`` draws utilization and waste against the swept values.
+
+Examples::
+
+    art-trio simulate --rollout-latency exp:30 --train-time 60 --workers 32 --steps 500
+    art-trio simulate --rollout-latency lognormal:30:1.5 --train-time 60 --min-batch-size 8 \\
+        --max-batch-size 8 --sweep num_rollout_workers=8,16,32,64 max_steps_off_policy=0,1,2 \\
+        --plot sweep.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from art_trio.sim.simulate import (
+    DEFAULT_TARGET,
+    SimSpec,
+    check_settings,
+    combinations,
+    parse_distribution,
+    parse_value,
+    simulate,
+    sweep,
+    trainer_parameter_names,
+)
+
+__all__ = ["DEFAULT_STEPS", "build_parser", "main"]
+
+#: Train steps simulated unless --steps or --scenarios says otherwise.
+DEFAULT_STEPS = 200
+
+# The settings that decide throughput and waste get their own flags (dest: trainer kwarg).
+_SETTING_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--workers", "num_rollout_workers", int, "rollout workers (num_rollout_workers)"),
+    ("--min-batch-size", "min_batch_size", int, "groups a step waits for"),
+    ("--max-batch-size", "max_batch_size", int, "most groups in one step"),
+    ("--max-steps-off-policy", "max_steps_off_policy", int, "staleness bound"),
+    ("--admission", "admission", str, '"staleness_aware" or "eager"'),
+)
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability in [0, 1]")
+    return value
+
+
+def _distribution(text: str) -> Any:
+    try:
+        return parse_distribution(text)
+    except (ValueError, OSError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="art-trio simulate",
+        description=(
+            "Run art_trio's PipelineTrainer in virtual time against a synthetic workload and "
+            "report trainer utilization, waste, staleness and queue depth. Durations are "
+            "seconds (or 500ms, 2m, 1.5h). Distributions: 30 | const:30 | exp:30 | "
+            "lognormal:MEAN:SIGMA | file:PATH (one duration per line or a JSON list)."
+        ),
+    )
+    w = parser.add_argument_group("workload")
+    w.add_argument(
+        "--rollout-latency",
+        type=_distribution,
+        required=True,
+        metavar="DIST",
+        help="time one rollout (one group) takes",
+    )
+    w.add_argument(
+        "--train-time",
+        type=_distribution,
+        required=True,
+        metavar="DIST",
+        help="time one backend.train step takes",
+    )
+    w.add_argument(
+        "--eval-time",
+        type=_distribution,
+        default=None,
+        metavar="DIST",
+        help="time one eval takes (default: no eval_fn)",
+    )
+    w.add_argument(
+        "--zero-variance",
+        type=_probability,
+        default=0.0,
+        metavar="P",
+        help="probability that a group has zero reward variance (default 0)",
+    )
+    w.add_argument(
+        "--failure-rate",
+        type=_probability,
+        default=0.0,
+        metavar="P",
+        help="probability that a rollout raises (default 0)",
+    )
+    w.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"train steps to simulate, the trainer's max_steps (default {DEFAULT_STEPS}, "
+        "or until the scenarios run out if --scenarios is given)",
+    )
+    w.add_argument(
+        "--scenarios", type=int, default=None, help="size of the scenario source (default: endless)"
+    )
+    w.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+
+    t = parser.add_argument_group("trainer settings (unset: PipelineTrainer's defaults)")
+    for flag, dest, kind, text in _SETTING_FLAGS:
+        t.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    t.add_argument(
+        "--set",
+        dest="settings",
+        type=_assignment,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other PipelineTrainer keyword argument (repeatable), e.g. "
+        "--set max_rollouts_beyond_bound=4",
+    )
+
+    s = parser.add_argument_group("sweep")
+    s.add_argument(
+        "--sweep",
+        type=_assignment,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="simulate every combination of these trainer settings, e.g. "
+        "--sweep num_rollout_workers=8,16,32,64 max_steps_off_policy=0,1,2",
+    )
+    s.add_argument(
+        "--target",
+        type=float,
+        default=DEFAULT_TARGET,
+        help=f"trainer utilization the cheapest setting must keep (default {DEFAULT_TARGET})",
+    )
+    s.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="draw utilization and waste against the swept values",
+    )
+
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    o.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    o.add_argument(
+        "--real-time",
+        action="store_true",
+        help="run against the wall clock instead of virtual time (checks the "
+        "simulator; takes as long as the workload says)",
+    )
+    return parser
+
+
+def _spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SimSpec:
+    known = set(trainer_parameter_names())
+    trainer: dict[str, Any] = {}
+    for _flag, dest, _kind, _text in _SETTING_FLAGS:
+        value = getattr(args, dest)
+        if value is not None:
+            trainer[dest] = value
+    for name, value in args.settings:
+        if name not in known:
+            parser.error(f"--set {name}: not a PipelineTrainer parameter")
+        trainer[name] = parse_value(value)
+    try:
+        return SimSpec(
+            rollout_latency=args.rollout_latency,
+            train_time=args.train_time,
+            eval_time=args.eval_time,
+            zero_variance_prob=args.zero_variance,
+            failure_prob=args.failure_rate,
+            steps=args.steps if args.steps is not None or args.scenarios else DEFAULT_STEPS,
+            scenarios=args.scenarios,
+            seed=args.seed,
+            trainer=trainer,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _grid(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, list[Any]]:
+    known = set(trainer_parameter_names())
+    grid: dict[str, list[Any]] = {}
+    for name, values in args.sweep:
+        if name not in known or name == "max_steps":
+            parser.error(f"--sweep {name}: not a PipelineTrainer parameter a sweep can vary")
+        parsed = [parse_value(v) for v in values.split(",") if v.strip()]
+        if not parsed:
+            parser.error(f"--sweep {name}: no values")
+        grid[name] = parsed
+    return grid
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``art-trio simulate ARGS`` and ``python -m art_trio.sim ARGS``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    spec = _spec(args, parser)
+    grid = _grid(args, parser)
+    if args.plot and not grid:
+        parser.error("--plot needs --sweep")
+    if args.real_time and grid:
+        parser.error("--real-time runs one simulation; drop --sweep")
+    show_progress = sys.stderr.isatty() if args.progress is None else args.progress
+    runs = len(list(combinations(grid))) if grid else 1
+
+    # Check every combination before the first run, so a typo fails in milliseconds.
+    try:
+        for combo in combinations(grid) if grid else [{}]:
+            check_settings(spec.with_trainer(**combo))
+    except (ValueError, TypeError) as exc:
+        print(f"art-trio simulate: error: {exc}", file=sys.stderr)
+        return 2
+
+    total = None if spec.steps is None else runs * spec.steps
+    with tqdm(
+        total=total,
+        unit="step",
+        file=sys.stderr,
+        disable=not show_progress,
+        dynamic_ncols=True,
+        desc="simulating",
+    ) as bar:
+
+        def on_step() -> None:
+            bar.update(1)
+
+        if not grid:
+            report = simulate(spec, on_step=on_step, real_time=args.real_time)
+            bar.close()
+            if args.json:
+                print(json.dumps(report.to_dict(), indent=2))
+            else:
+                from art_trio.sim.report import run_table
+
+                print(f"Workload: {spec.describe()}")
+                print(run_table(report))
+            return 0
+
+        def on_run(index: int, combo: dict[str, Any]) -> None:
+            bar.set_description_str(
+                f"[{index + 1}/{runs}] " + " ".join(f"{k}={v}" for k, v in combo.items())
+            )
+
+        result = sweep(spec, grid, target=args.target, on_run=on_run, on_step=on_step)
+        bar.close()
+
+    from art_trio.sim.report import plot_sweep, sweep_summary, sweep_table
+
+    plot_path = None if args.plot is None else plot_sweep(result, args.plot)
+    if args.json:
+        data = result.to_dict()
+        data["plot"] = None if plot_path is None else str(plot_path)
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"Workload: {spec.describe()}")
+        print(sweep_table(result))
+        print()
+        print(sweep_summary(result))
+        if plot_path is not None:
+            print(f"Plot: {plot_path}")
+    return 0

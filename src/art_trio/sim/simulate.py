@@ -1,0 +1,773 @@
+"""Plan a run before paying for it: art_trio's real PipelineTrainer in virtual time.
+
+The trainer reads time only from the running event loop, so under trio's
+``MockClock(autojump_threshold=0)`` every sleep of the synthetic backend and rollouts
+(:mod:`art_trio.sim.workload`) completes the instant nothing else can run: hours of a run
+take seconds. Nothing of the scheduler is modelled; the very code a real run executes makes
+every decision (admission, batching, staleness, cancellation).
+
+What a user may rely on:
+
+- :func:`simulate` runs one :class:`SimSpec` and returns a :class:`SimReport`; with
+  ``real_time=True`` it runs the same code against the wall clock (for checking the
+  simulator; the sleeps then really take their time).
+- :func:`sweep` runs the cartesian product of a grid of trainer settings and names the
+  cheapest setting that keeps the trainer busy (:func:`cheapest`).
+- The same spec and seed give the same report (latencies are drawn per scenario index).
+- Metric definitions are in :class:`SimReport`'s field comments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import itertools
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+# Before ART is imported (workload.py sets it too): keep litellm off the network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import anyio  # noqa: E402
+import art  # noqa: E402
+import trio  # noqa: E402
+import trio.testing  # noqa: E402
+from art.types import TrainResult  # noqa: E402
+
+from art_trio.bridge import trio_native  # noqa: E402
+from art_trio.gate import PolicyGate  # noqa: E402
+from art_trio.run import PipelineRun, RunCounters  # noqa: E402
+from art_trio.sim.workload import (  # noqa: E402
+    Constant,
+    Empirical,
+    Exponential,
+    IndexedDraws,
+    LatencyDist,
+    LogNormal,
+    Recorder,
+    SyntheticBackend,
+    Workload,
+    make_rollout_fn,
+    scenarios,
+)
+from art_trio.trainer import PipelineTrainer  # noqa: E402
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "SIM_TRAINER_DEFAULTS",
+    "SimReport",
+    "SimSpec",
+    "SweepResult",
+    "check_settings",
+    "cheapest",
+    "combinations",
+    "describe_distribution",
+    "parse_distribution",
+    "parse_seconds",
+    "parse_value",
+    "read_seconds",
+    "simulate",
+    "sweep",
+    "trainer_parameter_names",
+]
+
+#: Trainer utilization a sweep's "cheapest" setting must reach unless told otherwise.
+DEFAULT_TARGET = 0.95
+
+#: Trainer settings the simulator uses unless the spec sets them. The status line stays
+#: quiet (one `[status]` line per ~30,000 simulated years), nothing is resumed from a
+#: previous simulation, and the resume record is not fsynced (costs wall time only).
+SIM_TRAINER_DEFAULTS: Mapping[str, Any] = {
+    "log_interval_seconds": 1e12,
+    "resume": False,
+    "fsync_state": False,
+}
+
+#: Virtual seconds after which a simulation is cut short and reported as stalled: a pipeline
+#: that stops making progress would otherwise jump from one far-off timer to the next forever.
+DEFAULT_TIME_LIMIT_S = 1e9
+
+# PipelineTrainer parameters the simulator provides itself; everything else may be set.
+_PROVIDED = frozenset({"self", "model", "backend", "rollout_fn", "scenarios", "config", "eval_fn"})
+
+
+def trainer_parameter_names() -> tuple[str, ...]:
+    """Keyword arguments of `PipelineTrainer` a spec (or a sweep) may set."""
+    params = inspect.signature(PipelineTrainer.__init__).parameters
+    return tuple(name for name in params if name not in _PROVIDED)
+
+
+# --------------------------------------------------------------------------------------------
+# The workload
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One simulated run: how long things take, how often they fail, and the trainer settings.
+
+    ``trainer`` holds `PipelineTrainer` keyword arguments (``num_rollout_workers``,
+    ``min_batch_size``, ``max_steps_off_policy``, ``admission``, ...); unset ones take the
+    trainer's defaults, except :data:`SIM_TRAINER_DEFAULTS`. The run length is ``steps``
+    (the trainer's ``max_steps``) and/or ``scenarios`` (size of the scenario source).
+    """
+
+    rollout_latency: LatencyDist
+    train_time: LatencyDist
+    #: Duration of one eval; ``None``: no ``eval_fn`` (evals never block training anyway).
+    eval_time: LatencyDist | None = None
+    #: Probability that a rollout's group has zero reward variance (the trainer drops it).
+    zero_variance_prob: float = 0.0
+    #: Probability that a rollout raises (the trainer counts it as errored).
+    failure_prob: float = 0.0
+    steps: int | None = 100
+    scenarios: int | None = None
+    seed: int = 0
+    trainer: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.scenarios is None:
+            raise ValueError("a simulation needs steps or scenarios (or both) to end")
+        if self.steps is not None and self.steps < 0:
+            raise ValueError("steps must be >= 0")
+        if "max_steps" in self.trainer:
+            raise ValueError("set the run length with SimSpec.steps, not trainer['max_steps']")
+        known = set(trainer_parameter_names())
+        unknown = sorted(set(self.trainer) - known)
+        if unknown:
+            raise ValueError(
+                f"not PipelineTrainer parameters: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known - {'max_steps'}))})"
+            )
+        if not 0 <= self.zero_variance_prob + self.failure_prob <= 1:
+            raise ValueError("zero_variance_prob + failure_prob must be within [0, 1]")
+
+    def with_trainer(self, **settings: Any) -> SimSpec:
+        """A copy with some trainer settings changed."""
+        return replace(self, trainer={**self.trainer, **settings})
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the simulated `PipelineTrainer` gets."""
+        return {**SIM_TRAINER_DEFAULTS, **self.trainer, "max_steps": self.steps}
+
+    def describe(self) -> str:
+        """One line: the workload's distributions."""
+        parts = [
+            f"rollout {describe_distribution(self.rollout_latency)}",
+            f"train {describe_distribution(self.train_time)}",
+        ]
+        if self.eval_time is not None:
+            parts.append(f"eval {describe_distribution(self.eval_time)}")
+        if self.zero_variance_prob:
+            parts.append(f"zero-variance {self.zero_variance_prob:g}")
+        if self.failure_prob:
+            parts.append(f"failures {self.failure_prob:g}")
+        if self.steps is not None:
+            parts.append(f"{self.steps} steps")
+        if self.scenarios is not None:
+            parts.append(f"{self.scenarios} scenarios")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (distributions as their short description)."""
+        return {
+            "rollout_latency": describe_distribution(self.rollout_latency),
+            "train_time": describe_distribution(self.train_time),
+            "eval_time": None if self.eval_time is None else describe_distribution(self.eval_time),
+            "description": self.describe(),
+            "zero_variance_prob": self.zero_variance_prob,
+            "failure_prob": self.failure_prob,
+            "steps": self.steps,
+            "scenarios": self.scenarios,
+            "seed": self.seed,
+            "trainer": {k: _jsonable(v) for k, v in self.trainer.items()},
+        }
+
+
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*$")
+
+
+def parse_seconds(text: str) -> float:
+    """``"30"``, ``"30s"``, ``"500ms"``, ``"2m"``/``"2min"``, ``"1.5h"`` -> seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 500ms, 2m, 1.5h)")
+    return float(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+def read_seconds(path: str | Path) -> tuple[float, ...]:
+    """Durations in seconds from a file: a JSON list, or numbers separated by whitespace or
+    commas (``#`` starts a comment). Each entry may carry a unit (``500ms``, ``2m``)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        values = json.loads(text)
+        if not isinstance(values, list):
+            raise ValueError(f"{path}: expected a JSON list of seconds")
+        samples = tuple(float(v) for v in values)
+    else:
+        tokens = [
+            token
+            for line in text.splitlines()
+            for token in re.split(r"[,\s]+", line.split("#", 1)[0])
+            if token
+        ]
+        samples = tuple(parse_seconds(token) for token in tokens)
+    if not samples:
+        raise ValueError(f"{path}: no durations found")
+    return samples
+
+
+def parse_distribution(text: str) -> LatencyDist:
+    """A duration distribution from its short form (all durations in seconds unless suffixed).
+
+    - ``30`` or ``const:30``: always 30 s;
+    - ``exp:30``: exponential with mean 30 s;
+    - ``lognormal:30:1.5``: log-normal with mean 30 s and log-space sigma 1.5;
+    - ``file:PATH`` (or ``empirical:PATH``): resample the durations listed in PATH
+      (see :func:`read_seconds`).
+    """
+    kind, sep, rest = text.partition(":")
+    if not sep:
+        return Constant(parse_seconds(text))
+    kind = kind.strip().lower()
+    if kind in ("file", "empirical"):
+        return Empirical(read_seconds(rest))
+    args = [a for a in re.split(r"[:,]", rest) if a.strip()]
+    if kind in ("const", "constant") and len(args) == 1:
+        return Constant(parse_seconds(args[0]))
+    if kind in ("exp", "exponential") and len(args) == 1:
+        return Exponential(parse_seconds(args[0]))
+    if kind in ("lognormal", "lognorm") and len(args) == 2:
+        return LogNormal(parse_seconds(args[0]), float(args[1]))
+    raise ValueError(
+        f"not a distribution: {text!r} (forms: 30, const:30, exp:30, lognormal:30:1.5, "
+        "file:latencies.txt)"
+    )
+
+
+def describe_distribution(dist: LatencyDist) -> str:
+    """Short form in seconds (``exp(30s)``); workload.py's ``describe`` speaks milliseconds."""
+    if isinstance(dist, Constant):
+        return f"{dist.seconds:g}s"
+    if isinstance(dist, Exponential):
+        return f"exp({dist.mean_s:g}s)"
+    if isinstance(dist, LogNormal):
+        return f"lognormal({dist.mean_s:g}s, sigma {dist.sigma:g})"
+    if isinstance(dist, Empirical):
+        return f"empirical({len(dist.samples)} samples, mean {dist.mean:.4g}s)"
+    return dist.describe()
+
+
+def parse_value(text: str) -> Any:
+    """A trainer setting from the command line: int, float, bool, None, else the string."""
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def check_settings(spec: SimSpec) -> None:
+    """Raise the trainer's own ValueError for bad settings in `spec`, without running it."""
+    # The constructor only stores model and backend; validating needs neither.
+    nothing: Any = None
+    PipelineTrainer(nothing, nothing, _unbound_rollout, (), None, None, **spec.trainer_kwargs())
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SimReport:
+    """What one simulated (or real-time) run did. Times are in the run's clock's seconds."""
+
+    spec: dict[str, Any]
+    #: The trainer settings that differ from the simulator's baseline (sweep labels).
+    settings: dict[str, Any]
+    num_rollout_workers: int
+    #: `train()` call to its return.
+    sim_wall_s: float
+    steps: int
+    groups_trained: int
+    #: Steps per hour of `sim_wall_s`.
+    steps_per_hour: float
+    #: Time inside `backend.train` over first train start .. last train end (NaN if empty).
+    trainer_utilization: float
+    #: Rollout-seconds (every rollout's run time, including the part-run of cancelled ones)
+    #: over num_rollout_workers x sim_wall_s: how busy the rollout slots (GPUs) were.
+    rollout_slot_utilization: float
+    rollouts_started: int
+    #: Rollouts that completed with a trainable group that was discarded as stale.
+    wasted_rollouts: int
+    #: `wasted_rollouts` over `rollouts_started`.
+    wasted_share: float
+    #: Rollouts cancelled by the trainer because no batch could train them any more
+    #: (RunCounters.stale_cancelled).
+    cancelled_rollouts: int
+    #: Seconds of stale rollouts: completed ones and the part-run of cancelled ones.
+    wasted_rollout_s: float
+    #: `wasted_rollout_s` over all rollout-seconds.
+    wasted_rollout_s_share: float
+    rollout_s: float
+    #: All rollout-seconds over trained groups: what one trained group costs in inference.
+    rollout_s_per_trained_group: float
+    #: Rollouts that were still running, queued or ready when the run ended (the end of a
+    #: finite run, not waste of the schedule), and their seconds.
+    end_of_run_rollouts: int
+    end_of_run_rollout_s: float
+    failed_rollouts: int
+    zero_variance_groups: int
+    #: Trained groups by staleness: step trained from (step - 1) minus initial policy version.
+    staleness: dict[int, int]
+    #: Groups delivered and not yet batched (channel + ready), averaged over `sim_wall_s`.
+    mean_queue_depth: float
+    max_queue_depth: int
+    evals: int
+    #: Cut short at the virtual time limit (the pipeline stopped making progress).
+    stalled: bool
+    #: Wall-clock seconds the simulation itself took.
+    real_s: float
+    virtual: bool = True
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mean_staleness(self) -> float:
+        n = sum(self.staleness.values())
+        return sum(k * v for k, v in self.staleness.items()) / n if n else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (NaN becomes None)."""
+        data = asdict(self)
+        data["staleness"] = {str(k): v for k, v in sorted(self.staleness.items())}
+        data["mean_staleness"] = self.mean_staleness
+        return {k: _jsonable(v) for k, v in data.items()}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+class _SimBackend(SyntheticBackend):
+    """The workload's synthetic backend, telling a progress callback about every step."""
+
+    def __init__(self, *args: Any, on_step: Callable[[], None] | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_step = on_step
+
+    async def train(self, model: Any, trajectory_groups: Any, **kwargs: Any) -> TrainResult:
+        result = await super().train(model, trajectory_groups, **kwargs)
+        if self._on_step is not None:
+            self._on_step()
+        return result
+
+
+async def _noop_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for `model.log`: writing metrics is not what is simulated."""
+
+
+def _make_eval_fn(dist: LatencyDist, seed: int, recorder: Recorder) -> Callable[..., Any]:
+    # workload.make_eval_fn takes a fixed eval time; this one draws it from a distribution.
+    draws = IndexedDraws(dist.sample_n, (seed, 4))
+    count = itertools.count()
+
+    @trio_native
+    async def evaluate(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        started = anyio.current_time()
+        await anyio.sleep(draws[next(count)])
+        recorder.evals.append((step, started, anyio.current_time()))
+        return [art.Trajectory(messages_and_choices=[], reward=1.0)]
+
+    return evaluate
+
+
+async def _unbound_rollout(model: Any, scenario: Any, config: Any) -> Any:
+    raise AssertionError("replaced before train() runs")  # pragma: no cover
+
+
+class _QueueMeter:
+    """Time-integral of the gate's `queued` count, updated at every change.
+
+    The trainer keeps no queue-depth timeline, and sampling would be approximate and add
+    events to the simulation; so the gate's class is swapped (on this one instance) for a
+    subclass whose `queued` is a property that integrates before each write.
+    """
+
+    def __init__(self, gate: PolicyGate, now: float) -> None:
+        self.area = 0.0
+        self.last = now
+        self.gate = gate
+        gate.__dict__["_sim_queue_meter"] = self
+        gate.__class__ = _MeteredGate
+
+    def close(self, now: float) -> None:
+        self.area += self.gate.__dict__["queued"] * (now - self.last)
+        self.last = now
+        self.gate.__class__ = PolicyGate
+
+
+class _MeteredGate(PolicyGate):
+    @property
+    def queued(self) -> int:
+        value: int = self.__dict__["queued"]
+        return value
+
+    @queued.setter
+    def queued(self, value: int) -> None:
+        meter: _QueueMeter = self.__dict__["_sim_queue_meter"]
+        # trio's own clock call: anyio's dispatch costs as much again, on every queue change.
+        now = trio.current_time()
+        meter.area += self.__dict__["queued"] * (now - meter.last)
+        meter.last = now
+        self.__dict__["queued"] = value
+
+
+class _QuietStdout(io.TextIOBase):
+    """Stands in for stdout during a run: never a TTY (so the trainer draws no status bar),
+    keeps the last lines for an error report, and swallows the per-rollout chatter."""
+
+    def __init__(self, keep: int = 40) -> None:
+        self.lines: deque[str] = deque(maxlen=keep)
+        self.count = 0
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                self.lines.append(line)
+                self.count += 1
+        return len(text)
+
+
+@dataclass
+class _Outcome:
+    recorder: Recorder
+    counters: RunCounters
+    run: PipelineRun
+    workers: int
+    queue_area: float
+    stalled: bool
+
+
+async def _drive(
+    spec: SimSpec,
+    base_path: str,
+    on_step: Callable[[], None] | None,
+    time_limit_s: float | None,
+) -> _Outcome:
+    recorder = Recorder(detailed=True)
+    model: Any = art.TrainableModel(
+        name="sim", project="art-trio-sim", base_model="sim", base_path=base_path
+    )
+    backend = _SimBackend(spec.train_time, recorder, seed=spec.seed, on_step=on_step)
+    await model.register(backend)
+    # TrainableModel is pydantic; object.__setattr__ puts the stub in the instance dict.
+    object.__setattr__(model, "log", _noop_log)
+    eval_fn = None if spec.eval_time is None else _make_eval_fn(spec.eval_time, spec.seed, recorder)
+    trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
+        model,
+        backend,
+        _unbound_rollout,
+        scenarios(spec.scenarios),
+        None,
+        eval_fn,
+        **spec.trainer_kwargs(),
+    )
+    # The rollout double needs the resolved settings only for its description.
+    workload = Workload(
+        name="sim",
+        workers=trainer.num_rollout_workers,
+        rollout_latency=spec.rollout_latency,
+        train_time=spec.train_time,
+        min_batch=trainer.min_batch_size,
+        max_batch=trainer.max_batch_size,
+        max_steps_off_policy=trainer.max_steps_off_policy,
+        steps=spec.steps,
+        seed=spec.seed,
+        zero_variance_prob=spec.zero_variance_prob,
+        failure_prob=spec.failure_prob,
+        # Two trajectories are enough for reward variance and cheapest to build.
+        trajectories_per_group=2,
+        scenarios=spec.scenarios,
+    )
+    trainer.rollout_fn = trio_native(make_rollout_fn(workload, recorder))
+
+    limit = math.inf if time_limit_s is None else time_limit_s
+    meter: _QueueMeter | None = None
+    run: PipelineRun | None = None
+    with anyio.move_on_after(limit) as limit_scope:
+        async with anyio.create_task_group() as tg:
+            recorder.train_called_at = anyio.current_time()
+            await tg.start(functools.partial(trainer.train, handle_signals=False))
+            run = trainer._run
+            assert run is not None
+            if type(run.gate) is PolicyGate and isinstance(vars(run.gate).get("queued"), int):
+                meter = _QueueMeter(run.gate, recorder.train_called_at)
+    recorder.train_returned_at = anyio.current_time()
+    if meter is not None:
+        meter.close(recorder.train_returned_at)
+    counters = trainer.last_counters
+    if run is None or counters is None:
+        raise RuntimeError("the simulated run ended before it started (time limit too short?)")
+    return _Outcome(
+        recorder=recorder,
+        counters=counters,
+        run=run,
+        workers=trainer.num_rollout_workers,
+        # NaN: the gate no longer keeps a plain `queued` count this meter can follow.
+        queue_area=math.nan if meter is None else meter.area,
+        stalled=limit_scope.cancelled_caught,
+    )
+
+
+def _report(spec: SimSpec, outcome: _Outcome, *, real_s: float, virtual: bool) -> SimReport:
+    rec, counters = outcome.recorder, outcome.counters
+    ledger = outcome.run.state.ledger
+    assert rec.train_called_at is not None and rec.train_returned_at is not None
+    wall = rec.train_returned_at - rec.train_called_at
+
+    steps = rec.steps
+    busy = sum(s.end - s.start for s in steps)
+    window = (max(s.end for s in steps) - min(s.start for s in steps)) if steps else 0.0
+    trained_ids = {sid for s in steps for sid in s.scenario_ids}
+    groups = sum(s.n_groups for s in steps)
+
+    rollout_s = wasted_s = tail_s = 0.0
+    wasted = tail = 0
+    for sid, started in rec.rollout_start.items():
+        ended = rec.rollout_end.get(sid, rec.train_returned_at)
+        seconds = max(0.0, ended - started)
+        rollout_s += seconds
+        if sid in trained_ids:
+            continue
+        if not ledger.is_resolved(sid):
+            # Still running, queued or ready when the run ended: the end of a finite run.
+            tail_s += seconds
+            tail += 1
+            continue
+        result = rec.rollout_outcome.get(sid)
+        if result in ("failed", "zero_variance"):
+            # Discarded for the workload's reasons; the schedule could not have saved them.
+            continue
+        # Resolved, trainable, never trained: discarded as stale or cancelled as doomed.
+        wasted_s += seconds
+        wasted += result == "ok"
+
+    staleness: Counter[int] = Counter(
+        step - 1 - version for step, version in counters.trained_versions
+    )
+    workers = outcome.workers
+    return SimReport(
+        spec=spec.to_dict(),
+        settings={k: _jsonable(v) for k, v in spec.trainer.items()},
+        num_rollout_workers=workers,
+        sim_wall_s=wall,
+        steps=len(steps),
+        groups_trained=groups,
+        steps_per_hour=len(steps) / wall * 3600 if wall > 0 else math.nan,
+        trainer_utilization=busy / window if window > 0 else math.nan,
+        rollout_slot_utilization=rollout_s / (workers * wall) if wall > 0 else math.nan,
+        rollouts_started=rec.started,
+        wasted_rollouts=wasted,
+        wasted_share=wasted / rec.started if rec.started else math.nan,
+        cancelled_rollouts=counters.stale_cancelled,
+        wasted_rollout_s=wasted_s,
+        wasted_rollout_s_share=wasted_s / rollout_s if rollout_s > 0 else math.nan,
+        rollout_s=rollout_s,
+        rollout_s_per_trained_group=rollout_s / groups if groups else math.nan,
+        end_of_run_rollouts=tail,
+        end_of_run_rollout_s=tail_s,
+        failed_rollouts=rec.failed,
+        zero_variance_groups=rec.zero_variance,
+        staleness=dict(sorted(staleness.items())),
+        mean_queue_depth=outcome.queue_area / wall if wall > 0 else math.nan,
+        max_queue_depth=counters.max_queued,
+        evals=len(rec.evals),
+        stalled=outcome.stalled,
+        real_s=real_s,
+        virtual=virtual,
+        counters={
+            name: getattr(counters, name)
+            for name in (
+                "taken",
+                "trained",
+                "stale",
+                "stale_cancelled",
+                "zero_variance",
+                "errored",
+                "dropped_at_stop",
+                "rollouts_started",
+                "steps",
+            )
+        },
+    )
+
+
+def simulate(
+    spec: SimSpec,
+    *,
+    real_time: bool = False,
+    on_step: Callable[[], None] | None = None,
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+    trainer_output: TextIO | None = None,
+) -> SimReport:
+    """Run `spec` through art_trio's PipelineTrainer and measure it (blocking).
+
+    Virtual time by default (`trio.run` with `MockClock(autojump_threshold=0)`); with
+    ``real_time=True`` the same run sleeps for real. ``on_step`` is called after every train
+    step (progress bars). What the trainer prints goes to ``trainer_output`` (default:
+    discarded; stdout is never a TTY meanwhile, so the trainer draws no status bar); if the
+    run raises, its last lines are written to stderr. Must not be called from inside a
+    running event loop.
+    """
+    quiet = _QuietStdout()
+    sink: TextIO = trainer_output if trainer_output is not None else quiet  # type: ignore[assignment]
+    clock = None if real_time else trio.testing.MockClock(autojump_threshold=0)
+    limit = None if real_time else time_limit_s
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="art-trio-sim-") as tmp:
+        drive = functools.partial(_drive, spec, tmp, on_step, limit)
+        try:
+            with contextlib.redirect_stdout(sink):
+                outcome = trio.run(drive, clock=clock)
+        except BaseException:
+            if quiet.lines:
+                print("Last lines the trainer printed:", file=sys.stderr)
+                for line in quiet.lines:
+                    print(f"  {line}", file=sys.stderr)
+            raise
+    return _report(spec, outcome, real_s=time.perf_counter() - started, virtual=not real_time)
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    """One report per combination of the grid, in grid order, and the cheapest among them."""
+
+    grid: dict[str, list[Any]]
+    target: float
+    reports: list[SimReport]
+    #: Index into `reports` of the cheapest setting reaching `target`, or None if none does.
+    best: int | None
+
+    @property
+    def best_report(self) -> SimReport | None:
+        return None if self.best is None else self.reports[self.best]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "grid": {k: [_jsonable(v) for v in vs] for k, vs in self.grid.items()},
+            "target": self.target,
+            "best": self.best,
+            "best_settings": None if self.best is None else self.reports[self.best].settings,
+            "reports": [r.to_dict() for r in self.reports],
+        }
+
+
+def combinations(grid: Mapping[str, Sequence[Any]]) -> Iterator[dict[str, Any]]:
+    """The grid's settings, the last key varying fastest."""
+    keys = list(grid)
+    for values in itertools.product(*(grid[k] for k in keys)):
+        yield dict(zip(keys, values, strict=True))
+
+
+def cheapest(reports: Sequence[SimReport], target: float = DEFAULT_TARGET) -> int | None:
+    """Index of the cheapest report whose trainer utilization is at least `target`.
+
+    Cheapest: fewest rollout workers (what is paid for by the hour), then the fewest
+    rollout-seconds spent per trained group (inference thrown away on stale groups), then
+    the earliest in the list. None if no report reaches `target` (or none trained).
+    """
+    eligible = [
+        i
+        for i, r in enumerate(reports)
+        if not r.stalled
+        and r.trainer_utilization >= target  # NaN compares False: untrained runs never qualify
+        and not math.isnan(r.rollout_s_per_trained_group)
+    ]
+    if not eligible:
+        return None
+    return min(
+        eligible,
+        key=lambda i: (
+            reports[i].num_rollout_workers,
+            reports[i].rollout_s_per_trained_group,
+            i,
+        ),
+    )
+
+
+def sweep(
+    spec: SimSpec,
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    target: float = DEFAULT_TARGET,
+    on_run: Callable[[int, dict[str, Any]], None] | None = None,
+    on_step: Callable[[], None] | None = None,
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
+) -> SweepResult:
+    """Simulate every combination of `grid` (trainer settings over `spec`), one after another.
+
+    ``on_run(index, settings)`` is called before each run. The report's ``settings`` holds
+    the spec's trainer settings with the combination applied.
+    """
+    if not grid:
+        raise ValueError("a sweep needs at least one setting to vary")
+    for name, values in grid.items():
+        if not values:
+            raise ValueError(f"sweep of {name} has no values")
+    reports: list[SimReport] = []
+    for index, combo in enumerate(combinations(grid)):
+        if on_run is not None:
+            on_run(index, combo)
+        reports.append(
+            simulate(spec.with_trainer(**combo), on_step=on_step, time_limit_s=time_limit_s)
+        )
+    return SweepResult(
+        grid={k: list(v) for k, v in grid.items()},
+        target=target,
+        reports=reports,
+        best=cheapest(reports, target),
+    )
