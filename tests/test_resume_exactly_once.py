@@ -1,0 +1,236 @@
+"""Resume exactly once: a run killed at any moment neither skips nor repeats a scenario.
+
+The ledger (ledger.py) keeps a watermark (`scenario_offset`) below which every scenario is
+resolved, the resolved indices above it, and the batch handed to `backend.train`, written
+before the call. On resume a pending batch whose step the backend reports as done counts as
+trained; otherwise its scenarios are rolled again.
+
+The main test kills a real training process with SIGKILL at random moments (through
+tests/crash_harness.py) and resumes it until `total_steps`; the others set up the ledger's
+cases directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import art
+import pytest
+import trio
+
+from art_trio import PipelineTrainer
+from art_trio.ledger import PIPELINE_STATE_KEY, SIDECAR_FILE, StateStore
+from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path / "harness-stderr.txt")
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def _model_dir(run_dir: Path) -> Path:
+    return run_dir / ".art" / "p" / "models" / "crash"
+
+
+def test_kill_9_at_random_moments_then_resume_trains_each_scenario_exactly_once(
+    harness: Harness, tmp_path: Path
+) -> None:
+    total_steps = 50
+    rng = random.Random(20261202)
+    run_dir = tmp_path / "run"
+    kills = 0
+    runs = 0
+    started = time.monotonic()
+    while kills < 12:
+        runs += 1
+        assert runs <= 40, "children keep finishing before they are killed"
+        child = Child(harness, f"train {run_dir} {total_steps} {rng.randrange(10**6)}")
+        moment = rng.random()
+        if moment < 0.2:
+            # During start-up and resume (reading and settling the ledger).
+            time.sleep(rng.uniform(0.0, 0.3))
+        else:
+            child.wait_for("started")
+            # After a few durable steps, then a random few milliseconds: anywhere in a
+            # rollout, a state write, backend.train or model.log.
+            child.wait_for("step", rng.randint(0, 3))
+            time.sleep(rng.uniform(0.0, 0.02))
+        code = child.kill()
+        kills += code == -signal.SIGKILL
+        assert code in (0, -signal.SIGKILL), (code, child.lines)
+        if any(line.startswith("done") for line in child.lines):
+            pytest.fail(f"a run finished all {total_steps} steps before {kills} kills")
+
+    # Leave the final run some steps of its own (a budget check on the kill schedule).
+    assert len(read_trained(run_dir / TRAINED_LOG)) < total_steps - 10
+    final = Child(harness, f"train {run_dir} {total_steps} {rng.randrange(10**6)}")
+    assert not final.wait_for("never"), final.lines
+    assert final.exit_code == 0, final.lines
+    done = [line for line in final.lines if line.startswith("done")]
+    assert len(done) == 1, final.lines
+    _, step, counters_json = done[0].split(" ", 2)
+    assert int(step) == total_steps
+    counters = json.loads(counters_json)
+    assert counters["stale"] == counters["zero_variance"] == counters["errored"] == 0, counters
+
+    records = read_trained(run_dir / TRAINED_LOG)
+    assert [r["step"] for r in records] == list(range(1, total_steps + 1))
+    trained = [i for r in records for i in r["ids"]]
+    duplicates = sorted({i for i in trained if trained.count(i) > 1})
+    assert not duplicates, f"scenarios trained more than once: {duplicates}"
+
+    state = StateStore(_model_dir(run_dir)).read()
+    assert state is not None
+    assert state.ledger.pending is None
+    assert state.training_step == total_steps
+    below = set(range(state.ledger.watermark))
+    # The harness never discards a group, so "resolved" means "trained": the ledger and the
+    # backend's durable record agree exactly, and nothing under the watermark was skipped.
+    assert below | state.ledger.resolved_above == set(trained)
+    art_state = json.loads((_model_dir(run_dir) / "state.json").read_text())
+    assert art_state[PIPELINE_STATE_KEY]["scenario_offset"] == state.ledger.watermark
+    # A budget for the whole test, not a timing assertion on the trainer.
+    assert time.monotonic() - started < 120
+
+
+# -- the ledger's cases, in process ----------------------------------------------------------
+
+
+def _trainer(
+    model: art.TrainableModel, backend: RecordingBackend, rolled: list[int], **kwargs: Any
+) -> PipelineTrainer[Any, None]:
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
+        rolled.append(scenario["i"])
+        return await asyncio_rollout(model, scenario, config)
+
+    options: dict[str, Any] = {
+        "num_rollout_workers": 2,
+        "min_batch_size": 2,
+        "max_batch_size": 2,
+        "eval_step_0": False,
+        "max_steps": 2,
+    }
+    options.update(kwargs)
+    return PipelineTrainer(model, backend, rollout, scenarios(10_000), None, **options)
+
+
+def _write_sidecar(model: art.TrainableModel, data: dict[str, Any]) -> None:
+    out = Path(model._get_output_dir())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SIDECAR_FILE).write_text(json.dumps(data))
+
+
+async def test_a_pending_batch_the_backend_trained_counts_as_trained(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    backend.step = 1  # the backend finished step 1; the process died before recording it
+    _write_sidecar(
+        model,
+        {"scenario_offset": 0, "training_step": 0,
+         "pending_batch": {"step": 1, "scenario_indices": [0, 1]}},
+    )
+    rolled: list[int] = []
+    await _trainer(model, backend, rolled).train(handle_signals=False)
+    assert 0 not in rolled and 1 not in rolled
+    assert backend.step == 3
+    state = StateStore(model._get_output_dir()).read()
+    assert state is not None and state.ledger.is_resolved(0) and state.ledger.is_resolved(1)
+
+
+async def test_a_pending_batch_the_backend_did_not_train_is_rolled_again(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    _write_sidecar(
+        model,
+        {"scenario_offset": 0, "training_step": 0,
+         "pending_batch": {"step": 1, "scenario_indices": [0, 1]}},
+    )
+    rolled: list[int] = []
+    await _trainer(model, backend, rolled).train(handle_signals=False)
+    assert {0, 1} <= set(rolled)
+    assert {0, 1} <= {i for call in backend.calls for i in call.scenario_ids}
+
+
+async def test_resolved_scenarios_above_the_watermark_are_not_rolled_again(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    _write_sidecar(
+        model, {"scenario_offset": 3, "training_step": 0, "resolved_scenarios": [4, 6]}
+    )
+    rolled: list[int] = []
+    await _trainer(model, backend, rolled).train(handle_signals=False)
+    assert sorted(rolled)[:4] == [3, 5, 7, 8]
+    assert not {0, 1, 2, 4, 6} & set(rolled)
+
+
+async def test_a_state_written_by_arts_trainer_resumes_at_its_offset(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """No sidecar: the reference's `_pipeline_trainer` record in state.json is used."""
+    model.merge_state(
+        {PIPELINE_STATE_KEY: {"scenario_offset": 5, "total_scenarios_consumed": 5,
+                              "training_step": 0, "last_eval_step": 0,
+                              "completed_eval_steps": []}}
+    )
+    rolled: list[int] = []
+    await _trainer(model, backend, rolled).train(handle_signals=False)
+    assert min(rolled) == 5
+
+
+async def test_stop_then_resume_repeatedly_trains_each_scenario_once(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """Many graceful stops at random virtual moments: the in-process twin of the kill test."""
+    rng = random.Random(7)
+    for _ in range(8):
+        rolled: list[int] = []
+        trainer = _trainer(
+            model, backend, rolled, max_steps=None, num_rollout_workers=4, max_batch_size=3,
+            max_steps_off_policy=100, shutdown_grace_seconds=rng.choice([0.0, 0.001, None]),
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trainer.train, handle_signals=False))
+            await trio.sleep(rng.uniform(0.0, 0.005))
+            trainer.request_stop()
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained))
+    state = StateStore(model._get_output_dir()).read()
+    assert state is not None and state.ledger.pending is None
+    assert set(range(state.ledger.watermark)) | state.ledger.resolved_above == set(trained)
+
+
+async def test_the_batch_is_on_disk_before_backend_train_is_called(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """What a process killed inside backend.train leaves: its batch, recorded as pending."""
+    seen: list[tuple[int, list[int], Any]] = []
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        groups = list(groups)
+        on_disk = StateStore(model._get_output_dir()).read()
+        assert on_disk is not None
+        ids = sorted(g.metadata["scenario_id"] for g in groups)
+        seen.append((backend.step + 1, ids, on_disk.ledger.pending))
+        assert not any(on_disk.ledger.is_resolved(i) for i in ids)
+        return await original_train(model, groups, **kwargs)
+
+    backend.train = train  # type: ignore[method-assign,assignment]
+    rolled: list[int] = []
+    await _trainer(model, backend, rolled, max_steps=3).train(handle_signals=False)
+    assert len(seen) == 3
+    for step, ids, pending in seen:
+        assert pending is not None
+        assert (pending.step, pending.scenario_indices) == (step, ids)
