@@ -121,19 +121,35 @@ class ScenarioSource(Generic[T]):
 
     async def take(self) -> tuple[int, T] | None:
         """The next unresolved scenario and its index, or None once exhausted or closed."""
+        if self._sync is not None:
+            # Reading a plain iterable never awaits, so takers cannot interleave: no lock
+            # (with thousands of workers admitted at once, queueing on it was measurable).
+            return self._take_sync(self._sync)
         async with self._lock:
             while not (self.exhausted or self.closed):
-                item = await self._pull()
-                if isinstance(item, _End):
-                    self.exhausted = True
-                    break
-                index = self._next_index
-                self._next_index += 1
-                if self._state.ledger.is_resolved(index):
-                    continue
-                self._state.total_scenarios_consumed += 1
-                return index, item
+                taken = self._number(await self._pull())
+                if taken is not None:
+                    return taken
             return None
+
+    def _take_sync(self, iterator: Iterator[T]) -> tuple[int, T] | None:
+        while not (self.exhausted or self.closed):
+            taken = self._number(next(iterator, _END))
+            if taken is not None:
+                return taken
+        return None
+
+    def _number(self, item: T | _End) -> tuple[int, T] | None:
+        """Give a pulled item its index; None if it ends the source or is already resolved."""
+        if isinstance(item, _End):
+            self.exhausted = True
+            return None
+        index = self._next_index
+        self._next_index += 1
+        if self._state.ledger.is_resolved(index):
+            return None
+        self._state.total_scenarios_consumed += 1
+        return index, item
 
     @property
     def position(self) -> int:
