@@ -453,6 +453,14 @@ def check_capacity(result: CaseResult) -> None:
     """The groups channel never holds more than queue_maxsize or max(1, M * max_batch)."""
     capacity = result.case.config.channel_capacity
     for run in result.runs:
+        # The structural half: anyio enforces the bound the channel is built with, so it must
+        # be built with this one (the occupancy below only shows it when a run fills it).
+        expect(
+            run.channel_max_buffer_size == capacity,
+            CAPACITY,
+            f"run {run.index}: the groups channel was built with max_buffer_size="
+            f"{run.channel_max_buffer_size}; its capacity is {capacity}",
+        )
         expect(
             run.max_channel_used <= capacity,
             CAPACITY,

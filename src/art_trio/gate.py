@@ -189,7 +189,9 @@ class PolicyGate:
         self._version_published = anyio.Event()
         # Cancel scopes of running rollouts by version, so rollouts no batch can train any
         # more are cancelled at once instead of finishing only to be thrown away.
-        self._rollout_scopes: dict[int, set[anyio.CancelScope]] = {}
+        # (Dicts, not sets, so cancellation order is the admission order, not memory order:
+        # runs in virtual time replay exactly.)
+        self._rollout_scopes: dict[int, dict[anyio.CancelScope, None]] = {}
         self.cancels_doomed_rollouts = admission == "staleness_aware"
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
@@ -331,12 +333,12 @@ class PolicyGate:
         if self.cancels_doomed_rollouts and version < self.min_fresh_version:
             scope.cancel()
             return
-        self._rollout_scopes.setdefault(version, set()).add(scope)
+        self._rollout_scopes.setdefault(version, {})[scope] = None
 
     def untrack(self, version: int, scope: anyio.CancelScope) -> None:
         scopes = self._rollout_scopes.get(version)
         if scopes is not None:
-            scopes.discard(scope)
+            scopes.pop(scope, None)
             if not scopes:
                 del self._rollout_scopes[version]
 
