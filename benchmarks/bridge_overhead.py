@@ -49,7 +49,7 @@ def main() -> None:
         ("trio, trio_native callback (no bridge)", "trio", True),
         ("asyncio, asyncio callback (plain await)", "asyncio", False),
     ]
-    print("| loop and callback | us per call (median of %d) |" % args.repeats)
+    print(f"| loop and callback | us per call (median of {args.repeats}) |")
     print("|---|---|")
     for label, backend, native in rows:
         samples = [

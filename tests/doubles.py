@@ -132,7 +132,10 @@ class RecordingBackend:
 
 def trajectory(reward: float, **kwargs: Any) -> art.Trajectory:
     return art.Trajectory(
-        messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        messages_and_choices=[
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ],
         reward=reward,
         **kwargs,
     )

@@ -51,12 +51,14 @@ async def test_eval_at_step_0_then_every_n_steps_one_at_a_time(model, autojump_c
 
 
 async def test_eval_step_0_false_and_eval_at_start_false_skip_step_0(model, backend):
-    for kwargs in ({"eval_step_0": False}, {"eval_at_start": False}):
-        evaluated: list[int] = []
+    evaluated: list[int] = []
 
-        async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
-            evaluated.append(step)
-            return [trajectory(1.0)]
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        evaluated.append(step)
+        return [trajectory(1.0)]
+
+    for kwargs in ({"eval_step_0": False}, {"eval_at_start": False}):
+        evaluated.clear()
 
         await PipelineTrainer(
             model, backend, asyncio_rollout, scenarios(4), None, eval_fn, resume=False,

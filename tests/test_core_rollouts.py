@@ -203,7 +203,7 @@ async def test_native_group_rollout_via_make_group_rollout_fn(model, backend):
         nonlocal calls
         calls += 1
         number = calls
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         if number % 3 == 0:
             raise ValueError("flaky")
         return trajectory(float(number % 2))

@@ -44,7 +44,7 @@ async def test_stale_groups_are_discarded_and_counted(model, backend):
         # Scenarios 2 and 5 claim to come from a policy far behind (version -10).
         version = -10 if scenario["i"] in (2, 5) else None
         return art.TrajectoryGroup(
-            [trajectory(0, initial_policy_version=version), trajectory(1, initial_policy_version=version)]
+            [trajectory(r, initial_policy_version=version) for r in (0.0, 1.0)]
         )
 
     trainer = PipelineTrainer(

@@ -142,5 +142,6 @@ def test_local_backend_must_be_dedicated(
 
 
 def test_dedicated_local_backend_is_accepted(model: Any, fake_local_backend: type) -> None:
-    object.__setattr__(model, "_internal_config", {"trainer_gpu_ids": [0], "inference_gpu_ids": [1]})
+    dedicated = {"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}
+    object.__setattr__(model, "_internal_config", dedicated)
     PipelineTrainer(model, fake_local_backend(), asyncio_rollout, [], None)
