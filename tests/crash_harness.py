@@ -167,7 +167,7 @@ async def run_training(directory: Path, total_steps: int, seed: int) -> None:
         await nursery.start(functools.partial(trainer.train, handle_signals=False))
         emit(f"started {backend.step}")
     counters = dataclasses.asdict(trainer.last_counters) if trainer.last_counters else {}
-    counters.pop("trained_versions", None)
+    counters.pop("staleness", None)
     emit(f"done {backend.step} {json.dumps(counters)}")
 
 

@@ -8,6 +8,7 @@ policy gate, the scenario ledger, the stop protocol and the counters.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -55,8 +56,10 @@ class RunCounters:
     evals_started: int = 0
     evals_finished: int = 0
     max_queued: int = 0
-    trained_versions: list[tuple[int, int]] = field(default_factory=list)
-    """(step, initial_policy_version) of every trained group, for staleness histograms."""
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Trained groups by how many versions behind the policy they were trained from.
+
+    A histogram, not a list per group, so a run of a million groups costs no more memory."""
 
 
 class _End:

@@ -591,9 +591,7 @@ def _report(spec: SimSpec, outcome: _Outcome, *, real_s: float, virtual: bool) -
         wasted_s += seconds
         wasted += result == "ok"
 
-    staleness: Counter[int] = Counter(
-        step - 1 - version for step, version in counters.trained_versions
-    )
+    staleness: Counter[int] = Counter(counters.staleness)
     workers = outcome.workers
     return SimReport(
         spec=spec.to_dict(),

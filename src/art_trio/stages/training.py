@@ -306,8 +306,9 @@ async def _train_step(
         counters = run.counters
         counters.steps += 1
         counters.trained += len(groups)
-        counters.trained_versions.extend(
-            (new_step, version if version is not None else new_step)
+        # Trained from policy version new_step - 1; unversioned groups count as fresh.
+        counters.staleness.update(
+            0 if version is None else new_step - 1 - version
             for version in map(group_initial_version, groups)
         )
         if eval_this_step:
