@@ -362,6 +362,29 @@ def _load_warning(cells: Sequence[Cell]) -> str | None:
     )
 
 
+def _source_revision() -> str:
+    """The art_trio checkout's commit (``+dirty`` with local changes), or ``unknown``."""
+    here = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def _meta(args: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
     def version(dist: str) -> str:
         try:
@@ -376,6 +399,7 @@ def _meta(args: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "openpipe-art": version("openpipe-art"),
         "art-trio": version("art-trio"),
+        "art_trio_revision": _source_revision(),
         "trio": version("trio"),
         "anyio": version("anyio"),
         "knob": KNOB,
@@ -433,8 +457,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     Job(kind, name, _overrides(name, args.seeds[0], args), points, sweep=True)
                 )
 
+    revision = _source_revision()
     print(
-        f"{len(jobs)} child runs ({sum(len(j.points) for j in jobs)} trainer runs); "
+        f"art_trio {revision}: {len(jobs)} child runs "
+        f"({sum(len(j.points) for j in jobs)} trainer runs); "
         f"{ART_PATCH_NOTE}",
         file=sys.stderr,
         flush=True,
@@ -460,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep_cells = _cells([j for j in jobs if j.sweep])
     shown_kinds = [k for k in KINDS if k in kinds]
     sections = [
-        f"# art_trio vs ART pipeline trainer ({len(args.seeds)} seed(s), {elapsed:.0f}s)",
+        f"# art_trio vs ART pipeline trainer ({len(args.seeds)} seed(s), {elapsed:.0f}s, "
+        f"art_trio {revision})",
         f"Kinds: art = ART {metadata.version('openpipe-art')} PipelineTrainer on asyncio; "
         "trio / asyncio = art_trio.PipelineTrainer on trio / on anyio's asyncio backend. "
         "art_trio rows show (art_trio/ART). util = time in train() over first train start to "
