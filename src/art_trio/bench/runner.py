@@ -45,6 +45,7 @@ from art_trio.bench.trainers import (
     ADMISSION,
     ADMISSION_EAGER,
     ART_PATCH_NOTE,
+    DEFAULT_KINDS,
     KINDS,
     KNOB,
 )
@@ -150,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kinds",
         type=_parse_kinds,
-        default=list(KINDS),
-        help="comma list of trainer kinds: art, trio, asyncio (default all three)",
+        default=list(DEFAULT_KINDS),
+        help="comma list of trainer kinds: art, trio, asyncio, asyncio-selector (art_trio on a "
+        "plain SelectorEventLoop); default art,trio,asyncio",
     )
     parser.add_argument(
         "--steps",
@@ -273,7 +275,13 @@ def _run_job(job: Job, timeout: float) -> Job:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "art_trio.bench.child", str(spec_path), str(out_path)],
+            # By path, not -m: the art kind must not import the art_trio package (child.py).
+            [
+                sys.executable,
+                str(Path(__file__).with_name("child.py")),
+                str(spec_path),
+                str(out_path),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -310,7 +318,7 @@ def _progress(job: Job) -> None:
     status = f"{len(errors)} error(s): {errors[0]['error'][:200]}" if errors else "ok"
     label = "sweep" if job.sweep else "run"
     print(
-        f"  {label} {job.kind:7s} {job.workload:13s} seed={job.overrides.get('seed')} "
+        f"  {label} {job.kind:16s} {job.workload:13s} seed={job.overrides.get('seed')} "
         f"points={len(job.points)} {job.seconds:5.1f}s {status}",
         file=sys.stderr,
         flush=True,
@@ -340,6 +348,24 @@ def _exit_on_sigterm() -> Any:
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, handler)
+
+
+def _event_loops(cells: Sequence[Cell]) -> str:
+    """Which event loop each kind ran on, and a warning if ART's saw trio_asyncio."""
+    loops: dict[str, set[str]] = {}
+    tainted = False
+    for c in cells:
+        for r in c.reports:
+            loops.setdefault(c.kind, set()).add(str(r.labels.get("event_loop")))
+            tainted |= c.kind == "art" and bool(r.labels.get("trio_asyncio_imported"))
+    if not loops:
+        return ""
+    text = "Event loops: " + "; ".join(
+        f"{kind}: {', '.join(sorted(names))}" for kind, names in loops.items()
+    )
+    if tainted:
+        text += " WARNING: trio_asyncio was imported in an art run (asyncio patched)."
+    return text
 
 
 def _load_warning(cells: Sequence[Cell]) -> str | None:
@@ -428,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(k != "art" for k in kinds + sweep_kinds):
         reason = _art_trio_status()
         if reason is not None:
-            for kind in ("trio", "asyncio"):
+            for kind in KINDS[1:]:
                 if kind in kinds or kind in sweep_kinds:
                     skipped[kind] = reason
             kinds = [k for k in kinds if k == "art"]
@@ -497,6 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train() returning. " + ART_PATCH_NOTE,
         main_table(main_cells, workloads, shown_kinds),
     ]
+    loops = _event_loops(main_cells + sweep_cells)
+    if loops:
+        sections.insert(2, loops)
     warning = _load_warning(main_cells + sweep_cells)
     if warning:
         sections.insert(1, warning)

@@ -7,7 +7,16 @@ Kinds:
   ``art.local.backend``, which needs torch (not installed here), and it only concerns
   ``LocalBackend``, which the synthetic backend is not.
 * ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
-* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``.
+* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``, i.e.
+  on whatever loop asyncio makes once art_trio is imported. Importing art_trio imports
+  trio_asyncio, which patches ``asyncio.new_event_loop`` process-wide, so this is currently
+  trio-asyncio's ``SyncTrioEventLoop``; the loop class is recorded in every report.
+* ``asyncio-selector``: as ``asyncio`` but on a plain ``asyncio.SelectorEventLoop`` passed as
+  ``loop_factory`` (what the ``art`` kind runs on), to separate art_trio's own cost from the
+  loop's. Not run by default.
+
+The ``art`` kind must run in a process that never imported the ``art_trio`` package (see
+``child.py``), or ART too would run on trio-asyncio's loop.
 
 In all kinds the model is a real ``art.TrainableModel`` (base_path in a temporary directory)
 whose ``log`` is replaced by an async no-op on the instance, so the benchmark measures
@@ -20,12 +29,14 @@ import asyncio
 import functools
 import inspect
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
+import sniffio
 
 from art_trio.sim.workload import (
     Recorder,
@@ -38,8 +49,11 @@ from art_trio.sim.workload import (
     scenarios,
 )
 
-Kind = Literal["art", "trio", "asyncio"]
-KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio")
+Kind = Literal["art", "trio", "asyncio", "asyncio-selector"]
+#: Every kind, in table order.
+KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio", "asyncio-selector")
+#: The kinds run unless asked otherwise.
+DEFAULT_KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio")
 
 #: art_trio's keyword trading waste for utilization (extra rollouts admitted beyond what the
 #: staleness bound guarantees trainable). Single place to rename it.
@@ -97,6 +111,14 @@ def _mark_native(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
     return marker(fn) if marker is not None else fn
 
 
+def _loop_name() -> str:
+    """The running event loop's class (``trio`` under trio)."""
+    if sniffio.current_async_library() == "trio":
+        return "trio"
+    loop = asyncio.get_running_loop()
+    return f"{type(loop).__module__}.{type(loop).__qualname__}"
+
+
 def _accepts(cls: type[Any], name: str) -> bool:
     params = inspect.signature(cls.__init__).parameters
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -134,6 +156,7 @@ async def _drive(
     base_path: str,
     cls: type[Any],
     kwargs: dict[str, Any],
+    info: dict[str, Any],
 ) -> None:
     import art
 
@@ -160,6 +183,7 @@ async def _drive(
         eval_fn,
         **kwargs,
     )
+    info["event_loop"] = _loop_name()
     recorder.train_called_at = anyio.current_time()
     cpu_started = time.process_time()
     await trainer.train(handle_signals=False)
@@ -179,8 +203,9 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
     kwargs = trainer_kwargs(cls, workload, extra)
     recorder = Recorder(detailed=workload.detailed, rss_checkpoints=workload.rss_checkpoints)
     load_before = os.getloadavg()[0]
+    info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="art-trio-bench-") as tmp:
-        drive = functools.partial(_drive, kind, workload, recorder, tmp, cls, kwargs)
+        drive = functools.partial(_drive, kind, workload, recorder, tmp, cls, kwargs, info)
         if kind == "art":
             # Plain asyncio.run, the way ART's own users run it.
             asyncio.run(drive())
@@ -190,6 +215,12 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
             trio.run(drive)
         elif kind == "asyncio":
             anyio.run(drive, backend="asyncio")
+        elif kind == "asyncio-selector":
+            anyio.run(
+                drive,
+                backend="asyncio",
+                backend_options={"loop_factory": asyncio.SelectorEventLoop},
+            )
         else:  # pragma: no cover - argparse restricts kinds
             raise ValueError(f"unknown trainer kind {kind!r}")
     report = measure(recorder)
@@ -203,5 +234,8 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
         # processes compete for the cores.
         load1_before=load_before,
         load1_after=os.getloadavg()[0],
+        event_loop=info.get("event_loop"),
+        # trio_asyncio patches asyncio process-wide on import; the art kind must be free of it.
+        trio_asyncio_imported="trio_asyncio" in sys.modules,
     )
     return report
