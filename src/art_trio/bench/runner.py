@@ -454,9 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(k != "art" for k in kinds + sweep_kinds):
         reason = _art_trio_status()
         if reason is not None:
-            for kind in KINDS[1:]:
-                if kind in kinds or kind in sweep_kinds:
-                    skipped[kind] = reason
+            for trio_kind in KINDS[1:]:
+                if trio_kind in kinds or trio_kind in sweep_kinds:
+                    skipped[trio_kind] = reason
             kinds = [k for k in kinds if k == "art"]
             sweep_kinds = []
             print(
