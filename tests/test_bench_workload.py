@@ -365,3 +365,37 @@ def test_cli_parsing_and_tables() -> None:
     )
     assert f"{KNOB}=4" in sweep
     assert format_staleness({0: 1, 1: 3}) == "0:25% 1:75%"
+
+
+def test_art_child_runs_without_trio_asyncio(tmp_path: Any) -> None:
+    """The art kind's child never imports art_trio's __init__ (whose trio_asyncio import
+    patches asyncio.new_event_loop), so ART runs on a plain asyncio loop."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import art_trio.bench.child as child
+
+    spec = {
+        "kind": "art",
+        "workload": "overhead-b1",
+        "overrides": {"steps": 3},
+        "points": [{}],
+    }
+    spec_path, out_path = tmp_path / "spec.json", tmp_path / "out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    subprocess.run(
+        [sys.executable, str(Path(child.__file__)), str(spec_path), str(out_path)],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    (result,) = json.loads(out_path.read_text())
+    labels = result["report"]["labels"]
+    assert labels["trio_asyncio_imported"] is False
+    assert "trio_asyncio" not in labels["event_loop"]
+    assert result["report"]["steps"] == 3
