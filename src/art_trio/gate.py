@@ -186,7 +186,6 @@ class PolicyGate:
         self._in_flight: Counter[int] = Counter()
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
-        self._version_published = anyio.Event()
         # Cancel scopes of running rollouts by version, so rollouts no batch can train any
         # more are cancelled at once instead of finishing only to be thrown away.
         # (Dicts, not sets, so cancellation order is the admission order, not memory order:
@@ -346,14 +345,7 @@ class PolicyGate:
         """Weights for `version` are in place: rollouts may sample them from now on."""
         self.policy_version = version
         self.next_training_step = version
-        previous, self._version_published = self._version_published, anyio.Event()
-        previous.set()
         self._pump()
-
-    async def wait_for_version_after(self, version: int) -> None:
-        """Return once a version newer than `version` is published (or the gate closes)."""
-        while self.policy_version <= version and not self._closed:
-            await self._version_published.wait()
 
     def close(self) -> None:
         """Stop admitting: every waiting and future `admit` raises GateClosed."""
@@ -362,7 +354,6 @@ class PolicyGate:
         self._closed = True
         while self._waiters:
             self._waiters.popleft().event.set()
-        self._version_published.set()
 
     # -- internals -----------------------------------------------------------------------
 
