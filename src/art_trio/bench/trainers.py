@@ -8,9 +8,10 @@ Kinds:
   ``LocalBackend``, which the synthetic backend is not.
 * ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
 * ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``, i.e.
-  on whatever loop asyncio makes once art_trio is imported. Importing art_trio imports
-  trio_asyncio, which patches ``asyncio.new_event_loop`` process-wide, so this is currently
-  trio-asyncio's ``SyncTrioEventLoop``; the loop class is recorded in every report.
+  on whatever loop asyncio makes once art_trio is imported. If anything imported trio_asyncio,
+  that is trio-asyncio's ``SyncTrioEventLoop`` (its import patches ``asyncio.new_event_loop``
+  process-wide; art_trio before 20e1d0d imported it eagerly). The loop class is recorded in
+  every report.
 * ``asyncio-selector``: as ``asyncio`` but on a plain ``asyncio.SelectorEventLoop`` passed as
   ``loop_factory`` (what the ``art`` kind runs on), to separate art_trio's own cost from the
   loop's. Not run by default.
