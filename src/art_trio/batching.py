@@ -28,10 +28,17 @@ def group_initial_version(group: TrajectoryGroup) -> int | None:
     return min(versions) if versions else None
 
 
+def version_is_stale(version: int | None, min_version: int) -> bool:
+    """A group of this initial version is too old for a batch accepting >= `min_version`.
+
+    Unversioned groups (no trajectory says which policy it started from) never are.
+    """
+    return version is not None and version < min_version
+
+
 def is_stale(group: TrajectoryGroup, min_version: int) -> bool:
     """Too old for a batch that accepts versions >= `min_version` (unversioned never is)."""
-    version = group_initial_version(group)
-    return version is not None and version < min_version
+    return version_is_stale(group_initial_version(group), min_version)
 
 
 def is_zero_variance(group: TrajectoryGroup) -> bool:
@@ -160,4 +167,5 @@ __all__ = [
     "scenario_context",
     "split_eval_items",
     "stamp_policy_versions",
+    "version_is_stale",
 ]

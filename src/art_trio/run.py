@@ -7,6 +7,7 @@ policy gate, the scenario ledger, the stop protocol and the counters.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -15,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import art
+import sniffio
 from art import TrajectoryGroup
 
 from .bridge import Bridge, is_native
@@ -35,6 +37,8 @@ class Delivered:
     scenario_index: int
     rollout_wall_s: float
     actor_idle_s: float
+    #: The group's `initial_policy_version` (oldest of its trajectories), None if unversioned.
+    version: int | None = None
 
 
 @dataclass(slots=True)
@@ -60,6 +64,15 @@ class RunCounters:
     """Trained groups by how many versions behind the policy they were trained from.
 
     A histogram, not a list per group, so a run of a million groups costs no more memory."""
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running loop's clock function (trio's, virtual under MockClock; or asyncio's)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.current_time
+    return asyncio.get_running_loop().time
 
 
 class _End:
@@ -195,6 +208,9 @@ class PipelineRun:
         self.start_step = start_step
         self.source = source
         self.counters = RunCounters()
+        # The loop's own clock: anyio.current_time() looks the backend up on every call, and
+        # the stages read the time several times per rollout.
+        self._clock = loop_clock()
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=settings.max_steps_off_policy,
@@ -347,7 +363,7 @@ class PipelineRun:
         self.store.write(self.state)
 
     def now(self) -> float:
-        return anyio.current_time()
+        return self._clock()
 
 
 __all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource"]

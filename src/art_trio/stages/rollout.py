@@ -17,10 +17,11 @@ from art import TrajectoryGroup
 
 from ..batching import (
     copy_scenario_metadata,
-    is_stale,
+    group_initial_version,
     non_finite_reward_error,
     scenario_context,
     stamp_policy_versions,
+    version_is_stale,
 )
 from ..gate import GateClosed
 from ..run import Delivered, PipelineRun
@@ -158,14 +159,19 @@ async def _roll(
         return None
     copy_scenario_metadata(group, scenario)
     stamp_policy_versions(group, initial=version, final=gate.policy_version)
-    if is_stale(group, gate.min_fresh_version):
+    group_version = group_initial_version(group)
+    if version_is_stale(group_version, gate.min_fresh_version):
         # No batch still to be taken would accept it: drop it now, not after it queued.
         counters.stale += 1
         status.note_stale(1)
         run.state.ledger.resolve(index)
         return None
     return Delivered(
-        group=group, scenario_index=index, rollout_wall_s=wall, actor_idle_s=actor_idle
+        group=group,
+        scenario_index=index,
+        rollout_wall_s=wall,
+        actor_idle_s=actor_idle,
+        version=group_version,
     )
 
 

@@ -19,9 +19,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..batching import (
     all_failed_error,
     average_steps_off_policy,
-    group_initial_version,
-    is_stale,
     is_zero_variance,
+    version_is_stale,
 )
 from ..run import Delivered, PipelineRun
 from .checkpoints import after_step
@@ -117,7 +116,7 @@ async def collect_batch(
     ready = run.ready
     started = run.now()
     # Groups that aged out of the window while they waited for a batch.
-    for item in [item for item in ready if is_stale(item.group, min_version)]:
+    for item in [item for item in ready if version_is_stale(item.version, min_version)]:
         ready.remove(item)
         _discard_stale(run, item, batch)
     with anyio.CancelScope() as scope:
@@ -152,8 +151,7 @@ async def collect_batch(
 
 
 def _deadline(item: Delivered) -> tuple[float, int]:
-    version = group_initial_version(item.group)
-    return (float("inf") if version is None else version, item.scenario_index)
+    return (float("inf") if item.version is None else item.version, item.scenario_index)
 
 
 def _receive_ready(
@@ -192,7 +190,7 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     error = all_failed_error(group)
     if error is not None:
         raise error
-    if is_stale(group, min_version):
+    if version_is_stale(item.version, min_version):
         _discard_stale(run, item, batch)
         return True
     if is_zero_variance(group):
@@ -308,8 +306,7 @@ async def _train_step(
         counters.trained += len(groups)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         counters.staleness.update(
-            0 if version is None else new_step - 1 - version
-            for version in map(group_initial_version, groups)
+            0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
         if eval_this_step:
             run.scheduled_eval_steps.add(new_step)
