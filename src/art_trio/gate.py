@@ -81,6 +81,18 @@ class GateSnapshot:
         in_flight = self.max_batch_size * self.rollout_latency / self.step_period
         return self.max_batch_size + math.ceil(in_flight)
 
+    def straggler_slack(self, beyond_bound: int) -> int:
+        """The part of `beyond_bound` worth admitting at the measured pace.
+
+        The slack is for stragglers that finish after the trainer wants its batch. Rollouts far
+        shorter than a step (by STRAGGLER_REACH mean latencies) all finish while the step
+        trains, so there the extra rollouts would only go stale.
+        """
+        if self.rollout_latency is None or not self.step_period:
+            return beyond_bound
+        reach = STRAGGLER_REACH * self.rollout_latency / self.step_period
+        return math.ceil(beyond_bound * min(1.0, reach))
+
     @property
     def on_time_probability(self) -> float:
         """Chance that a rollout started now finishes before its window closes.
@@ -123,7 +135,7 @@ def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
         slots = min(slots, target)
     # Rollouts that will miss their window are cancelled when it closes, so admit enough that
     # the expected on-time ones fill the slots.
-    allowed = math.ceil(slots / s.on_time_probability) + beyond_bound
+    allowed = math.ceil(slots / s.on_time_probability) + s.straggler_slack(beyond_bound)
     return s.fresh_in_flight + s.queued < allowed
 
 
@@ -138,6 +150,8 @@ def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -
 EWA_ALPHA = 0.2
 #: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
 LATENCY_DECAY = 0.99
+#: How many mean latencies a straggler may take (an exponential exceeds 4 means 1.8% of the time).
+STRAGGLER_REACH = 4.0
 #: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
 MIN_ON_TIME_PROBABILITY = 0.1
 
@@ -191,7 +205,10 @@ class PolicyGate:
         # (Dicts, not sets, so cancellation order is the admission order, not memory order:
         # runs in virtual time replay exactly.)
         self._rollout_scopes: dict[int, dict[anyio.CancelScope, None]] = {}
+        # "eager" reproduces the reference as a whole, for comparison: its gate, and stale
+        # groups that run to completion and queue until the trainer discards them.
         self.cancels_doomed_rollouts = admission == "staleness_aware"
+        self.drops_stale_early = admission == "staleness_aware"
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
         self._latency_time = 0.0

@@ -160,7 +160,7 @@ async def _roll(
     copy_scenario_metadata(group, scenario)
     stamp_policy_versions(group, initial=version, final=gate.policy_version)
     group_version = group_initial_version(group)
-    if version_is_stale(group_version, gate.min_fresh_version):
+    if gate.drops_stale_early and version_is_stale(group_version, gate.min_fresh_version):
         # No batch still to be taken would accept it: drop it now, not after it queued.
         counters.stale += 1
         status.note_stale(1)
