@@ -295,6 +295,20 @@ def _scheduling(name: str, **kw: Any) -> Workload:
     return Workload(name=name, **base)
 
 
+def _overhead(*, batch: int) -> Workload:
+    return Workload(
+        name=f"overhead-b{batch}",
+        workers=64,
+        rollout_latency=Constant(0.0),
+        train_time=Constant(0.0),
+        min_batch=batch,
+        max_batch=batch,
+        max_steps_off_policy=1,
+        steps=2000,
+        description=f"zero-latency rollouts and train: scheduler overhead, batch {batch}",
+    )
+
+
 #: The six scheduling workloads from the "Scheduler performance" issue (ART numbers measured
 #: on ART 0.5.18's asyncio trainer), then the overhead and memory workloads.
 PRESETS: dict[str, Workload] = {
@@ -325,28 +339,8 @@ PRESETS: dict[str, Workload] = {
             max_steps_off_policy=4,
             description="ART's default knobs (16 workers, batch 4..40, 4 off-policy)",
         ),
-        Workload(
-            name="overhead-b32",
-            workers=64,
-            rollout_latency=Constant(0.0),
-            train_time=Constant(0.0),
-            min_batch=32,
-            max_batch=32,
-            max_steps_off_policy=1,
-            steps=2000,
-            description="zero-latency rollouts and train: scheduler overhead, batch 32",
-        ),
-        Workload(
-            name="overhead-b1",
-            workers=64,
-            rollout_latency=Constant(0.0),
-            train_time=Constant(0.0),
-            min_batch=1,
-            max_batch=1,
-            max_steps_off_policy=1,
-            steps=2000,
-            description="zero-latency rollouts and train: scheduler overhead, batch 1",
-        ),
+        _overhead(batch=32),
+        _overhead(batch=1),
         Workload(
             name="memory",
             workers=64,
