@@ -281,11 +281,10 @@ class PolicyGate:
         if self._closed:
             raise GateClosed
         if not self._waiters and self.may_start():
-            await anyio.lowlevel.checkpoint()
-            if self._closed:
-                raise GateClosed
-            if not self._waiters and self.may_start():
-                return self._take_slot()
+            # A cancellation point without a trip through the scheduler: the worker yields in
+            # its rollout and its hand-over anyway, and a yield here cost ~10 us a rollout.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            return self._take_slot()
         waiter = _Waiter()
         self._waiters.append(waiter)
         try:
