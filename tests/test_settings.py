@@ -95,7 +95,9 @@ from art_trio import PipelineTrainer
 class Backend:
     pass
 model = art.TrainableModel(name="m", project="p", base_model="b", base_path="/tmp/unused")
-PipelineTrainer(model, Backend(), lambda *a: None, [], None)
+async def rollout(*args):
+    return None
+PipelineTrainer(model, Backend(), rollout, [], None)
 assert "art.local.backend" not in sys.modules, "LocalBackend was imported"
 assert "torch" not in sys.modules, "torch was imported"
 print("constructed")
@@ -145,3 +147,24 @@ def test_dedicated_local_backend_is_accepted(model: Any, fake_local_backend: typ
     dedicated = {"trainer_gpu_ids": [0], "inference_gpu_ids": [1]}
     object.__setattr__(model, "_internal_config", dedicated)
     PipelineTrainer(model, fake_local_backend(), asyncio_rollout, [], None)
+
+
+def sync_rollout(model: Any, scenario: Any, config: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("rollout_fn", "eval_fn", "scenarios", "message"),
+    [
+        (sync_rollout, None, [], "rollout_fn 'sync_rollout' is a plain function.*async def"),
+        ("not callable", None, [], "rollout_fn must be an async function, got str"),
+        (asyncio_rollout, sync_rollout, [], "eval_fn 'sync_rollout' is a plain function"),
+        (asyncio_rollout, None, None, "scenarios must be an iterable.*got NoneType"),
+        (asyncio_rollout, None, "abc", "scenarios must be an iterable.*got str"),
+    ],
+)
+def test_the_usual_slips_fail_at_construction_with_what_to_do(
+    model: Any, backend: Any, rollout_fn: Any, eval_fn: Any, scenarios: Any, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        PipelineTrainer(model, backend, rollout_fn, scenarios, None, eval_fn)

@@ -8,6 +8,8 @@ still running.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -145,6 +147,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._stop_before_start = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
         self.last_counters: RunCounters | None = None
+        _check_callbacks(rollout_fn, eval_fn, scenarios)
         self._validate_backend_support()
 
     def __getattr__(self, name: str) -> Any:
@@ -328,6 +331,26 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             raise ValueError(
                 "PipelineTrainer with LocalBackend (dedicated) needs adam_params=None."
             )
+
+
+def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> None:
+    """Catch the usual slips at construction, not as a failure per rollout later."""
+    for name, fn in (("rollout_fn", rollout_fn), ("eval_fn", eval_fn)):
+        if fn is None and name == "eval_fn":
+            continue
+        if not callable(fn):
+            raise TypeError(f"{name} must be an async function, got {type(fn).__name__}")
+        plain = fn.func if isinstance(fn, functools.partial) else fn
+        if inspect.isfunction(plain) and not inspect.iscoroutinefunction(plain):
+            raise TypeError(
+                f"{name} {getattr(plain, '__qualname__', plain)!r} is a plain function; the "
+                f"trainer awaits it, so define it with `async def`"
+            )
+    if not isinstance(scenarios, (Iterable, AsyncIterator)) or isinstance(scenarios, (str, bytes)):
+        raise TypeError(
+            "scenarios must be an iterable (a list, a generator) or an async iterator of "
+            f"scenarios, got {type(scenarios).__name__}"
+        )
 
 
 def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
