@@ -260,9 +260,10 @@ async def test_a_native_trio_rollout_runs_without_the_bridge(
         await trio.sleep(0.001)
         return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
 
-    await small_trainer(model, backend, rollout).train(handle_signals=False)
+    trainer = small_trainer(model, backend, rollout)
+    await trainer.train(handle_signals=False)
     assert libraries == {"trio"}
-    assert backend.step == 2
+    assert backend.step == 2, trainer.last_counters
 
 
 async def test_nursery_start_reports_started_once_stages_run(
