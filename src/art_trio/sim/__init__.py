@@ -2,45 +2,11 @@
 
 Everything here awaits only anyio primitives (``anyio.sleep``, ``anyio.current_time``), so the
 same doubles run under ART's asyncio ``PipelineTrainer``, under art_trio on trio or asyncio,
-and under trio's ``MockClock`` (virtual time).
+and under trio's ``MockClock`` (virtual time). This package imports nothing else from art_trio:
+the benchmark's ART child process relies on that. The simulator is ``art_trio.sim.simulate``.
 """
 
-from art_trio.sim.workload import (
-    PRESETS,
-    Constant,
-    Empirical,
-    Exponential,
-    LatencyDist,
-    LogNormal,
-    Recorder,
-    RolloutFailed,
-    RunReport,
-    StepRecord,
-    SyntheticBackend,
-    Workload,
-    make_eval_fn,
-    make_rollout_fn,
-    measure,
-    peak_rss_bytes,
-    scenarios,
-)
+from art_trio.sim import workload
+from art_trio.sim.workload import *  # noqa: F403  (the workload module's public names)
 
-__all__ = [
-    "PRESETS",
-    "Constant",
-    "Empirical",
-    "Exponential",
-    "LatencyDist",
-    "LogNormal",
-    "Recorder",
-    "RolloutFailed",
-    "RunReport",
-    "StepRecord",
-    "SyntheticBackend",
-    "Workload",
-    "make_eval_fn",
-    "make_rollout_fn",
-    "measure",
-    "peak_rss_bytes",
-    "scenarios",
-]
+__all__ = list(workload.__all__)
