@@ -40,6 +40,7 @@ from art_trio.demo.task import (  # noqa: E402
     rollout,
     scenarios,
 )
+from tests.loops import require_trio_asyncio_patched_anyio
 
 T = TypeVar("T")
 PROMPT = "just respond with 'no' or 'yes'"
@@ -55,22 +56,6 @@ async def aio(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     """Run ART-style asyncio code (rollout, eval, backend calls) from this trio test, the way
     the trainer does: through trio-asyncio (the caller has a loop open)."""
     return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
-
-
-def require_trio_asyncio_patched_anyio() -> None:
-    """httpx runs on anyio; under trio-asyncio anyio must see trio-asyncio's patched
-    ``asyncio.get_running_loop``. anyio's asyncio backend binds it when first imported, so it
-    must be imported after trio_asyncio. pytest's anyio plugin imports it first; without this
-    check every rollout would fail to connect and the trainer would wait forever."""
-    import asyncio
-
-    import anyio._backends._asyncio as anyio_asyncio
-
-    if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
-        pytest.fail(
-            "anyio's asyncio backend was imported before trio_asyncio patched asyncio "
-            "(pytest's anyio plugin does that): run pytest with `-p no:anyio`"
-        )
 
 
 async def val_reward(model: art.TrainableModel, step: int, config: TaskConfig) -> float:

@@ -22,6 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
 from art_trio.demo.backend import CpuBackend  # noqa: E402
 from art_trio.demo.policy import VOCAB  # noqa: E402
+from tests.loops import require_trio_asyncio_patched_anyio
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "respond with yes, no, maybe"}
@@ -164,19 +165,6 @@ async def test_asyncio_code_under_trio_asyncio_reaches_server(
     async with trio_asyncio.open_loop():
         answers = await trio_asyncio.aio_as_trio(asyncio_rollout)()
     assert len(answers) == 3 and all(a in VOCAB for a in answers)
-
-
-def require_trio_asyncio_patched_anyio() -> None:
-    """httpx runs on anyio; under trio-asyncio anyio must see trio-asyncio's patched
-    ``asyncio.get_running_loop``. anyio's asyncio backend binds it when first imported, so it
-    must be imported after trio_asyncio. pytest's anyio plugin imports it first."""
-    import anyio._backends._asyncio as anyio_asyncio
-
-    if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
-        pytest.fail(
-            "anyio's asyncio backend was imported before trio_asyncio patched asyncio "
-            "(pytest's anyio plugin does that): run pytest with `-p no:anyio`"
-        )
 
 
 def test_backend_serves_and_shuts_down_under_asyncio(tmp_path: Path) -> None:

@@ -22,24 +22,9 @@ from art_trio.demo.cli import (  # noqa: E402
     run_demo,
 )
 from art_trio.demo.plot import plot_rewards, read_rewards  # noqa: E402
+from tests.loops import require_trio_asyncio_patched_anyio
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def require_trio_asyncio_patched_anyio() -> None:
-    """httpx runs on anyio; under trio-asyncio anyio must see trio-asyncio's patched
-    ``asyncio.get_running_loop``. anyio's asyncio backend binds it when first imported, so it
-    must be imported after trio_asyncio. pytest's anyio plugin imports it first; without this
-    check every rollout would fail to connect and the trainer would wait forever."""
-    import asyncio
-
-    import anyio._backends._asyncio as anyio_asyncio
-
-    if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
-        pytest.fail(
-            "anyio's asyncio backend was imported before trio_asyncio patched asyncio "
-            "(pytest's anyio plugin does that): run pytest with `-p no:anyio`"
-        )
 
 
 def model_dir(output_dir: Path, name: str) -> Path:
