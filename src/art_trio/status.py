@@ -23,8 +23,8 @@ def _count(value: int | None) -> str:
     return "n/a" if value is None else str(value)
 
 
-def _num(value: float | None, decimals: int) -> str:
-    return "n/a" if value is None else f"{value:.{decimals}f}"
+def _num(value: float | None, decimals: int, missing: str = "n/a") -> str:
+    return missing if value is None else f"{value:.{decimals}f}"
 
 
 class StatusReporter:
@@ -236,12 +236,12 @@ class StatusReporter:
             scen += [f"q={self.queued}", f"b={self.training}", f"d={self.discarded}"]
             train = [
                 f"s={'na' if self.step is None else self.step}",
-                f"r={_num(self.reward_ewa, 2).replace('n/a', 'na')}",
-                f"dt={_num(self.step_seconds_ewa, 1).replace('n/a', 'na')}",
+                f"r={_num(self.reward_ewa, 2, missing='na')}",
+                f"dt={_num(self.step_seconds_ewa, 1, missing='na')}",
             ]
             if "sd" in optional:
-                train.append(f"sd={_num(self.reward_std_ewa, 2).replace('n/a', 'na')}")
-            val = [f"r={_num(self.val_reward, 2).replace('n/a', 'na')}"]
+                train.append(f"sd={_num(self.reward_std_ewa, 2, missing='na')}")
+            val = [f"r={_num(self.val_reward, 2, missing='na')}"]
             if "act" in optional:
                 val.append(f"act={'y' if self.val_running_step is not None else 'n'}")
             line = f"scenarios[{' '.join(scen)}] train[{' '.join(train)}] val[{' '.join(val)}]"
