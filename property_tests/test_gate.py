@@ -10,7 +10,7 @@ test_mutants.py replace those with broken ones and expect these invariants to fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 from art import Trajectory, TrajectoryGroup
@@ -30,7 +30,7 @@ from art_trio.batching import (
     is_zero_variance,
     stamp_policy_versions,
 )
-from art_trio.gate import GateSnapshot, PolicyGate, admission_allows
+from art_trio.gate import GateSnapshot, PolicyGate, admission_allows, admission_headroom
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
 IN_FLIGHT = "in-flight counts never negative, and match the rollouts admitted"
@@ -294,11 +294,24 @@ def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
 
 @given(snapshots, st.integers(0, 4))
 def test_admission_never_more_lenient_than_reference(s: GateSnapshot, beyond: int) -> None:
-    """"eager" is exactly the reference's gate; "staleness_aware" never admits more."""
+    """ "eager" is exactly the reference's gate; "staleness_aware" never admits more."""
     reference = reference_allows(s.policy_version, s.next_training_step, s.max_steps_off_policy)
     assert admission_allows(s, "eager", beyond) == reference
     if s.rollout_latency != 0.0:  # see test_admission_decision_is_total
         assert not admission_allows(s, "staleness_aware", beyond) or reference
+
+
+@given(snapshots, st.integers(0, 4), st.integers(0, 80))
+def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: int) -> None:
+    """The gate wakes `headroom` waiters at once; one at a time would have admitted as many.
+
+    After `k` more admissions (each one more fresh rollout in flight) another is allowed
+    exactly when `k` is below the headroom, in both modes.
+    """
+    for mode in ("eager", "staleness_aware"):
+        headroom = admission_headroom(s, mode, beyond)
+        later = replace(s, fresh_in_flight=s.fresh_in_flight + k)
+        assert admission_allows(later, mode, beyond) == (k < headroom), (mode, headroom, later)
 
 
 @given(st.integers(0, 20), st.integers(0, 5), st.booleans())

@@ -125,10 +125,22 @@ def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
     the trainer is waiting on it: until that batch is ready, admission is as eager as the
     reference's, and the gate cancels the losers of the race the moment the batch is taken.
     """
+    return admission_headroom(s, "staleness_aware", beyond_bound) > 0
+
+
+def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int) -> float:
+    """How many more rollouts may start now: `math.inf` if occupancy does not bound it.
+
+    Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
+    other is the same as asking `admission_allows` `n` times; the gate asks this once.
+    """
     if not reference_gate_allows(s):
-        return False
+        return 0
+    if admission == "eager":
+        return math.inf
     if s.max_steps_off_policy == 0:
-        return s.queued < s.window_slots
+        # Starting a rollout does not change `queued`: eager until the batch is covered.
+        return math.inf if s.queued < s.window_slots else 0
     slots = s.window_slots
     target = s.pipeline_target
     if target is not None:
@@ -136,14 +148,12 @@ def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
     # Rollouts that will miss their window are cancelled when it closes, so admit enough that
     # the expected on-time ones fill the slots.
     allowed = math.ceil(slots / s.on_time_probability) + s.straggler_slack(beyond_bound)
-    return s.fresh_in_flight + s.queued < allowed
+    return max(0, allowed - s.fresh_in_flight - s.queued)
 
 
 def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -> bool:
     """The admission decision for a configured mode (see `PipelineSettings.admission`)."""
-    if admission == "eager":
-        return reference_gate_allows(s)
-    return staleness_aware_allows(s, beyond_bound)
+    return admission_headroom(s, admission, beyond_bound) > 0
 
 
 #: Weight of the newest sample in the step-period average.
@@ -378,7 +388,12 @@ class PolicyGate:
         return self.policy_version
 
     def _pump(self) -> None:
-        while self._waiters and self.may_start():
+        if not self._waiters or self._closed:
+            return
+        # One decision for the whole wake-up, not one per waiter (each needs a snapshot).
+        headroom = admission_headroom(self.snapshot(), self.admission, self.beyond_bound)
+        while self._waiters and headroom >= 1:
+            headroom -= 1
             waiter = self._waiters.popleft()
             waiter.version = self._take_slot()
             waiter.event.set()
@@ -399,6 +414,7 @@ __all__ = [
     "GateSnapshot",
     "PolicyGate",
     "admission_allows",
+    "admission_headroom",
     "reference_gate_allows",
     "staleness_aware_allows",
 ]

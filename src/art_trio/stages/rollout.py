@@ -54,90 +54,129 @@ async def _call_rollout(run: PipelineRun, scenario: Any, version: int) -> Any:
 async def _worker(
     run: PipelineRun, worker_id: int, send: MemoryObjectSendStream[Delivered]
 ) -> None:
+    async with send:
+        while True:
+            # One cancel scope carries this worker's rollouts until the gate cancels one that no
+            # batch can train any more; only then is a new one opened. Entering a scope costs
+            # 3 to 6 us, too much to pay per rollout when rollouts are fast. The gate cancels
+            # the scope only while a rollout is tracked in it (see `_roll`), so the
+            # cancellation never lands in the gate, the source or the hand-over.
+            with anyio.CancelScope() as doom_scope:
+                await _serve(run, worker_id, send, doom_scope)
+            if not doom_scope.cancel_called:
+                return
+            # A doomed rollout (already counted by `_roll`) ended the scope: open a new one.
+
+
+async def _serve(
+    run: PipelineRun,
+    worker_id: int,
+    send: MemoryObjectSendStream[Delivered],
+    doom_scope: anyio.CancelScope,
+) -> None:
+    """Admit, roll out and hand over until the run ends or the gate dooms a rollout."""
     gate, counters = run.gate, run.counters
     # Time this worker spent blocked handing its previous group over, charged to the next one.
     handover_wait = 0.0
-    async with send:
-        while True:
-            wait_started = run.now()
-            try:
-                version = await gate.admit()
-            except GateClosed:
+    while True:
+        wait_started = run.now()
+        try:
+            version = await gate.admit()
+        except GateClosed:
+            return
+        actor_idle = run.now() - wait_started + handover_wait
+        handed_over = False
+        try:
+            taken = None if run.stopping else await run.source.take()
+            if taken is None:
                 return
-            actor_idle = run.now() - wait_started + handover_wait
-            handed_over = False
+            index, scenario = taken
+            counters.taken += 1
+            settled = False  # has this scenario's fate been counted?
             try:
-                taken = None if run.stopping else await run.source.take()
-                if taken is None:
-                    return
-                index, scenario = taken
-                counters.taken += 1
-                settled = False  # has this scenario's fate been counted?
-                try:
-                    item = await _roll(run, worker_id, version, index, scenario, actor_idle)
-                    if item is None:
-                        settled = True
-                        continue
-                    gate.hand_over(version)
-                    handed_over = True
-                    counters.max_queued = max(counters.max_queued, gate.queued)
-                    handover_started = run.now()
-                    try:
-                        await send.send(item)
-                    except BaseException:
-                        gate.withdraw()
-                        raise
+                item = await _roll(run, worker_id, version, index, scenario, actor_idle, doom_scope)
+                if item is None:
                     settled = True
-                    counters.delivered += 1
-                    run.status.note_group_enqueued(item.group)
-                    handover_wait = run.now() - handover_started
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    return  # the trainer stopped receiving: dropped at stop (below)
-                finally:
-                    if not settled:
-                        # In flight, or handing over, when the run stopped or ended: neither
-                        # trained nor resolved, so a resumed run rolls this scenario again.
-                        counters.dropped_at_stop += 1
+                    if doom_scope.cancel_called:
+                        return  # leave the cancelled scope before anything awaits in it
+                    continue
+                gate.hand_over(version)
+                handed_over = True
+                counters.max_queued = max(counters.max_queued, gate.queued)
+                handover_started = run.now()
+                try:
+                    await send.send(item)
+                except BaseException:
+                    gate.withdraw()
+                    raise
+                settled = True
+                counters.delivered += 1
+                run.status.note_group_enqueued(item.group)
+                handover_wait = run.now() - handover_started
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the trainer stopped receiving: dropped at stop (below)
             finally:
-                if not handed_over:
-                    gate.rollout_done(version)
+                if not settled and not doom_scope.cancel_called:
+                    # In flight, or handing over, when the run stopped or ended: neither
+                    # trained nor resolved, so a resumed run rolls this scenario again.
+                    # (A doomed rollout was counted as stale by `_roll`.)
+                    counters.dropped_at_stop += 1
+        finally:
+            if not handed_over:
+                gate.rollout_done(version)
 
 
 async def _roll(
-    run: PipelineRun, worker_id: int, version: int, index: int, scenario: Any, actor_idle: float
+    run: PipelineRun,
+    worker_id: int,
+    version: int,
+    index: int,
+    scenario: Any,
+    actor_idle: float,
+    doom_scope: anyio.CancelScope,
 ) -> Delivered | None:
     """Roll one scenario out; its group to deliver, or None once its fate is counted.
 
-    Cancellation (a stop, the end of the run) propagates; the caller counts it as dropped.
+    The rollout runs tracked in the worker's `doom_scope`, which the gate cancels once no
+    batch still to be taken could train it. A doomed rollout is counted as stale here, and
+    the cancellation goes on up to the worker, which opens a new scope. Any other
+    cancellation (a stop, the end of the run) propagates; the caller counts it as dropped.
     """
     gate, status, counters = run.gate, run.status, run.counters
     counters.rollouts_started += 1
     status.note_rollout_started()
     errored = True
     failure: Exception | None = None
+    started = run.now()
     try:
-        started = run.now()
-        with anyio.CancelScope() as scope:
-            gate.track(version, scope)
-            try:
-                group = await _call_rollout(run, scenario, version)
-            finally:
-                gate.untrack(version, scope)
-        wall = run.now() - started
-        doomed = scope.cancelled_caught
-        gate.note_rollout_time(wall, completed=not doomed)
-        if not doomed:
+        gate.track(version, doom_scope)
+        try:
+            group = await _call_rollout(run, scenario, version)
+        finally:
+            gate.untrack(version, doom_scope)
+        if not doom_scope.cancel_called:
             _check_rollout_result(group)
         errored = False
     except anyio.get_cancelled_exc_class():
-        errored = False  # stopped, not failed: the caller counts it as dropped
+        errored = False  # stopped or doomed, not failed
+        if doom_scope.cancel_called:
+            _count_doomed(run, index, run.now() - started)
         raise
     except Exception as exc:
-        failure = exc
-        context = scenario_context(scenario)
-        print(f"Worker {worker_id}: rollout failed ({_kind(exc)}): {exc!r}{context}")
+        if doom_scope.cancel_called:
+            errored = False  # whatever the rollout made of its cancellation, it was doomed
+        else:
+            failure = exc
+            context = scenario_context(scenario)
+            print(f"Worker {worker_id}: rollout failed ({_kind(exc)}): {exc!r}{context}")
     finally:
         status.note_rollout_finished(errored=errored)
+    wall = run.now() - started
+    if doom_scope.cancel_called:
+        # Doomed after its last checkpoint: its result is of no use to any batch.
+        _count_doomed(run, index, wall)
+        return None
+    gate.note_rollout_time(wall, completed=True)
     if run.stopping:
         # Finished after the stop: not trained and not resolved, so a resumed run rolls it
         # again.
@@ -150,13 +189,6 @@ async def _roll(
     # A rollout got through: the failures before it were the scenarios' own.
     run.state.ledger.resolve_all(run.failure_streak)
     run.failure_streak.clear()
-    if doomed:
-        # Cancelled by the gate: no batch still to be taken could train it.
-        counters.stale += 1
-        counters.stale_cancelled += 1
-        status.note_stale(1)
-        run.state.ledger.resolve(index)
-        return None
     copy_scenario_metadata(group, scenario)
     stamp_policy_versions(group, initial=version, final=gate.policy_version)
     group_version = group_initial_version(group)
@@ -173,6 +205,16 @@ async def _roll(
         actor_idle_s=actor_idle,
         version=group_version,
     )
+
+
+def _count_doomed(run: PipelineRun, index: int, wall: float) -> None:
+    """A rollout the gate cancelled because no batch still to be taken could train it."""
+    # Its time counts as a censored latency sample: cancelled rollouts are the slow ones.
+    run.gate.note_rollout_time(wall, completed=False)
+    run.counters.stale += 1
+    run.counters.stale_cancelled += 1
+    run.status.note_stale(1)
+    run.state.ledger.resolve(index)
 
 
 class RolloutsKeepFailing(RuntimeError):
