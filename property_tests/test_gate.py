@@ -10,6 +10,7 @@ test_mutants.py replace those with broken ones and expect these invariants to fa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import trio
@@ -245,7 +246,7 @@ TestGateMachine = GateMachine.TestCase
 # -- the pure rules ---------------------------------------------------------------------------
 
 snapshots = st.builds(
-    lambda policy, training, m, b, queued, fresh, latency, period: GateSnapshot(
+    lambda policy, training, m, b, queued, fresh, latency, period, times: GateSnapshot(
         policy_version=policy,
         next_training_step=policy + int(training),
         max_steps_off_policy=m,
@@ -254,6 +255,7 @@ snapshots = st.builds(
         fresh_in_flight=fresh,
         rollout_latency=latency,
         step_period=period,
+        recent_rollout_times=tuple(sorted(times)),
     ),
     st.integers(0, 10),
     st.booleans(),
@@ -264,6 +266,11 @@ snapshots = st.builds(
     # Exact zeros on purpose: instant rollouts (a cache) and steps started together happen.
     st.one_of(st.none(), st.just(0.0), st.floats(0.0, 100.0)),
     st.one_of(st.none(), st.just(0.0), st.floats(0.0, 100.0)),
+    # Recent rollout times, some cancelled (inf); too few to use, or enough.
+    st.one_of(
+        st.just([]),
+        st.lists(st.one_of(st.just(math.inf), st.floats(0.0, 100.0)), min_size=32, max_size=64),
+    ),
 )
 
 #: Minimized counterexample (still failing): rollouts measured at 0 s make

@@ -15,6 +15,7 @@ The decisions are pure functions of a `GateSnapshot`, so property tests can hamm
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, deque
 from collections.abc import Callable
@@ -42,6 +43,9 @@ class GateSnapshot:
     rollout_latency: float | None = None
     #: Mean time between two training steps starting, measured (None until two have).
     step_period: float | None = None
+    #: Recent rollouts' times, sorted; `math.inf` for a rollout cancelled before it ended
+    #: (it missed its window). Empty until the gate has collected some.
+    recent_rollout_times: tuple[float, ...] = ()
 
     @property
     def training(self) -> bool:
@@ -81,29 +85,53 @@ class GateSnapshot:
         in_flight = self.max_batch_size * self.rollout_latency / self.step_period
         return self.max_batch_size + math.ceil(in_flight)
 
+    @property
+    def rollout_spread(self) -> float | None:
+        """How much later than a typical rollout the slow ones end (None: too few measured).
+
+        A high quantile of recent rollout times minus their median; infinite when more than
+        the quantile's tail were cancelled for missing their window.
+        """
+        times = self.recent_rollout_times
+        if len(times) < MIN_TIME_SAMPLES:
+            return None
+        median = times[(len(times) - 1) // 2]
+        slow = times[int(STRAGGLER_QUANTILE * (len(times) - 1))]
+        return math.inf if math.isinf(slow) else slow - median
+
     def straggler_slack(self, beyond_bound: int) -> int:
         """The part of `beyond_bound` worth admitting at the measured pace.
 
-        The slack is for stragglers that finish after the trainer wants its batch. Rollouts far
-        shorter than a step (by STRAGGLER_REACH mean latencies) all finish while the step
-        trains, so there the extra rollouts would only go stale.
+        The slack is for stragglers: rollouts of a batch that end after the trainer wants it.
+        Where the slow rollouts end only a small part of a step after the typical one (short
+        or steady latencies: `rollout_spread` far below `step_period`), a batch's rollouts all
+        end together and the extra rollouts would only go stale.
         """
-        if self.rollout_latency is None or not self.step_period:
+        if self.rollout_spread is None or not self.step_period:
             return beyond_bound
-        reach = STRAGGLER_REACH * self.rollout_latency / self.step_period
-        return math.ceil(beyond_bound * min(1.0, reach))
+        reach = self.rollout_spread / self.step_period
+        return math.floor(beyond_bound * min(1.0, reach) + 0.5)
 
     @property
     def on_time_probability(self) -> float:
         """Chance that a rollout started now finishes before its window closes.
 
-        The window closes about `batches_left` step periods from now; latencies are taken
-        as exponential with the measured mean (the memoryless worst case for a given mean).
+        The window closes about `batches_left` step periods from now. The chance is the share
+        of recent rollouts that took no longer (cancelled ones count as late); until enough
+        have ended, latencies are taken as exponential with the measured mean (the memoryless
+        worst case for a given mean).
         """
-        if not self.rollout_latency or not self.step_period:
-            return 1.0  # unmeasured yet, or rollouts that take no time: all are on time
+        if not self.step_period:
+            return 1.0  # steps not measured yet: assume all are on time
         window = self.batches_left * self.step_period
-        return max(MIN_ON_TIME_PROBABILITY, 1.0 - math.exp(-window / self.rollout_latency))
+        times = self.recent_rollout_times
+        if len(times) >= MIN_TIME_SAMPLES:
+            on_time = bisect.bisect_right(times, window) / len(times)
+        elif not self.rollout_latency:
+            return 1.0  # unmeasured yet, or rollouts that take no time: all are on time
+        else:
+            on_time = 1.0 - math.exp(-window / self.rollout_latency)
+        return max(MIN_ON_TIME_PROBABILITY, on_time)
 
 
 def reference_gate_allows(s: GateSnapshot) -> bool:
@@ -147,8 +175,14 @@ def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int)
         slots = min(slots, target)
     # Rollouts that will miss their window are cancelled when it closes, so admit enough that
     # the expected on-time ones fill the slots.
-    allowed = math.ceil(slots / s.on_time_probability) + s.straggler_slack(beyond_bound)
-    return max(0, allowed - s.fresh_in_flight - s.queued)
+    budget = slots + s.straggler_slack(beyond_bound) - s.queued
+    if budget <= 0:
+        return 0
+    # Queued groups are sure to be trained; a rollout in flight makes its window only with
+    # `on_time_probability` (the gate cancels it when the window closes). So rollouts may
+    # start while the expected trainable groups leave a slot free: in flight < budget / p.
+    expected_room = budget / s.on_time_probability
+    return max(0, math.ceil(expected_room) - s.fresh_in_flight)
 
 
 def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -> bool:
@@ -160,8 +194,13 @@ def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -
 EWA_ALPHA = 0.2
 #: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
 LATENCY_DECAY = 0.99
-#: How many mean latencies a straggler may take (an exponential exceeds 4 means 1.8% of the time).
-STRAGGLER_REACH = 4.0
+#: The rollout-time quantile that counts as "slow" in `rollout_spread`.
+STRAGGLER_QUANTILE = 0.98
+#: Recent rollout times the gate keeps (re-sorted every TIME_REFRESH rollouts), and how many
+#: it needs before it trusts them over the exponential model.
+RECENT_TIMES = 256
+TIME_REFRESH = 32
+MIN_TIME_SAMPLES = 32
 #: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
 MIN_ON_TIME_PROBABILITY = 0.1
 
@@ -225,6 +264,9 @@ class PolicyGate:
         self._latency_completions = 0.0
         self._step_period_ewa: float | None = None
         self._last_step_began: float | None = None
+        self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
+        self._since_sorted = 0
+        self._sorted_times: tuple[float, ...] = ()
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -239,6 +281,7 @@ class PolicyGate:
             fresh_in_flight=sum(n for v, n in self._in_flight.items() if v >= floor),
             rollout_latency=self.rollout_latency,
             step_period=self._step_period_ewa,
+            recent_rollout_times=self._sorted_times,
         )
 
     @property
@@ -257,6 +300,13 @@ class PolicyGate:
         """A rollout ran `seconds`, and either completed or was cancelled before it could."""
         self._latency_time = self._latency_time * LATENCY_DECAY + seconds
         self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
+        # A cancelled rollout missed its window: for on-time chances and stragglers it is late,
+        # however long it ran.
+        self._recent_times.append(seconds if completed else math.inf)
+        self._since_sorted += 1
+        if self._since_sorted >= TIME_REFRESH:
+            self._since_sorted = 0
+            self._sorted_times = tuple(sorted(self._recent_times))
 
     @property
     def min_fresh_version(self) -> int:
