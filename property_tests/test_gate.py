@@ -374,7 +374,8 @@ def test_stamping_keeps_versions_a_rollout_set(
 ) -> None:
     versions, rewards = vr
     group = _group(versions, rewards)
-    stamp_policy_versions(group, initial=initial, final=final)
+    oldest = stamp_policy_versions(group, initial=initial, final=final)
+    assert oldest == group_initial_version(group)
     for t, v in zip(group.trajectories, versions, strict=True):
         assert t.initial_policy_version == (initial if v is None else v)
         assert t.final_policy_version == final

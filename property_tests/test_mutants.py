@@ -233,8 +233,8 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
 def test_versions_catches_swapped_version_stamps(monkeypatch: pytest.MonkeyPatch) -> None:
     real = art_trio.stages.rollout.stamp_policy_versions
 
-    def swapped(group: Any, *, initial: int, final: int) -> None:
-        real(group, initial=final, final=initial)
+    def swapped(group: Any, *, initial: int, final: int) -> int | None:
+        return real(group, initial=final, final=initial)
 
     monkeypatch.setattr(art_trio.stages.rollout, "stamp_policy_versions", swapped)
     counterexample(prop_versions, STRATEGIES[prop_versions], checks.VERSIONS)

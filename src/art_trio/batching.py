@@ -78,13 +78,22 @@ def non_finite_reward_error(group: TrajectoryGroup) -> str | None:
     )
 
 
-def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -> None:
-    """Record which policy versions a rollout spanned, keeping versions it set itself."""
+def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -> int | None:
+    """Record which policy versions a rollout spanned, keeping versions it set itself.
+
+    Returns the group's initial version afterwards (`group_initial_version`), found in the
+    same pass: None only for a group without trajectories.
+    """
+    oldest: int | None = None
     for trajectory in group.trajectories:
         if trajectory.initial_policy_version is None:
             trajectory.initial_policy_version = initial
         if trajectory.final_policy_version is None:
             trajectory.final_policy_version = final
+        version = trajectory.initial_policy_version
+        if oldest is None or version < oldest:
+            oldest = version
+    return oldest
 
 
 def _is_scalar(value: object) -> bool:
@@ -111,28 +120,21 @@ def scenario_context(scenario: object) -> str:
     return f" [{' '.join(fields)}]" if fields else ""
 
 
-def average_steps_off_policy(current_step: int, batch: Sequence[TrajectoryGroup]) -> float:
-    """Mean of `current_step - initial version` over the batch's versioned groups."""
-    lags = [
-        current_step - version
-        for version in map(group_initial_version, batch)
-        if version is not None
-    ]
+def average_steps_off_policy(current_step: int, versions: Iterable[int | None]) -> float:
+    """Mean of `current_step - version` over a batch's groups' initial versions (None: skip)."""
+    lags = [current_step - version for version in versions if version is not None]
     return sum(lags) / len(lags) if lags else 0.0
 
 
-def group_reward_std(group: TrajectoryGroup) -> float:
-    """Population standard deviation of the group's rewards (0 for one or none)."""
+def reward_stats(group: TrajectoryGroup) -> tuple[int, float, float]:
+    """A group's reward count, sum and population standard deviation, in one pass."""
     rewards = [t.reward for t in group.trajectories]
-    if len(rewards) <= 1:
-        return 0.0
-    mean = sum(rewards) / len(rewards)
-    return math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-
-
-def mean_reward(groups: Iterable[TrajectoryGroup]) -> float | None:
-    rewards = [t.reward for g in groups for t in g.trajectories]
-    return sum(rewards) / len(rewards) if rewards else None
+    n = len(rewards)
+    if n <= 1:
+        return n, sum(rewards), 0.0
+    total = sum(rewards)
+    mean = total / n
+    return n, total, math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
 
 
 def split_eval_items(
@@ -159,11 +161,10 @@ __all__ = [
     "copy_scenario_metadata",
     "eval_splits",
     "group_initial_version",
-    "group_reward_std",
     "is_stale",
     "is_zero_variance",
-    "mean_reward",
     "non_finite_reward_error",
+    "reward_stats",
     "scenario_context",
     "split_eval_items",
     "stamp_policy_versions",

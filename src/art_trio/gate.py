@@ -20,6 +20,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -209,11 +210,19 @@ def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
 
 
+class LoopEvent(Protocol):
+    """What the gate needs of an event: anyio's, trio's and asyncio's all have it."""
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> Any: ...
+
+
 class _Waiter:
     __slots__ = ("event", "version")
 
-    def __init__(self) -> None:
-        self.event = anyio.Event()
+    def __init__(self, event: LoopEvent) -> None:
+        self.event = event
         #: The version whose slot `_pump` took for this waiter; None until admitted.
         self.version: int | None = None
 
@@ -238,6 +247,7 @@ class PolicyGate:
         admission: Admission = "staleness_aware",
         beyond_bound: int = 0,
         clock: Callable[[], float] = anyio.current_time,
+        new_event: Callable[[], LoopEvent] = anyio.Event,
     ) -> None:
         self.policy_version = start_step
         self.next_training_step = start_step
@@ -260,6 +270,7 @@ class PolicyGate:
         self.drops_stale_early = admission == "staleness_aware"
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
+        self._new_event = new_event
         self._latency_time = 0.0
         self._latency_completions = 0.0
         self._step_period_ewa: float | None = None
@@ -345,7 +356,7 @@ class PolicyGate:
             # its rollout and its hand-over anyway, and a yield here cost ~10 us a rollout.
             await anyio.lowlevel.checkpoint_if_cancelled()
             return self._take_slot()
-        waiter = _Waiter()
+        waiter = _Waiter(self._new_event())
         self._waiters.append(waiter)
         try:
             await waiter.event.wait()

@@ -16,7 +16,7 @@ from typing import TextIO
 from art import TrajectoryGroup
 from tqdm import tqdm
 
-from .batching import group_reward_std, is_zero_variance, mean_reward
+from .batching import is_zero_variance, reward_stats
 
 
 def _count(value: int | None) -> str:
@@ -160,16 +160,23 @@ class StatusReporter:
     def note_training_batch(
         self, batch: Sequence[TrajectoryGroup], *, step: int, step_seconds: float
     ) -> None:
-        flat = sum(1 for g in batch if is_zero_variance(g))
+        # One pass over each group's rewards (this runs every step, on every group).
+        flat = count = 0
+        total = std_sum = 0.0
+        for group in batch:
+            n, group_total, std = reward_stats(group)
+            # (Rewards all within the tolerance of the first have a tiny std: checked first.)
+            flat += std < 1e-9 and is_zero_variance(group)
+            count += n
+            total += group_total
+            std_sum += std
         self.step = step
         self.trained += len(batch) - flat
         self.zero_variance += flat
-        reward = mean_reward(batch)
-        if reward is not None:
-            self.reward_ewa = self._ewa(self.reward_ewa, reward)
+        if count:
+            self.reward_ewa = self._ewa(self.reward_ewa, total / count)
         self.step_seconds_ewa = self._ewa(self.step_seconds_ewa, step_seconds)
-        stds = [group_reward_std(g) for g in batch]
-        self.reward_std_ewa = self._ewa(self.reward_std_ewa, sum(stds) / len(stds) if stds else 0.0)
+        self.reward_std_ewa = self._ewa(self.reward_std_ewa, std_sum / len(batch) if batch else 0.0)
         self._refresh(force=True)
 
     def note_val_started(self, step: int) -> None:

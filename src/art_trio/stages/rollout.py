@@ -17,7 +17,6 @@ from art import TrajectoryGroup
 
 from ..batching import (
     copy_scenario_metadata,
-    group_initial_version,
     non_finite_reward_error,
     scenario_context,
     stamp_policy_versions,
@@ -190,8 +189,7 @@ async def _roll(
     run.state.ledger.resolve_all(run.failure_streak)
     run.failure_streak.clear()
     copy_scenario_metadata(group, scenario)
-    stamp_policy_versions(group, initial=version, final=gate.policy_version)
-    group_version = group_initial_version(group)
+    group_version = stamp_policy_versions(group, initial=version, final=gate.policy_version)
     if gate.drops_stale_early and version_is_stale(group_version, gate.min_fresh_version):
         # No batch still to be taken would accept it: drop it now, not after it queued.
         counters.stale += 1

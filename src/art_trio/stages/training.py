@@ -286,7 +286,9 @@ async def _train_step(
         actor_idle_s = sum(item.actor_idle_s for item in batch.items)
         metrics: dict[str, float] = {
             "discarded_stale_groups": float(run.counters.stale),
-            "steps_off_policy": average_steps_off_policy(new_step, groups),
+            "steps_off_policy": average_steps_off_policy(
+                new_step, (item.version for item in batch.items)
+            ),
             "time/step_wall_s": step_seconds,
             "throughput/step_trainer_idle_s": batch.idle_s,
             "time/step_trainer_s": train_seconds,
