@@ -75,15 +75,14 @@ async def _serve(
 ) -> None:
     """Admit, roll out and hand over until the run ends or the gate dooms a rollout."""
     gate, counters = run.gate, run.counters
-    # Time this worker spent blocked handing its previous group over, charged to the next one.
-    handover_wait = 0.0
+    # When this worker's previous rollout ended: from then until the next starts it is idle
+    # (handing the group over, waiting at the gate), which the trainer reports per step.
+    idle_since = run.now()
     while True:
-        wait_started = run.now()
         try:
             version = await gate.admit()
         except GateClosed:
             return
-        actor_idle = run.now() - wait_started + handover_wait
         handed_over = False
         try:
             taken = None if run.stopping else await run.source.take()
@@ -93,7 +92,8 @@ async def _serve(
             counters.taken += 1
             settled = False  # has this scenario's fate been counted?
             try:
-                item = await _roll(run, worker_id, version, index, scenario, actor_idle, doom_scope)
+                item = await _roll(run, worker_id, version, index, scenario, idle_since, doom_scope)
+                idle_since = run.now()
                 if item is None:
                     settled = True
                     if doom_scope.cancel_called:
@@ -102,7 +102,6 @@ async def _serve(
                 gate.hand_over(version)
                 handed_over = True
                 counters.max_queued = max(counters.max_queued, gate.queued)
-                handover_started = run.now()
                 try:
                     await send.send(item)
                 except BaseException:
@@ -111,7 +110,6 @@ async def _serve(
                 settled = True
                 counters.delivered += 1
                 run.status.note_group_enqueued(item.group)
-                handover_wait = run.now() - handover_started
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return  # the trainer stopped receiving: dropped at stop (below)
             finally:
@@ -131,7 +129,7 @@ async def _roll(
     version: int,
     index: int,
     scenario: Any,
-    actor_idle: float,
+    idle_since: float,
     doom_scope: anyio.CancelScope,
 ) -> Delivered | None:
     """Roll one scenario out; its group to deliver, or None once its fate is counted.
@@ -147,22 +145,24 @@ async def _roll(
     errored = True
     failure: Exception | None = None
     started = run.now()
+    doomed = False
     try:
         gate.track(version, doom_scope)
         try:
             group = await _call_rollout(run, scenario, version)
         finally:
             gate.untrack(version, doom_scope)
-        if not doom_scope.cancel_called:
+            doomed = doom_scope.cancel_called
+        if not doomed:
             _check_rollout_result(group)
         errored = False
     except anyio.get_cancelled_exc_class():
         errored = False  # stopped or doomed, not failed
-        if doom_scope.cancel_called:
+        if doomed:
             _count_doomed(run, index, run.now() - started)
         raise
     except Exception as exc:
-        if doom_scope.cancel_called:
+        if doomed:
             errored = False  # whatever the rollout made of its cancellation, it was doomed
         else:
             failure = exc
@@ -171,7 +171,7 @@ async def _roll(
     finally:
         status.note_rollout_finished(errored=errored)
     wall = run.now() - started
-    if doom_scope.cancel_called:
+    if doomed:
         # Doomed after its last checkpoint: its result is of no use to any batch.
         _count_doomed(run, index, wall)
         return None
@@ -200,7 +200,7 @@ async def _roll(
         group=group,
         scenario_index=index,
         rollout_wall_s=wall,
-        actor_idle_s=actor_idle,
+        actor_idle_s=started - idle_since,
         version=group_version,
     )
 
