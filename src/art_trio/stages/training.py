@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from art import TrajectoryGroup
 
 from ..batching import (
     all_failed_error,
@@ -258,47 +259,14 @@ async def _train_step(
     run.state.training_step = current_step
     run.persist()
 
-    step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     run.status.note_training_start(len(groups))
-    if step_log:
-        print(f"[train] step {expected} starting (batch={len(groups)})")
-    train_started = run.now()
     try:
+        # backend.train and model.log are both asyncio code: one crossing of the bridge for
+        # the two (under trio each trio-asyncio crossing costs ~40 us).
         result = await run.bridge.call(
-            run.backend.train,
-            run.model,
-            groups,
-            **train_kwargs(run, save_checkpoint=run.settings.save_checkpoint and eval_this_step),
+            _train_and_log, run, batch, groups, expected, eval_this_step, step_started
         )
-    except BaseException:
-        run.status.note_training_end()
-        raise
-    finally:
-        train_seconds = run.now() - train_started
-        if step_log:
-            print(f"[train] step {expected} done in {train_seconds:.1f}s")
-
-    try:
         new_step = int(result.step)
-        step_seconds = run.now() - step_started
-        run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
-        actor_s = sum(item.rollout_wall_s for item in batch.items)
-        actor_idle_s = sum(item.actor_idle_s for item in batch.items)
-        metrics: dict[str, float] = {
-            "discarded_stale_groups": float(run.counters.stale),
-            "steps_off_policy": average_steps_off_policy(
-                new_step, (item.version for item in batch.items)
-            ),
-            "time/step_wall_s": step_seconds,
-            "throughput/step_trainer_idle_s": batch.idle_s,
-            "time/step_trainer_s": train_seconds,
-        }
-        if actor_s > 0:
-            metrics["time/step_actor_s"] = actor_s
-        if actor_idle_s > 0:
-            metrics["throughput/step_actor_idle_s"] = actor_idle_s
-        metrics.update(result.metrics)
-        await run.bridge.call(run.model.log, groups, split="train", step=new_step, metrics=metrics)
         await _log_held_zero_variance(run, new_step)
 
         run.state.ledger.commit_batch()
@@ -319,6 +287,55 @@ async def _train_step(
         run.status.note_training_end()
     run.gate.publish(new_step)
     return new_step
+
+
+async def _train_and_log(
+    run: PipelineRun,
+    batch: CollectedBatch,
+    groups: list[TrajectoryGroup],
+    expected: int,
+    eval_this_step: bool,
+    step_started: float,
+) -> Any:
+    """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
+
+    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult.
+    """
+    step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
+    if step_log:
+        print(f"[train] step {expected} starting (batch={len(groups)})")
+    save_checkpoint = run.settings.save_checkpoint and eval_this_step
+    train_started = run.now()
+    try:
+        result = await run.backend.train(
+            run.model, groups, **train_kwargs(run, save_checkpoint=save_checkpoint)
+        )
+    finally:
+        train_seconds = run.now() - train_started
+        if step_log:
+            print(f"[train] step {expected} done in {train_seconds:.1f}s")
+
+    new_step = int(result.step)
+    step_seconds = run.now() - step_started
+    run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
+    actor_s = sum(item.rollout_wall_s for item in batch.items)
+    actor_idle_s = sum(item.actor_idle_s for item in batch.items)
+    metrics: dict[str, float] = {
+        "discarded_stale_groups": float(run.counters.stale),
+        "steps_off_policy": average_steps_off_policy(
+            new_step, (item.version for item in batch.items)
+        ),
+        "time/step_wall_s": step_seconds,
+        "throughput/step_trainer_idle_s": batch.idle_s,
+        "time/step_trainer_s": train_seconds,
+    }
+    if actor_s > 0:
+        metrics["time/step_actor_s"] = actor_s
+    if actor_idle_s > 0:
+        metrics["throughput/step_actor_idle_s"] = actor_idle_s
+    metrics.update(result.metrics)
+    await run.model.log(groups, split="train", step=new_step, metrics=metrics)
+    return result
 
 
 async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
