@@ -373,14 +373,12 @@ class PolicyGate:
 
     def rollout_done(self, version: int) -> None:
         """A rollout admitted at `version` ended without handing a group over."""
-        self._in_flight[version] -= 1
-        self._drop_empty()
+        self._release(version)
         self._pump()
 
     def hand_over(self, version: int) -> None:
         """A rollout admitted at `version` is handing its group to the channel."""
-        self._in_flight[version] -= 1
-        self._drop_empty()
+        self._release(version)
         self.queued += 1
 
     def withdraw(self) -> None:
@@ -465,9 +463,13 @@ class PolicyGate:
         except ValueError:
             pass
 
-    def _drop_empty(self) -> None:
-        for version in [v for v, n in self._in_flight.items() if n <= 0]:
+    def _release(self, version: int) -> None:
+        """Give back an in-flight slot; versions with none left leave the counter."""
+        left = self._in_flight[version] - 1
+        if left == 0:
             del self._in_flight[version]
+        else:
+            self._in_flight[version] = left  # (negative only after a bug: left for checks)
 
 
 __all__ = [
