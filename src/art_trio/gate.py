@@ -352,10 +352,14 @@ class PolicyGate:
         if self._closed:
             raise GateClosed
         if not self._waiters and self.may_start():
-            # A cancellation point without a trip through the scheduler: the worker yields in
-            # its rollout and its hand-over anyway, and a yield here cost ~10 us a rollout.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            return self._take_slot()
+            # This is the worker's one yield between two rollouts (its hand-over does not wait
+            # unless the channel is full): rollouts that ended in the same instant hand their
+            # groups over first, so the decision below counts them.
+            await anyio.lowlevel.checkpoint()
+            if self._closed:
+                raise GateClosed
+            if not self._waiters and self.may_start():
+                return self._take_slot()
         waiter = _Waiter(self._new_event())
         self._waiters.append(waiter)
         try:

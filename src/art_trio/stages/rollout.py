@@ -103,7 +103,15 @@ async def _serve(
                 handed_over = True
                 counters.max_queued = max(counters.max_queued, gate.queued)
                 try:
-                    await send.send(item)
+                    # Waits only when the channel is full: the worker yields at the gate next
+                    # (a second trip through the scheduler per rollout costs ~3 us under trio).
+                    send.send_nowait(item)
+                except anyio.WouldBlock:
+                    try:
+                        await send.send(item)
+                    except BaseException:
+                        gate.withdraw()
+                        raise
                 except BaseException:
                     gate.withdraw()
                     raise
