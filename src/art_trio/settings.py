@@ -85,8 +85,9 @@ class PipelineSettings:
 
         One per 8 groups of a batch by default. The bound already counts on some rollouts
         missing their window (see gate.py); the slack covers the luck of a single batch.
-        Measured in virtual time (benchmarks/): on the issue's plenty-off1 workload, slack 0
-        gives utilization 0.96 with 5% wasted rollouts, 1 gives 0.98 / 9%, 4 gives 0.995 / 19%.
+        Measured with `art-trio bench` on the issue's plenty-off1 workload: slack 0 gives
+        utilization 0.956 with 4.5% wasted rollouts, 1 gives 0.974 / 8.5%, 4 gives 0.980 / 17%.
+        The gate admits less of it when rollouts end close together (see gate.py).
         """
         if self.max_rollouts_beyond_bound is not None:
             return self.max_rollouts_beyond_bound
