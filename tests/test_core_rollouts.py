@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import art
 import pytest
 import trio
@@ -260,3 +261,105 @@ async def test_failures_between_successes_are_resolved_as_errored(model, backend
         min_batch_size=2, max_batch_size=2,
     ).train(handle_signals=False)
     assert backend.calls == []  # nothing left: the odd ones were resolved as errored
+
+
+# -- rollouts the gate cancels because no batch can train them any more (doomed) -------------
+#
+# Strictly on-policy, batch 1, two workers: even scenarios take 1 s and odd ones 50 s, so each
+# step is taken from a fast rollout while a slow one, started at the same version, is still
+# running. The moment that step begins, no batch can train the slow one: the gate cancels it.
+# Every worker keeps one cancel scope across its rollouts (rollout.py), so these also check
+# that a worker carries on, with a fresh scope, after one of its rollouts was doomed.
+
+
+async def _run_doomed(model: Any, backend: RecordingBackend, rollout: Any) -> PipelineTrainer:
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(12), None,
+        num_rollout_workers=2, min_batch_size=1, max_batch_size=1, max_steps_off_policy=0,
+        max_steps=3,
+    )
+    await trainer.train(handle_signals=False)
+    return trainer
+
+
+def _assert_doomed_ones_were_not_trained(trainer: PipelineTrainer, backend: Any) -> None:
+    trained = [i for c in backend.calls for i in c.scenario_ids]
+    assert trained == [0, 2, 4]
+    c = trainer.last_counters
+    assert c is not None
+    assert c.errored == 0, c
+    # The slow rollouts of steps 1 and 2 (at least) were doomed and counted stale.
+    assert c.stale_cancelled >= 2 and c.stale == c.stale_cancelled, c
+    assert c.taken == c.trained + c.stale + c.zero_variance + c.errored + c.dropped_at_stop, c
+
+
+async def test_a_doomed_rollout_is_cancelled_and_its_worker_rolls_on(
+    model, backend, autojump_clock
+):
+    started: list[int] = []
+    cancelled: list[int] = []
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        started.append(scenario["i"])
+        try:
+            await asyncio.sleep(50 if scenario["i"] % 2 else 1)
+        except asyncio.CancelledError:
+            cancelled.append(scenario["i"])
+            raise
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    trainer = await _run_doomed(model, backend, rollout)
+    _assert_doomed_ones_were_not_trained(trainer, backend)
+    # Scenario 3 starts only after scenario 1 was doomed: the worker went on.
+    assert {1, 3} <= set(cancelled) and 3 in started
+
+
+async def test_a_rollout_doomed_while_shielded_is_dropped_not_trained(
+    model, backend, autojump_clock
+):
+    """The cancellation cannot reach it (a shielded rollout): it returns a group anyway."""
+    finished: list[int] = []
+
+    @trio_native
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(50 if scenario["i"] % 2 else 1)
+        finished.append(scenario["i"])
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    trainer = await _run_doomed(model, backend, rollout)
+    _assert_doomed_ones_were_not_trained(trainer, backend)
+    assert {1, 3} <= set(finished)
+
+
+async def test_a_doomed_rollout_that_fails_on_cancellation_is_stale_not_errored(
+    model, backend, autojump_clock
+):
+    @trio_native
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        try:
+            await trio.sleep(50 if scenario["i"] % 2 else 1)
+        except trio.Cancelled:
+            raise RuntimeError("cleanup after cancellation failed") from None
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    trainer = await _run_doomed(model, backend, rollout)
+    _assert_doomed_ones_were_not_trained(trainer, backend)
+
+
+def test_doomed_rollouts_under_anyio_on_asyncio(model, backend):
+    """The same under `anyio.run` on asyncio, where anyio cancels through task.cancel()."""
+    cancelled: list[int] = []
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        try:
+            # Real time here: the slow ones never finish (doomed, or cancelled at the end).
+            await asyncio.sleep(30 if scenario["i"] % 2 else 0.01)
+        except asyncio.CancelledError:
+            cancelled.append(scenario["i"])
+            raise
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    trainer = anyio.run(_run_doomed, model, backend, rollout, backend="asyncio")
+    _assert_doomed_ones_were_not_trained(trainer, backend)
+    assert {1, 3} <= set(cancelled)
