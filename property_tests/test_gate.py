@@ -286,8 +286,22 @@ ZERO_LATENCY = GateSnapshot(
     step_period=1.0,
 )
 
+#: Found by the thorough profile: a step period of 5e-324 s made the Little's-law target
+#: infinite, and math.ceil raised OverflowError.
+TINY_STEP_PERIOD = GateSnapshot(
+    policy_version=0,
+    next_training_step=0,
+    max_steps_off_policy=1,
+    max_batch_size=1,
+    queued=0,
+    fresh_in_flight=0,
+    rollout_latency=1.0,
+    step_period=5e-324,
+)
+
 
 @example(ZERO_LATENCY, 0)
+@example(TINY_STEP_PERIOD, 0)
 @given(snapshots, st.integers(0, 4))
 def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
     """Every snapshot gets a yes/no in both modes (rollouts may take no time at all)."""

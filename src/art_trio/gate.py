@@ -84,6 +84,8 @@ class GateSnapshot:
         if self.rollout_latency is None or not self.step_period:
             return None
         in_flight = self.max_batch_size * self.rollout_latency / self.step_period
+        if not math.isfinite(in_flight):
+            return None  # steps measured as taking no time at all: nothing to cap
         return self.max_batch_size + math.ceil(in_flight)
 
     @property
