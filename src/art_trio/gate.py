@@ -142,25 +142,21 @@ def reference_gate_allows(s: GateSnapshot) -> bool:
     return s.policy_version >= s.next_training_step - s.max_steps_off_policy
 
 
-def staleness_aware_allows(s: GateSnapshot, beyond_bound: int) -> bool:
-    """Admit a rollout only if a batch still to be taken can train it, plus `beyond_bound`.
+def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int) -> float:
+    """How many more rollouts may start now: `math.inf` if occupancy does not bound it.
 
-    Every fresh rollout in flight and every group queued takes a slot before a rollout
-    started now does, so a new rollout is useful only while they leave one free: in the
-    freshness window, and in what the trainer can consume (`pipeline_target`, from measured
-    rollout latency and step period: more in the pipe only ages it). `beyond_bound` extra
-    rollouts buy trainer utilization (the slowest rollouts of a batch no longer keep the
-    trainer waiting) at the price of some stale ones.
+    "eager" is the reference's gate alone. "staleness_aware" admits a rollout only if a batch
+    still to be taken can train it, plus `beyond_bound`: every group queued and every fresh
+    rollout in flight takes a slot before a rollout started now does, so a new rollout is
+    useful only while they leave one free, in the freshness window and in what the trainer
+    can consume (`pipeline_target`, from measured rollout latency and step period: more in
+    the pipe only ages it). `beyond_bound` extra rollouts buy trainer utilization (the
+    slowest rollouts of a batch no longer keep the trainer waiting) at the price of some
+    stale ones.
 
     With `max_steps_off_policy == 0` only the batch being collected can use a rollout, and
     the trainer is waiting on it: until that batch is ready, admission is as eager as the
     reference's, and the gate cancels the losers of the race the moment the batch is taken.
-    """
-    return admission_headroom(s, "staleness_aware", beyond_bound) > 0
-
-
-def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int) -> float:
-    """How many more rollouts may start now: `math.inf` if occupancy does not bound it.
 
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
     other is the same as asking `admission_allows` `n` times; the gate asks this once.
@@ -176,8 +172,6 @@ def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int)
     target = s.pipeline_target
     if target is not None:
         slots = min(slots, target)
-    # Rollouts that will miss their window are cancelled when it closes, so admit enough that
-    # the expected on-time ones fill the slots.
     budget = slots + s.straggler_slack(beyond_bound) - s.queued
     if budget <= 0:
         return 0
@@ -485,5 +479,4 @@ __all__ = [
     "admission_allows",
     "admission_headroom",
     "reference_gate_allows",
-    "staleness_aware_allows",
 ]
