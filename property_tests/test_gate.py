@@ -288,16 +288,7 @@ ZERO_LATENCY = GateSnapshot(
 
 #: Found by the thorough profile: a step period of 5e-324 s made the Little's-law target
 #: infinite, and math.ceil raised OverflowError.
-TINY_STEP_PERIOD = GateSnapshot(
-    policy_version=0,
-    next_training_step=0,
-    max_steps_off_policy=1,
-    max_batch_size=1,
-    queued=0,
-    fresh_in_flight=0,
-    rollout_latency=1.0,
-    step_period=5e-324,
-)
+TINY_STEP_PERIOD = replace(ZERO_LATENCY, rollout_latency=1.0, step_period=5e-324)
 
 
 @example(ZERO_LATENCY, 0)
