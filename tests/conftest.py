@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import art
@@ -15,6 +16,7 @@ import pytest
 import trio_asyncio  # noqa: F401  (patches asyncio; tests call ART through it directly too)
 
 from art_trio.bridge import _see_trio_asyncio_loops
+from tests.crash_harness import Harness
 from tests.doubles import RecordingBackend
 
 # pytest's anyio plugin imported anyio's asyncio backend before trio_asyncio patched asyncio;
@@ -35,3 +37,13 @@ def model(tmp_path: Path, backend: RecordingBackend) -> art.TrainableModel:
     # register() is ART's asyncio code calling the asyncio-only double: run it on asyncio.
     asyncio.run(model.register(backend))
     return model
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    """The kill -9 tests' crash harness; its children are killed whatever the test does."""
+    h = Harness(tmp_path / "harness-stderr.txt")
+    try:
+        yield h
+    finally:
+        h.close()

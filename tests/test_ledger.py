@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -336,15 +335,6 @@ async def test_a_run_leaves_arts_keys_and_the_reference_record_side_by_side(
 
 
 # -- kill -9 during state writes ------------------------------------------------------------
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "harness-stderr.txt")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def test_kill_9_during_state_writes_never_leaves_an_unreadable_state(

@@ -17,7 +17,6 @@ import json
 import random
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +28,6 @@ from art_trio import PipelineTrainer
 from art_trio.ledger import PIPELINE_STATE_KEY, SIDECAR_FILE, StateStore
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(tmp_path / "harness-stderr.txt")
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def _model_dir(run_dir: Path) -> Path:
