@@ -14,9 +14,8 @@ not the bug.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
@@ -31,7 +30,7 @@ import art_trio.stages.evaluation
 import art_trio.stages.rollout
 import art_trio.stages.training
 import art_trio.trainer
-from art_trio.gate import MIN_ON_TIME_PROBABILITY, GateSnapshot, PolicyGate
+from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
 
 from . import checks
@@ -55,35 +54,9 @@ from .test_trainer_invariants import (
 MUTANT_BUDGET = 150
 
 
-def _on_time_probability_without_zero_division(s: GateSnapshot) -> float:
-    if not s.rollout_latency or not s.step_period:
-        return 1.0
-    window = s.batches_left * s.step_period
-    return max(MIN_ON_TIME_PROBABILITY, 1.0 - math.exp(-window / s.rollout_latency))
-
-
-@pytest.fixture(autouse=True)
-def _isolate_known_bugs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Keep a known, reported trainer bug from masking what a mutation test looks for.
-
-    `GateSnapshot.on_time_probability` divides by the measured rollout latency, which is 0
-    when the first rollouts take no time (see test_gate.py::test_admission_decision_is_total);
-    the trainer then crashes and any property fails for that reason instead of the mutant's.
-    While that bug is present, mutation tests run with a zero-safe copy of the property.
-    """
-    probe = GateSnapshot(
-        policy_version=0, next_training_step=0, max_steps_off_policy=1, max_batch_size=1,
-        queued=0, fresh_in_flight=0, rollout_latency=0.0, step_period=1.0,
-    )
-    try:
-        probe.on_time_probability  # noqa: B018
-    except ZeroDivisionError:
-        monkeypatch.setattr(
-            GateSnapshot,
-            "on_time_probability",
-            property(_on_time_probability_without_zero_division),
-        )
-    yield
+def _gate_one_version_too_old(s: Any) -> bool:
+    """The reference's gate with its bound off by one: admits a version too old."""
+    return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
 
 
 def counterexample(
@@ -123,10 +96,7 @@ def counterexample(
 def test_off_policy_bound_catches_gate_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def lenient(s: Any) -> bool:
-        return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
-
-    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", lenient)
+    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", _gate_one_version_too_old)
     monkeypatch.setattr(
         PolicyGate, "batch_min_version", lambda self, step: step - self.max_steps_off_policy - 1
     )
@@ -400,10 +370,7 @@ def machine_counterexample(tag: str) -> None:
 def test_gate_machine_catches_admission_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def lenient(s: Any) -> bool:
-        return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
-
-    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", lenient)
+    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", _gate_one_version_too_old)
     from .test_gate import ADMISSION_BOUND
 
     machine_counterexample(ADMISSION_BOUND)

@@ -112,9 +112,9 @@ MAX_STEPS_CANCELS_IN_FLIGHT = Case(
            RolloutPlan(latency=5.0, rewards=(0.0, 1.0))),
     train_seconds=(1.0,),
 )
-#: Admission under "staleness_aware" divides by the measured rollout latency: when the first
-#: rollouts take no (virtual) time and two steps have started, the rollout stage crashes
-#: with ZeroDivisionError in GateSnapshot.on_time_probability (gate.py).
+#: Kept after the fix: admission under "staleness_aware" divided by the measured rollout
+#: latency, so when the first rollouts took no (virtual) time and two steps had started, the
+#: rollout stage crashed with ZeroDivisionError in GateSnapshot.on_time_probability.
 ZERO_LATENCY_ROLLOUTS = Case(
     config=Config(num_rollout_workers=1, min_batch_size=1, max_batch_size=1,
                   max_steps_off_policy=1),
