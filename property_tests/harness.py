@@ -47,6 +47,7 @@ from art.types import TrainResult  # noqa: E402
 
 import art_trio.trainer  # noqa: E402
 from art_trio import PipelineTrainer, trio_native  # noqa: E402
+from art_trio.compat import trainable_model
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
 
 #: Failure kinds a rollout plan can ask for.
@@ -524,7 +525,7 @@ def read_state(model: art.TrainableModel) -> PipelineState | None:
 
 
 def _new_model(base_path: Path) -> art.TrainableModel:
-    return art.TrainableModel(
+    return trainable_model(
         name="m", project="p", base_model="test-base", base_path=str(base_path)
     )
 

@@ -16,6 +16,7 @@ import pytest
 import trio_asyncio  # noqa: F401  (patches asyncio; tests call ART through it directly too)
 
 from art_trio.bridge import _see_trio_asyncio_loops
+from art_trio.compat import trainable_model
 from tests.crash_harness import Harness
 from tests.doubles import RecordingBackend
 
@@ -31,7 +32,7 @@ def backend() -> RecordingBackend:
 
 @pytest.fixture
 def model(tmp_path: Path, backend: RecordingBackend) -> art.TrainableModel:
-    model = art.TrainableModel(
+    model = trainable_model(
         name="m", project="p", base_model="test-base", base_path=str(tmp_path / ".art")
     )
     # register() is ART's asyncio code calling the asyncio-only double: run it on asyncio.

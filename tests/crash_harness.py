@@ -51,6 +51,7 @@ import trio
 from art.types import TrainResult
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.compat import trainable_model
 from art_trio.ledger import PipelineState, ScenarioLedger, StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
@@ -126,7 +127,7 @@ def _group(scenario: dict[str, Any]) -> art.TrajectoryGroup:
 async def run_training(directory: Path, total_steps: int, seed: int) -> None:
     rng = random.Random(seed)
     backend = DurableBackend(directory / TRAINED_LOG, rng)
-    model: art.TrainableModel[Any, Any] = art.TrainableModel(
+    model: art.TrainableModel[Any, Any] = trainable_model(
         name="crash", project="p", base_model="test-base", base_path=str(directory / ".art")
     )
     await trio_asyncio_call(model.register, backend)

@@ -16,6 +16,7 @@ from typing import Any
 
 import art
 from art.types import TrainResult
+from openai.types.chat.chat_completion import Choice
 
 
 def _require_asyncio() -> asyncio.AbstractEventLoop:
@@ -131,6 +132,8 @@ class RecordingBackend:
 
 
 def trajectory(reward: float, **kwargs: Any) -> art.Trajectory:
+    # The serving response's usage, which ART 0.5.20+'s trainer requires of every trajectory.
+    kwargs["metrics"] = {"completion_tokens": 1, **kwargs.get("metrics", {})}
     return art.Trajectory(
         messages_and_choices=[
             {"role": "user", "content": "q"},
@@ -138,6 +141,36 @@ def trajectory(reward: float, **kwargs: Any) -> art.Trajectory:
         ],
         reward=reward,
         **kwargs,
+    )
+
+
+def served_trajectory(reward: float, step: int) -> art.Trajectory:
+    """A trajectory whose completion a server attributed to exactly `step`'s weights.
+
+    ART 0.5.20+ annotates each served choice with `policy_token_spans` (which policy version
+    produced which tokens) and its trainer refuses an eval whose trajectories lack them.
+    """
+    choice = Choice.model_validate(
+        {
+            "finish_reason": "stop",
+            "index": 0,
+            "message": {"role": "assistant", "content": "a"},
+            "policy_token_spans": [
+                {
+                    "start_token": 0,
+                    "end_token": 1,
+                    "generation_id": f"gen-{step}",
+                    "policy_version": step,
+                    "lora_slot": "default",
+                    "update_seq": 0,
+                }
+            ],
+        }
+    )
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "q"}, choice],
+        reward=reward,
+        metrics={"completion_tokens": 1},
     )
 
 

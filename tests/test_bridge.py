@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.compat import trainable_model
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "art_trio"
@@ -283,7 +284,7 @@ async def test_two_trainers_side_by_side_are_independent(tmp_path: Path) -> None
     backends = []
     for name in ("a", "b"):
         backend = RecordingBackend()
-        model = art.TrainableModel(
+        model = trainable_model(
             name=name, project="p", base_model="x", base_path=str(tmp_path / ".art")
         )
         await trio_asyncio.aio_as_trio(model.register)(backend) if False else None

@@ -20,6 +20,7 @@ from art.types import LocalTrainResult  # noqa: E402
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 from openai.types.chat.chat_completion_message import ChatCompletionMessage  # noqa: E402
 
+from art_trio.compat import trainable_model
 from art_trio.demo.backend import CpuBackend  # noqa: E402
 from art_trio.demo.policy import (  # noqa: E402
     TOKEN_INDEX,
@@ -47,7 +48,7 @@ PROMPT = "just respond with 'no' or 'yes'"
 
 
 def make_model(tmp_path: Path, name: str = "demo") -> art.TrainableModel:
-    return art.TrainableModel(
+    return trainable_model(
         name=name, project="backend-tests", base_model="cpu-demo", base_path=str(tmp_path)
     )
 

@@ -20,6 +20,7 @@ import trio  # noqa: E402
 import trio_asyncio  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
+from art_trio.compat import trainable_model
 from art_trio.demo.backend import CpuBackend  # noqa: E402
 from art_trio.demo.policy import VOCAB  # noqa: E402
 from tests.loops import require_trio_asyncio_patched_anyio
@@ -30,7 +31,7 @@ MESSAGES: list[ChatCompletionMessageParam] = [
 
 
 def make_model(tmp_path: Path, name: str = "demo") -> art.TrainableModel:
-    return art.TrainableModel(
+    return trainable_model(
         name=name, project="server-tests", base_model="cpu-demo", base_path=str(tmp_path)
     )
 

@@ -29,7 +29,8 @@ import trio
 from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
 
 import art_trio
-from tests.doubles import trajectory
+from art_trio.compat import art_trainer_kwargs
+from tests.doubles import served_trajectory, trajectory
 from tests.test_parity_0518 import LeasingBackend, eval_completed_steps, new_model
 
 N_SCENARIOS = 30
@@ -95,8 +96,13 @@ def eval_reward(step: int) -> float:
 
 async def eval_fn(model: Any, step: int, config: Any) -> dict[str, list[Any]]:
     return {
-        "val": [trajectory(eval_reward(step)), trajectory(eval_reward(step) / 2)],
-        "test": [art.TrajectoryGroup([trajectory(0.1), trajectory(0.3)])],
+        "val": [
+            served_trajectory(eval_reward(step), step),
+            served_trajectory(eval_reward(step) / 2, step),
+        ],
+        "test": [
+            art.TrajectoryGroup([served_trajectory(0.1, step), served_trajectory(0.3, step)])
+        ],
     }
 
 
@@ -169,7 +175,7 @@ def run_art(root: Path, backend: DifferentialBackend | None = None, **overrides:
         patch.setattr(ArtPipelineTrainer, "_validate_backend_support", lambda self: None)
         trainer = ArtPipelineTrainer(
             model, backend, rollout, scenario_list(), None, eval_fn,
-            **{**TRAINER_KWARGS, **overrides},
+            **art_trainer_kwargs(**TRAINER_KWARGS, **overrides),
         )
     asyncio.run(trainer.train(handle_signals=False))
     return outcome(model, backend)

@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.compat import trainable_model
 from art_trio.ledger import StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
@@ -60,6 +61,10 @@ class LeasingBackend(RecordingBackend):
             if not self.active_leases[step]:
                 del self.active_leases[step]
 
+    def exact_adapter_lease(self, model: Any, step: int) -> Any:
+        """ART 0.5.20's eval lease (the served weights are exactly `step`'s): the same here."""
+        return self.adapter_lease(model, step)
+
     async def prune_model_adapters(self, model: Any, *, retain_steps: set[int]) -> None:
         asyncio.get_running_loop()
         self.prune_calls.append(set(retain_steps))
@@ -71,7 +76,7 @@ class LeasingBackend(RecordingBackend):
 
 
 def new_model(root: Path, backend: Any) -> art.TrainableModel:
-    model = art.TrainableModel(
+    model = trainable_model(
         name="m", project="p", base_model="test-base", base_path=str(root / ".art")
     )
     asyncio.run(model.register(backend))

@@ -94,7 +94,8 @@ import art
 from art_trio import PipelineTrainer
 class Backend:
     pass
-model = art.TrainableModel(name="m", project="p", base_model="b", base_path="/tmp/unused")
+from art_trio.compat import trainable_model
+model = trainable_model(name="m", project="p", base_model="b", base_path="/tmp/unused")
 async def rollout(*args):
     return None
 PipelineTrainer(model, Backend(), rollout, [], None)

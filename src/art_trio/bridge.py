@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -53,6 +54,33 @@ def is_native(fn: object) -> bool:
         return False
 
 
+class CallbackNotAwaitable(TypeError):
+    """A user callback returned something that cannot be awaited: the run cannot go on."""
+
+
+def _name(fn: object) -> str:
+    plain = fn.func if isinstance(fn, functools.partial) else fn
+    return str(getattr(plain, "__qualname__", None) or type(plain).__qualname__)
+
+
+async def await_callback(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a user callback and await what it returns, as ART does.
+
+    Anything callable that returns an awaitable is a callback: an `async def`, a lambda or
+    `functools.partial` around one, an object with an async `__call__`. A result that cannot
+    be awaited is a programming error, not a failed rollout: it raises CallbackNotAwaitable,
+    which ends the run.
+    """
+    result = fn(*args, **kwargs)
+    if not inspect.isawaitable(result):
+        raise CallbackNotAwaitable(
+            f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
+            "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
+            "(or have it return a coroutine)"
+        )
+    return await result
+
+
 class AsyncioTaskCancelled(RuntimeError):
     """Asyncio code cancelled itself while the trainer was not being cancelled."""
 
@@ -72,8 +100,9 @@ class Bridge:
     ) -> R:
         """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
         if is_native(fn):
-            return await fn(*args, **kwargs)
-        return await self.call(fn, *args, **kwargs)
+            result: R = await await_callback(fn, *args, **kwargs)
+            return result
+        return await self.call(await_callback, fn, *args, **kwargs)
 
 
 class _TrioAsyncioBridge(Bridge):
@@ -100,21 +129,23 @@ class _TrioAsyncioBridge(Bridge):
 
 
 def _see_trio_asyncio_loops() -> None:
-    """Make modules that imported asyncio.get_running_loop early see trio-asyncio's loops.
+    """Make modules that imported asyncio's loop lookups early see trio-asyncio's loops.
 
-    trio-asyncio replaces `asyncio.get_running_loop` when it is imported. A module that did
-    `from asyncio import get_running_loop` before that keeps the original, which does not know
-    trio-asyncio's loop: anyio's asyncio backend is one, and through it httpx and openai then
-    fail inside the bridge with "no running event loop" (pytest's anyio plugin imports it
-    first, for instance). Rebinding its name to the patched function fixes that; the patched
-    function behaves exactly like the original outside trio-asyncio.
+    trio-asyncio replaces `asyncio.get_running_loop` and `asyncio.current_task` when it is
+    imported. A module that did `from asyncio import get_running_loop, current_task` before
+    that keeps the originals, which do not know trio-asyncio's loop: anyio's asyncio backend
+    is one, and through it httpx and openai then fail inside the bridge with "no running
+    event loop" (pytest's anyio plugin imports it first, for instance; on Python 3.12 the
+    C `current_task` fails the same way when httpx closes its pool). Rebinding those names to
+    the patched functions fixes that; outside trio-asyncio they behave as the originals.
     """
     anyio_asyncio = sys.modules.get("anyio._backends._asyncio")
-    patched = asyncio.get_running_loop
     if anyio_asyncio is None:
         return
-    if getattr(anyio_asyncio, "get_running_loop", patched) is not patched:
-        setattr(anyio_asyncio, "get_running_loop", patched)  # noqa: B010  (module global)
+    for name in ("get_running_loop", "current_task"):
+        patched = getattr(asyncio, name)
+        if getattr(anyio_asyncio, name, patched) is not patched:
+            setattr(anyio_asyncio, name, patched)
 
 
 @asynccontextmanager
@@ -136,4 +167,12 @@ async def open_bridge() -> AsyncIterator[Bridge]:
         yield _TrioAsyncioBridge(loop)
 
 
-__all__ = ["AsyncioTaskCancelled", "Bridge", "is_native", "open_bridge", "trio_native"]
+__all__ = [
+    "AsyncioTaskCancelled",
+    "Bridge",
+    "CallbackNotAwaitable",
+    "await_callback",
+    "is_native",
+    "open_bridge",
+    "trio_native",
+]

@@ -9,7 +9,7 @@ import anyio
 import art
 from art import Trajectory, TrajectoryGroup
 
-from .bridge import is_native, trio_native
+from .bridge import CallbackNotAwaitable, await_callback, is_native, trio_native
 from .types import RolloutFn, SingleRolloutFn
 
 
@@ -32,7 +32,9 @@ def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> Rol
 
             async def one() -> None:
                 try:
-                    results.append(await single_rollout_fn(model, scenario, config))
+                    results.append(await await_callback(single_rollout_fn, model, scenario, config))
+                except CallbackNotAwaitable:
+                    raise
                 except Exception as exc:
                     results.append(exc)
 
@@ -49,9 +51,12 @@ def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> Rol
         if n <= 0:
             return TrajectoryGroup([])
         results = await asyncio.gather(
-            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
+            *(await_callback(single_rollout_fn, model, scenario, config) for _ in range(n)),
             return_exceptions=True,
         )
+        for result in results:
+            if isinstance(result, CallbackNotAwaitable):
+                raise result  # a programming error, not one failed trajectory
         return TrajectoryGroup(results)
 
     return group_rollout

@@ -11,6 +11,7 @@ import asyncio
 import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -19,7 +20,8 @@ import art
 import sniffio
 from art import TrajectoryGroup
 
-from .bridge import Bridge, is_native
+from .bridge import Bridge, await_callback, is_native
+from .compat import eval_lease, rollout_lease
 from .gate import LoopEvent, PolicyGate
 from .ledger import PipelineState, StateStore
 from .settings import PipelineSettings
@@ -210,6 +212,9 @@ class PipelineRun:
     ) -> None:
         self.model = model
         self.backend = backend
+        # The backend's leases on a step's weights, as the installed ART line uses them.
+        self.rollout_lease = rollout_lease(backend)
+        self.eval_lease = eval_lease(backend)
         self.rollout_fn = rollout_fn
         self.eval_fn = eval_fn
         self.config = config
@@ -304,25 +309,32 @@ class PipelineRun:
 
     # -- leases ---------------------------------------------------------------------------
 
-    async def call_leased(self, step: int, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+    async def call_leased(
+        self,
+        step: int,
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None,
+    ) -> R:
         """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
 
-        Retention never deletes a leased checkpoint. A backend with `adapter_lease(model,
-        step)` (ART 0.5.18's protocol) holds the adapter for the callback's whole duration.
+        Retention never deletes a leased checkpoint. `lease(model, step)` is the backend's
+        lease (`adapter_lease` for rollouts; for evals on ART 0.5.20+ `exact_adapter_lease`
+        where the backend has it, see compat.py), held for the callback's whole duration.
         For asyncio callbacks the lease is entered in the asyncio task that runs the callback,
         as ART does, so what it sets in context reaches the callback (LocalBackend pins the
         step `model.get_inference_name()` answers with) and is reset in the task that set it.
         """
         self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
         try:
-            if getattr(type(self.backend), "adapter_lease", None) is None:
+            if lease is None:
                 return await self.bridge.callback(fn, *args)
             if is_native(fn) and self.bridge.uses_trio_asyncio:
-                return await self._call_native_leased(step, fn, *args)
+                return await self._call_native_leased(lease, step, fn, *args)
 
             async def leased() -> R:
-                async with self.backend.adapter_lease(self.model, step):
-                    return await fn(*args)
+                async with lease(self.model, step):
+                    return await await_callback(fn, *args)
 
             return await self.bridge.call(leased)
         finally:
@@ -331,7 +343,11 @@ class PipelineRun:
                 del self.leased_steps[step]
 
     async def _call_native_leased(
-        self, step: int, fn: Callable[..., Awaitable[R]], *args: Any
+        self,
+        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]],
+        step: int,
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
     ) -> R:
         # A trio-native callback cannot run inside an asyncio task, so the (asyncio) lease is
         # held by an asyncio task of its own for the callback's duration, entered and left in
@@ -340,7 +356,7 @@ class PipelineRun:
         failed: list[BaseException] = []
 
         async def hold() -> None:
-            async with self.backend.adapter_lease(self.model, step):
+            async with lease(self.model, step):
                 entered.set()
                 await anyio.sleep_forever()
 
@@ -357,7 +373,7 @@ class PipelineRun:
             await entered.wait()
             try:
                 if not failed:
-                    outcome.append(await fn(*args))
+                    outcome.append(await await_callback(fn, *args))
             except Exception as exc:
                 failed.append(exc)
             finally:

@@ -49,6 +49,9 @@ class PipelineSettings:
     adam_params: object | None = None
     kl_penalty_coef: float = 0.0
     kl_penalty_reference_step: int | None = None
+    kl_penalty_step_lag: int | None = None
+    grad_accumulation_sequences: int | None = None
+    optimizer_save_interval: int = 5
     packed_sequence_length: int | None = None
     max_steps: int | None = None
     discard_queue_multiplier: int = 100
@@ -94,6 +97,47 @@ class PipelineSettings:
         return max(1, math.ceil(self.max_batch_size / 8))
 
 
+def resolve_runtime(
+    pipeline: Any | None, autotune: Any | None, direct: dict[str, int | None]
+) -> dict[str, int | None]:
+    """The four runtime settings, from `pipeline=PipelineRuntimeConfig(...)` or the direct kwargs.
+
+    ART 0.5.20 moved them into a config object and kept the keyword arguments as aliases;
+    both spellings work here on every ART line (the aliases without a warning), and giving
+    both is ART's ValueError.
+    """
+    given = {name: value for name, value in direct.items() if value is not None}
+    mode = getattr(autotune, "mode", "off") if autotune is not None else "off"
+    if mode != "off":
+        if pipeline is not None or given:
+            raise ValueError(
+                "Pipeline runtime config cannot be provided when pipeline autotuning is "
+                "enabled. The autotuner owns the initial and online pipeline settings."
+            )
+        raise NotImplementedError(
+            f"autotune=PipelineAutotuneConfig(mode={mode!r}) is not implemented in art_trio "
+            "yet (online autotuning is its own issue); use mode='off' and size the run with "
+            "`art-trio simulate --sweep`"
+        )
+    if pipeline is not None and given:
+        raise ValueError(
+            "Use either pipeline=PipelineRuntimeConfig(...) or deprecated direct pipeline "
+            "settings, not both."
+        )
+    if pipeline is not None:
+        return {name: getattr(pipeline, name) for name in direct}
+    return {**RUNTIME_DEFAULTS, **given}
+
+
+#: The runtime settings' defaults when neither `pipeline=` nor a direct kwarg sets them.
+RUNTIME_DEFAULTS: dict[str, int | None] = {
+    "num_rollout_workers": 16,
+    "min_batch_size": 4,
+    "max_batch_size": None,
+    "queue_maxsize": None,
+}
+
+
 def build_settings(
     *,
     num_rollout_workers: int,
@@ -114,6 +158,9 @@ def build_settings(
     admission: str,
     max_rollouts_beyond_bound: int | None,
     packed_sequence_length: int | None,
+    optimizer_save_interval: int,
+    kl_penalty_step_lag: int | None,
+    grad_accumulation_sequences: int | None,
     **rest: Any,
 ) -> PipelineSettings:
     """Validate the constructor's values and resolve defaults; raise ValueError on bad input."""
@@ -148,6 +195,13 @@ def build_settings(
         raise ValueError("checkpoint_retention_interval must be > 0")
     if packed_sequence_length is not None and packed_sequence_length <= 0:
         raise ValueError("packed_sequence_length must be > 0 (or None to leave it unset)")
+    # ART 0.5.20's additions, with its messages.
+    if optimizer_save_interval <= 0:
+        raise ValueError("optimizer_save_interval must be > 0")
+    if kl_penalty_step_lag is not None and kl_penalty_step_lag < 1:
+        raise ValueError("kl_penalty_step_lag must be >= 1")
+    if grad_accumulation_sequences is not None and grad_accumulation_sequences < 1:
+        raise ValueError("grad_accumulation_sequences must be >= 1")
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.
     if eval_at_start is not None and not eval_step_0 and eval_at_start:
@@ -196,5 +250,8 @@ def build_settings(
         admission=cast(Admission, admission),  # checked against ADMISSION_MODES above
         max_rollouts_beyond_bound=max_rollouts_beyond_bound,
         packed_sequence_length=packed_sequence_length,
+        optimizer_save_interval=optimizer_save_interval,
+        kl_penalty_step_lag=kl_penalty_step_lag,
+        grad_accumulation_sequences=grad_accumulation_sequences,
         **rest,
     )

@@ -8,8 +8,6 @@ still running.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -21,6 +19,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .bridge import Bridge, open_bridge
+from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
 from .ledger import PipelineState, StateStore
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
@@ -29,6 +28,7 @@ from .settings import (
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     PipelineSettings,
     build_settings,
+    resolve_runtime,
 )
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
@@ -74,21 +74,28 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         config: ConfigT,
         eval_fn: EvalFn | None = None,
         *,
-        num_rollout_workers: int = 16,
-        min_batch_size: int = 4,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
         max_batch_size: int | None = None,
-        max_steps_off_policy: int = 4,
+        max_steps_off_policy: int | None = 4,
         queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        autotune: PipelineAutotuneConfig | None = None,
         learning_rate: float = 1e-5,
         loss_fn: str = "cispo",
         loss_fn_config: dict[str, Any] | None = None,
         normalize_advantages: bool = True,
+        grad_accumulation_sequences: int | None = None,
         adam_params: object | None = None,
         kl_penalty_coef: float = 0.0,
         kl_penalty_reference_step: int | None = None,
+        kl_penalty_step_lag: int | None = None,
         packed_sequence_length: int | None = None,
         max_steps: int | None = None,
         discard_queue_multiplier: int = 100,
+        limit_mean_steps_off_policy: float | None = None,
+        score_reference_groups_per_step: float | None = None,
+        score_reference_rollouts_per_group: float | None = None,
         log_interval_seconds: float = 60.0,
         status_ewa_alpha: float = 0.2,
         total_scenarios: int | None = None,
@@ -96,21 +103,35 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         eval_step_0: bool = True,
         eval_at_start: bool | None = None,
         save_checkpoint: bool = True,
+        optimizer_save_interval: int = 5,
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
+        rollout_executor: object | None = None,
         shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS,
         admission: str = "staleness_aware",
         max_rollouts_beyond_bound: int | None = None,
         fsync_state: bool = False,
         max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
     ) -> None:
-        self.settings = build_settings(
-            num_rollout_workers=num_rollout_workers,
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
+        runtime = resolve_runtime(
+            pipeline,
+            autotune,
+            {
+                "num_rollout_workers": num_rollout_workers,
+                "min_batch_size": min_batch_size,
+                "max_batch_size": max_batch_size,
+                "queue_maxsize": queue_maxsize,
+            },
+        )
+        _refuse_unbuilt(
             max_steps_off_policy=max_steps_off_policy,
-            queue_maxsize=queue_maxsize,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
+            rollout_executor=rollout_executor,
+        )
+        self.settings = build_settings(
+            **runtime,  # type: ignore[arg-type]
+            max_steps_off_policy=max_steps_off_policy,
             learning_rate=learning_rate,
             loss_fn=loss_fn,
             loss_fn_config=loss_fn_config,
@@ -118,6 +139,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             adam_params=adam_params,
             kl_penalty_coef=kl_penalty_coef,
             kl_penalty_reference_step=kl_penalty_reference_step,
+            kl_penalty_step_lag=kl_penalty_step_lag,
+            grad_accumulation_sequences=grad_accumulation_sequences,
+            optimizer_save_interval=optimizer_save_interval,
             packed_sequence_length=packed_sequence_length,
             max_steps=max_steps,
             discard_queue_multiplier=discard_queue_multiplier,
@@ -143,6 +167,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.config = config
         self.eval_fn = eval_fn
         self._scenarios = scenarios
+        #: ART 0.5.20's objective-score references, kept as given (see compat.py).
+        self.score_reference_groups_per_step = score_reference_groups_per_step
+        self.score_reference_rollouts_per_group = score_reference_rollouts_per_group
         self._run: PipelineRun | None = None
         self._stop_before_start = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
@@ -303,33 +330,56 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         local = sys.modules.get("art.local.backend")
         if local is None or not isinstance(self.backend, local.LocalBackend):
             return
-        from art.dev.validate import is_dedicated_mode
-
-        internal = self.model._internal_config or art.dev.InternalModelConfig()
         s = self.settings
-        if not is_dedicated_mode(internal):
+        # ART's messages, verbatim (code and tests match on them).
+        if not local_backend_is_dedicated(self.backend, self.model):
             raise ValueError(
-                "PipelineTrainer supports LocalBackend only in dedicated mode: a shared "
-                "LocalBackend pauses inference while it trains, which an async pipeline cannot "
-                "use. Set both trainer_gpu_ids and inference_gpu_ids in the TrainableModel's "
-                "_internal_config to run LocalBackend with PipelineTrainer."
+                "PipelineTrainer only supports LocalBackend in dedicated mode. "
+                "Shared LocalBackend pauses inference during training and is not "
+                "a supported async PipelineTrainer path. Set both "
+                "trainer_gpu_ids and inference_gpu_ids on the TrainableModel "
+                "_internal_config to use LocalBackend with PipelineTrainer."
             )
         if s.loss_fn not in {"cispo", "ppo"}:
             raise ValueError(
-                "PipelineTrainer with LocalBackend (dedicated) supports only "
+                "PipelineTrainer + LocalBackend(dedicated) only supports "
                 "loss_fn='cispo' or loss_fn='ppo'."
             )
         if s.loss_fn_config is not None:
             raise ValueError(
-                "PipelineTrainer with LocalBackend (dedicated) needs loss_fn_config=None."
+                "PipelineTrainer + LocalBackend(dedicated) requires loss_fn_config=None."
             )
         if not s.normalize_advantages:
+            # The reference (0.5.17) refuses this; ART 0.5.18 dropped the check.
             raise ValueError(
-                "PipelineTrainer with LocalBackend (dedicated) needs normalize_advantages=True."
+                "PipelineTrainer + LocalBackend(dedicated) requires normalize_advantages=True."
             )
         if s.adam_params is not None:
             raise ValueError(
-                "PipelineTrainer with LocalBackend (dedicated) needs adam_params=None."
+                "PipelineTrainer + LocalBackend(dedicated) requires adam_params=None."
+            )
+
+
+def _refuse_unbuilt(
+    *,
+    max_steps_off_policy: int | None,
+    limit_mean_steps_off_policy: float | None,
+    rollout_executor: object | None,
+) -> None:
+    """ART 0.5.20 parameters art_trio accepts but does not implement yet: never ignored."""
+    if limit_mean_steps_off_policy is not None and limit_mean_steps_off_policy < 0:
+        raise ValueError("limit_mean_steps_off_policy must be >= 0")
+    unbuilt = {
+        "max_steps_off_policy=None": max_steps_off_policy is None,
+        "limit_mean_steps_off_policy": limit_mean_steps_off_policy is not None,
+        "rollout_executor": rollout_executor is not None,
+    }
+    for name, given in unbuilt.items():
+        if given:
+            raise NotImplementedError(
+                f"{name} (ART 0.5.20's mean policy-age bound and rollout executors) is not "
+                "implemented in art_trio yet; leave it unset and bound staleness with "
+                "max_steps_off_policy"
             )
 
 
@@ -339,13 +389,12 @@ def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> 
         if fn is None and name == "eval_fn":
             continue
         if not callable(fn):
-            raise TypeError(f"{name} must be an async function, got {type(fn).__name__}")
-        plain = fn.func if isinstance(fn, functools.partial) else fn
-        if inspect.isfunction(plain) and not inspect.iscoroutinefunction(plain):
             raise TypeError(
-                f"{name} {getattr(plain, '__qualname__', plain)!r} is a plain function; the "
-                f"trainer awaits it, so define it with `async def`"
+                f"{name} must be callable and return an awaitable (an async function), got "
+                f"{type(fn).__name__}"
             )
+        # A plain `def` is fine if it returns an awaitable (ART's own tests pass lambdas
+        # around coroutines); one that does not is caught at its first call.
     if not isinstance(scenarios, (Iterable, AsyncIterator)) or isinstance(scenarios, (str, bytes)):
         raise TypeError(
             "scenarios must be an iterable (a list, a generator) or an async iterator of "

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import anyio
 import sniffio
 
+from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
 from art_trio.sim.workload import (
     Recorder,
     RunReport,
@@ -89,7 +90,7 @@ def _stub_log(model: Any) -> None:
 
 def _trainer_class(kind: Kind) -> type[Any]:
     if kind == "art":
-        from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
+        ArtPipelineTrainer = art_pipeline_trainer()
 
         def _no_validation(self: Any) -> None:
             return None
@@ -147,6 +148,8 @@ def trainer_kwargs(cls: type[Any], workload: Workload, extra: dict[str, Any]) ->
         if not _accepts(cls, name):
             raise UnsupportedKnob(f"{cls.__module__}.{cls.__qualname__} has no {name!r}")
         kwargs[name] = value
+    if cls is art_pipeline_trainer():
+        return art_trainer_kwargs(**kwargs)  # in the installed ART's own spelling
     return kwargs
 
 
@@ -159,9 +162,8 @@ async def _drive(
     kwargs: dict[str, Any],
     info: dict[str, Any],
 ) -> None:
-    import art
 
-    model: Any = art.TrainableModel(
+    model: Any = trainable_model(
         name=f"bench-{workload.name}-{kind}",
         project="art-trio-bench",
         base_model="bench",

@@ -25,6 +25,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art  # noqa: E402
 import trio  # noqa: E402
 
+from ..compat import trainable_model
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
 from .plot import plot_rewards, read_rewards  # noqa: E402
 from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
@@ -142,7 +143,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
 
     started = time.monotonic()
     name = options.name or f"yes-no-maybe-{datetime.now():%Y%m%d-%H%M%S}"
-    model: art.TrainableModel = art.TrainableModel(
+    model: art.TrainableModel = trainable_model(
         name=name,
         project=PROJECT,
         base_model=BASE_MODEL,

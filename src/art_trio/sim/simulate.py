@@ -64,6 +64,8 @@ from art_trio.sim.workload import (  # noqa: E402
 )
 from art_trio.trainer import PipelineTrainer  # noqa: E402
 
+from ..compat import trainable_model
+
 __all__ = [
     "DEFAULT_TARGET",
     "SIM_TRAINER_DEFAULTS",
@@ -494,7 +496,7 @@ async def _drive(
     time_limit_s: float | None,
 ) -> _Outcome:
     recorder = Recorder(detailed=True)
-    model: Any = art.TrainableModel(
+    model: Any = trainable_model(
         name="sim", project="art-trio-sim", base_model="sim", base_path=base_path
     )
     backend = _SimBackend(spec.train_time, recorder, seed=spec.seed, on_step=on_step)

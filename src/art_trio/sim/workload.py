@@ -619,6 +619,8 @@ _MESSAGES: list[Any] = [
     {"role": "user", "content": "ping"},
     {"role": "assistant", "content": "pong"},
 ]
+#: What a serving response's usage would give; ART 0.5.20+'s trainer refuses groups without it.
+_USAGE: dict[str, float | int | bool] = {"completion_tokens": 1}
 
 
 def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
@@ -658,7 +660,9 @@ def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
         zero_variance = u < outcome_p
         group = art.TrajectoryGroup(
             [
-                art.Trajectory(messages_and_choices=list(_MESSAGES), reward=reward)
+                art.Trajectory(
+                    messages_and_choices=list(_MESSAGES), reward=reward, metrics=_USAGE.copy()
+                )
                 for reward in (flat if zero_variance else varied)
             ],
             metadata={"scenario_id": scenario_id},
@@ -683,7 +687,9 @@ def make_eval_fn(workload: Workload, recorder: Recorder) -> EvalFn | None:
         start = anyio.current_time()
         await anyio.sleep(eval_time)
         recorder.evals.append((step, start, anyio.current_time()))
-        return [art.Trajectory(messages_and_choices=list(_MESSAGES), reward=1.0)]
+        return [
+            art.Trajectory(messages_and_choices=list(_MESSAGES), reward=1.0, metrics=_USAGE.copy())
+        ]
 
     return evaluate
 

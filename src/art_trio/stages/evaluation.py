@@ -13,6 +13,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
+from ..bridge import CallbackNotAwaitable
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
@@ -47,7 +48,9 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         token = model.activate_metrics_context("eval")
         started = run.now()
         try:
-            result = await run.call_leased(step, run.eval_fn, model, step, run.config)
+            result = await run.call_leased(
+                step, run.eval_fn, model, step, run.config, lease=run.eval_lease
+            )
         finally:
             token.var.reset(token)
             elapsed = run.now() - started
@@ -68,8 +71,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             )
         note_eval_completed(run, step)
         completed = True
-    except anyio.get_cancelled_exc_class():
-        raise
+    except (anyio.get_cancelled_exc_class(), CallbackNotAwaitable):
+        raise  # a stop, or an eval_fn that can never work: not one failed eval
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")

@@ -22,6 +22,7 @@ from ..batching import (
     stamp_policy_versions,
     version_is_stale,
 )
+from ..bridge import CallbackNotAwaitable
 from ..gate import GateClosed
 from ..run import Delivered, PipelineRun
 
@@ -45,7 +46,9 @@ async def _call_rollout(run: PipelineRun, scenario: Any, version: int) -> Any:
     token = run.model.activate_metrics_context("train")
     try:
         # Leased for the whole call: the rollout samples from `version`'s weights.
-        return await run.call_leased(version, run.rollout_fn, run.model, scenario, run.config)
+        return await run.call_leased(
+            version, run.rollout_fn, run.model, scenario, run.config, lease=run.rollout_lease
+        )
     finally:
         token.var.reset(token)
 
@@ -168,6 +171,9 @@ async def _roll(
         errored = False  # stopped or doomed, not failed
         if doomed:
             _count_doomed(run, index, run.now() - started)
+        raise
+    except CallbackNotAwaitable:
+        errored = False  # not this scenario's failure: the run ends, the scenario stays open
         raise
     except Exception as exc:
         if doomed:

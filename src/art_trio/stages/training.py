@@ -23,6 +23,7 @@ from ..batching import (
     is_zero_variance,
     version_is_stale,
 )
+from ..compat import line_train_kwargs
 from ..run import Delivered, PipelineRun
 from .checkpoints import after_step
 
@@ -214,8 +215,13 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     return True
 
 
-def train_kwargs(run: PipelineRun, *, save_checkpoint: bool) -> dict[str, Any]:
-    """The keyword arguments of `backend.train`, as the reference passes them."""
+def train_kwargs(
+    run: PipelineRun, *, save_checkpoint: bool, current_step: int
+) -> dict[str, Any]:
+    """The keyword arguments of `backend.train`, as the installed ART's trainer passes them.
+
+    `current_step` is the step the batch trains from (the KL reference step lags it).
+    """
     s = run.settings
     kwargs: dict[str, Any] = {
         "learning_rate": s.learning_rate,
@@ -225,11 +231,16 @@ def train_kwargs(run: PipelineRun, *, save_checkpoint: bool) -> dict[str, Any]:
         "save_checkpoint": save_checkpoint,
         "adam_params": s.adam_params,
     }
-    if s.kl_penalty_coef > 0.0:
-        kwargs["kl_penalty_coef"] = s.kl_penalty_coef
-        kwargs["kl_penalty_source"] = "sample"
-        if s.kl_penalty_reference_step is not None:
-            kwargs["kl_penalty_reference_step"] = s.kl_penalty_reference_step
+    kwargs.update(
+        line_train_kwargs(
+            current_step=current_step,
+            kl_penalty_coef=s.kl_penalty_coef,
+            kl_penalty_reference_step=s.kl_penalty_reference_step,
+            kl_penalty_step_lag=s.kl_penalty_step_lag,
+            optimizer_save_interval=s.optimizer_save_interval,
+            grad_accumulation_sequences=s.grad_accumulation_sequences,
+        )
+    )
     if s.packed_sequence_length is not None:
         kwargs["packed_sequence_length"] = s.packed_sequence_length
     return kwargs
@@ -307,9 +318,8 @@ async def _train_and_log(
     save_checkpoint = run.settings.save_checkpoint and eval_this_step
     train_started = run.now()
     try:
-        result = await run.backend.train(
-            run.model, groups, **train_kwargs(run, save_checkpoint=save_checkpoint)
-        )
+        kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
+        result = await run.backend.train(run.model, groups, **kwargs)
     finally:
         train_seconds = run.now() - train_started
         if step_log:

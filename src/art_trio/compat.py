@@ -1,0 +1,197 @@
+"""The one module that knows how ART's release lines differ.
+
+art_trio runs on two lines of `openpipe-art`, each the newest its Python allows:
+
+- 0.5.17-0.5.18 (Python 3.11): direct pipeline keyword arguments, `eval_step_0` /
+  `eval_at_start`, `packed_sequence_length`, `adapter_lease` for rollouts and evals.
+- 0.5.20-0.5.23 (Python 3.12+): `TrainableModel(run_name=...)` is required,
+  `pipeline=PipelineRuntimeConfig(...)`, `optimizer_save_interval` and
+  `grad_accumulation_sequences` reach `backend.train`, the KL reference step follows
+  `kl_penalty_step_lag`, and evals hold `exact_adapter_lease` when the backend has one.
+
+Everything else in art_trio, its tests, demo, simulator and benchmark asks this module
+instead of testing versions itself.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from typing import Any, Literal
+
+import art
+import pydantic
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+#: The installed ART release, as (major, minor, patch).
+ART_VERSION: tuple[int, ...] = _release(importlib.metadata.version("openpipe-art"))
+
+#: True on ART 0.5.20 and later: the line with a runtime config, `run_name` and
+#: `optimizer_save_interval`. The only version test in art_trio.
+ART_0520: bool = ART_VERSION >= (0, 5, 20)
+
+#: The pipeline settings that ART 0.5.20+ moved into `PipelineRuntimeConfig`.
+RUNTIME_FIELDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
+
+
+class _RuntimeConfig(pydantic.BaseModel):
+    """ART 0.5.20's `PipelineRuntimeConfig`, for ART lines that do not ship it."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    num_rollout_workers: int = pydantic.Field(default=16, ge=1)
+    min_batch_size: int = pydantic.Field(default=4, ge=1)
+    max_batch_size: int | None = pydantic.Field(default=None, ge=1)
+    queue_maxsize: int | None = pydantic.Field(default=None, ge=1)
+    score_reference_groups_per_step: float | None = pydantic.Field(default=8.0, gt=0.0)
+    score_reference_rollouts_per_group: float | None = pydantic.Field(default=None, gt=0.0)
+
+    @pydantic.model_validator(mode="after")
+    def _batch_bounds(self) -> _RuntimeConfig:
+        if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
+            raise ValueError("max_batch_size must be >= min_batch_size")
+        return self
+
+
+class _AutotuneConfig(pydantic.BaseModel):
+    """The part of ART 0.5.20's `PipelineAutotuneConfig` art_trio reads, for older lines."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+
+    mode: Literal["off", "online", "profile"] = "off"
+    profile: str | None = None
+    output_name: str = "latest"
+
+
+if ART_0520:
+    from art.pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
+else:
+    PipelineRuntimeConfig = _RuntimeConfig  # type: ignore[misc,assignment]
+    PipelineAutotuneConfig = _AutotuneConfig  # type: ignore[misc,assignment]
+
+
+def trainable_model(
+    *, name: str, project: str, base_model: str, run_name: str | None = None, **kwargs: Any
+) -> art.TrainableModel:
+    """An `art.TrainableModel` built the way the installed line expects.
+
+    ART 0.5.20+ requires `run_name` (the checkpoint directory's name); it defaults to `name`,
+    which is where older lines keep the model. Older lines take no `run_name`.
+    """
+    if "run_name" in art.TrainableModel.model_fields:
+        kwargs["run_name"] = run_name if run_name is not None else name
+    elif run_name is not None and run_name != name:
+        raise TypeError(
+            f"run_name={run_name!r} needs openpipe-art 0.5.20 or later (installed: "
+            f"{'.'.join(map(str, ART_VERSION))}); leave it out on this version"
+        )
+    model: art.TrainableModel = art.TrainableModel(
+        name=name, project=project, base_model=base_model, **kwargs
+    )
+    return model
+
+
+def art_trainer_kwargs(**kwargs: Any) -> dict[str, Any]:
+    """Keyword arguments for the installed ART's own `PipelineTrainer`, from 0.5.18-style ones.
+
+    Used where art_trio runs ART's trainer beside its own (the benchmark, differential tests).
+    0.5.20+ takes the runtime settings as `pipeline=PipelineRuntimeConfig(...)`, calls
+    `eval_step_0` only `eval_at_start`, and has no `packed_sequence_length`.
+    """
+    if "eval_step_0" in kwargs:
+        kwargs.setdefault("eval_at_start", kwargs.pop("eval_step_0"))
+    if not ART_0520:
+        return kwargs
+    runtime = {key: kwargs.pop(key) for key in RUNTIME_FIELDS if key in kwargs}
+    if "pipeline" not in kwargs:
+        kwargs["pipeline"] = PipelineRuntimeConfig(**runtime)
+    kwargs.pop("packed_sequence_length", None)
+    return kwargs
+
+
+def line_train_kwargs(
+    *,
+    current_step: int,
+    kl_penalty_coef: float,
+    kl_penalty_reference_step: int | None,
+    kl_penalty_step_lag: int | None,
+    optimizer_save_interval: int,
+    grad_accumulation_sequences: int | None,
+) -> dict[str, Any]:
+    """The `backend.train` keyword arguments that differ between lines, as each ART passes them.
+
+    `current_step` is the step the batch trains from. An explicit `kl_penalty_reference_step`
+    wins over `kl_penalty_step_lag` on either line.
+    """
+    kwargs: dict[str, Any] = {}
+    if ART_0520:
+        kwargs["optimizer_save_interval"] = optimizer_save_interval
+        if grad_accumulation_sequences is not None:
+            kwargs["grad_accumulation_sequences"] = grad_accumulation_sequences
+    if kl_penalty_coef > 0.0:
+        kwargs["kl_penalty_coef"] = kl_penalty_coef
+        kwargs["kl_penalty_source"] = "sample"
+        if kl_penalty_reference_step is not None:
+            kwargs["kl_penalty_reference_step"] = kl_penalty_reference_step
+        elif kl_penalty_step_lag is not None:
+            kwargs["kl_penalty_reference_step"] = max(0, current_step - kl_penalty_step_lag)
+        elif ART_0520:
+            kwargs["kl_penalty_reference_step"] = 0
+    return kwargs
+
+
+def eval_lease(backend: object) -> Any | None:
+    """The lease an eval at a step holds on that step's weights, or None if the backend has none.
+
+    ART 0.5.20+ evaluates under `exact_adapter_lease` (the served weights are exactly that
+    step's); older lines, and backends without it, under `adapter_lease`.
+    """
+    if ART_0520 and getattr(type(backend), "exact_adapter_lease", None) is not None:
+        return backend.exact_adapter_lease  # type: ignore[attr-defined]
+    if getattr(type(backend), "adapter_lease", None) is not None:
+        return backend.adapter_lease  # type: ignore[attr-defined]
+    return None
+
+
+def rollout_lease(backend: object) -> Any | None:
+    """The lease a rollout holds on the weights of the step it samples from, if any."""
+    if getattr(type(backend), "adapter_lease", None) is not None:
+        return backend.adapter_lease  # type: ignore[attr-defined]
+    return None
+
+
+def local_backend_is_dedicated(backend: Any, model: art.TrainableModel) -> bool:
+    """Whether a LocalBackend trains and serves `model` on separate GPUs (ART's own test)."""
+    supports = getattr(backend, "_supports_concurrent_training_and_inference", None)
+    if ART_0520 and supports is not None:
+        return bool(supports(model))
+    from art.dev.validate import is_dedicated_mode
+
+    return bool(is_dedicated_mode(model._internal_config or art.dev.InternalModelConfig()))
+
+
+def art_pipeline_trainer() -> type[Any]:
+    """The installed ART's own `PipelineTrainer` class (for side-by-side runs)."""
+    from art.pipeline_trainer import PipelineTrainer
+
+    return PipelineTrainer
+
+
+__all__ = [
+    "ART_0520",
+    "ART_VERSION",
+    "RUNTIME_FIELDS",
+    "PipelineAutotuneConfig",
+    "PipelineRuntimeConfig",
+    "art_pipeline_trainer",
+    "art_trainer_kwargs",
+    "eval_lease",
+    "line_train_kwargs",
+    "local_backend_is_dedicated",
+    "rollout_lease",
+    "trainable_model",
+]
