@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
+from art_trio.compat import line_train_kwargs
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
@@ -105,7 +106,23 @@ async def test_backend_train_receives_the_references_kwargs(model, backend):
         "normalize_advantages": False,
         "save_checkpoint": False,
         "adam_params": {"beta1": 0.8},
+        # What the installed ART line adds (0.5.20+: optimizer_save_interval=5).
+        **line_train_kwargs(
+            current_step=0, kl_penalty_coef=0.0, kl_penalty_reference_step=None,
+            kl_penalty_step_lag=None, optimizer_save_interval=5,
+            grad_accumulation_sequences=None,
+        ),
     }
+
+
+async def test_kl_reference_step_lags_the_step_being_trained_from(model, backend):
+    """ART 0.5.20's kl_penalty_step_lag, on either line: reference = max(0, step - lag)."""
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(8), None, num_rollout_workers=1,
+        min_batch_size=2, max_batch_size=2, kl_penalty_coef=0.1, kl_penalty_step_lag=2,
+    ).train(handle_signals=False)
+    assert [call.kwargs["kl_penalty_reference_step"] for call in backend.calls] == [0, 0, 0, 1]
+    assert {call.kwargs["kl_penalty_source"] for call in backend.calls} == {"sample"}
 
 
 async def test_kl_kwargs_exactly_when_the_coefficient_is_positive(model, backend):

@@ -10,7 +10,8 @@ import os
 # ships; a library import should not reach for the network. An explicit setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from .bridge import trio_native
+from .bridge import AsyncioTaskCancelled, CallbackNotAwaitable, trio_native
+from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -27,6 +28,10 @@ from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
 __all__ = [
+    "AsyncioTaskCancelled",
+    "CallbackNotAwaitable",
+    "PipelineAutotuneConfig",
+    "PipelineRuntimeConfig",
     "CHECKPOINT_CREATED_AT_METRIC",
     "CHECKPOINT_EVAL_COMPLETED_METRIC",
     "CHECKPOINT_SAVED_METRIC",

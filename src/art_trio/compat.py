@@ -70,8 +70,8 @@ class _AutotuneConfig(pydantic.BaseModel):
 if ART_0520:
     from art.pipeline_tuner import PipelineAutotuneConfig, PipelineRuntimeConfig
 else:
-    PipelineRuntimeConfig = _RuntimeConfig  # type: ignore[misc,assignment]
-    PipelineAutotuneConfig = _AutotuneConfig  # type: ignore[misc,assignment]
+    PipelineRuntimeConfig = _RuntimeConfig  # type: ignore[misc,assignment,unused-ignore]
+    PipelineAutotuneConfig = _AutotuneConfig  # type: ignore[misc,assignment,unused-ignore]
 
 
 def trainable_model(
@@ -144,6 +144,15 @@ def line_train_kwargs(
     return kwargs
 
 
+def check_line_supports(*, grad_accumulation_sequences: int | None) -> None:
+    """Refuse a setting the installed ART's backends cannot take, instead of dropping it."""
+    if grad_accumulation_sequences is not None and not ART_0520:
+        raise ValueError(
+            "grad_accumulation_sequences needs openpipe-art 0.5.20 or later (Python 3.12+); "
+            f"the installed {'.'.join(map(str, ART_VERSION))} cannot pass it to backend.train"
+        )
+
+
 def eval_lease(backend: object) -> Any | None:
     """The lease an eval at a step holds on that step's weights, or None if the backend has none.
 
@@ -189,6 +198,7 @@ __all__ = [
     "PipelineRuntimeConfig",
     "art_pipeline_trainer",
     "art_trainer_kwargs",
+    "check_line_supports",
     "eval_lease",
     "line_train_kwargs",
     "local_backend_is_dedicated",

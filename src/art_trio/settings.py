@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from .compat import check_line_supports
 from .retention import CheckpointRetentionStrategy
 
 Admission = Literal["staleness_aware", "eager"]
@@ -143,7 +144,7 @@ def build_settings(
     num_rollout_workers: int,
     min_batch_size: int,
     max_batch_size: int | None,
-    max_steps_off_policy: int,
+    max_steps_off_policy: int | None,
     queue_maxsize: int | None,
     max_steps: int | None,
     eval_every_n_steps: int,
@@ -173,6 +174,12 @@ def build_settings(
         raise ValueError("max_batch_size must be > 0")
     if max_batch_size is not None and max_batch_size < min_batch_size:
         raise ValueError("max_batch_size must be >= min_batch_size")
+    if max_steps_off_policy is None:
+        raise NotImplementedError(
+            "max_steps_off_policy=None (ART 0.5.20's switch to the mean policy-age bound "
+            "alone) is not implemented in art_trio yet; leave it unset and bound staleness "
+            "with max_steps_off_policy"
+        )
     if max_steps_off_policy < 0:
         raise ValueError("max_steps_off_policy must be >= 0")
     if queue_maxsize is not None and queue_maxsize <= 0:
@@ -202,6 +209,7 @@ def build_settings(
         raise ValueError("kl_penalty_step_lag must be >= 1")
     if grad_accumulation_sequences is not None and grad_accumulation_sequences < 1:
         raise ValueError("grad_accumulation_sequences must be >= 1")
+    check_line_supports(grad_accumulation_sequences=grad_accumulation_sequences)
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.
     if eval_at_start is not None and not eval_step_0 and eval_at_start:

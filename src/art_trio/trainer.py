@@ -125,7 +125,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             },
         )
         _refuse_unbuilt(
-            max_steps_off_policy=max_steps_off_policy,
             limit_mean_steps_off_policy=limit_mean_steps_off_policy,
             rollout_executor=rollout_executor,
         )
@@ -362,7 +361,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
 def _refuse_unbuilt(
     *,
-    max_steps_off_policy: int | None,
     limit_mean_steps_off_policy: float | None,
     rollout_executor: object | None,
 ) -> None:
@@ -370,7 +368,6 @@ def _refuse_unbuilt(
     if limit_mean_steps_off_policy is not None and limit_mean_steps_off_policy < 0:
         raise ValueError("limit_mean_steps_off_policy must be >= 0")
     unbuilt = {
-        "max_steps_off_policy=None": max_steps_off_policy is None,
         "limit_mean_steps_off_policy": limit_mean_steps_off_policy is not None,
         "rollout_executor": rollout_executor is not None,
     }

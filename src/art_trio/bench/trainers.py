@@ -95,7 +95,7 @@ def _trainer_class(kind: Kind) -> type[Any]:
         def _no_validation(self: Any) -> None:
             return None
 
-        ArtPipelineTrainer._validate_backend_support = _no_validation  # type: ignore[method-assign]
+        ArtPipelineTrainer._validate_backend_support = _no_validation
         return ArtPipelineTrainer
     import art_trio
 

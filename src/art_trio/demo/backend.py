@@ -35,7 +35,7 @@ import shutil
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -335,6 +335,13 @@ class CpuBackend:
             if state.pins[step] <= 0:
                 del state.pins[step]
             self._evict(state)
+
+    def exact_adapter_lease(
+        self, model: AnyTrainableModel, step: int
+    ) -> AbstractAsyncContextManager[None]:
+        """ART 0.5.20's eval lease: requests for ``model@step`` are answered by exactly that
+        step's weights here (each step is served under its own name), so it is the same lease."""
+        return self.adapter_lease(model, step)
 
     def _evict(self, state: _ModelState) -> None:
         newest = sorted(state.versions, reverse=True)[: self.keep_steps]
