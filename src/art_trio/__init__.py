@@ -12,6 +12,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .bridge import AsyncioTaskCancelled, CallbackNotAwaitable, trio_native
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
+from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -40,9 +41,12 @@ __all__ = [
     "CheckpointRetentionStrategy",
     "ConfigT",
     "EvalFn",
+    "InProcessExecutor",
     "PipelineSettings",
     "PipelineTrainer",
+    "RolloutExecutor",
     "RolloutFn",
+    "RolloutLost",
     "ScenarioT",
     "SingleRolloutFn",
     "StatusReporter",

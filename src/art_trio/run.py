@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ from art import TrajectoryGroup
 
 from .bridge import Bridge, await_callback, is_native
 from .compat import eval_lease, rollout_lease
+from .executor import RolloutExecutor
 from .gate import LoopEvent, PolicyGate
 from .ledger import PipelineState, StateStore
 from .settings import PipelineSettings
@@ -56,6 +57,9 @@ class RunCounters:
     errored: int = 0
     dropped_at_stop: int = 0
     rollouts_started: int = 0
+    #: Rollouts whose executor worker died; their scenarios were given back and taken again
+    #: (each such take is not counted in `taken` twice).
+    rollouts_lost: int = 0
     delivered: int = 0
     received: int = 0
     steps: int = 0
@@ -117,6 +121,8 @@ class ScenarioSource(Generic[T]):
         self._bridge = bridge
         self._lock = anyio.Lock()
         self._next_index = 0
+        # Scenarios whose rollout was lost (a dead executor worker), to be taken first.
+        self._returned: deque[tuple[int, T]] = deque()
         self.exhausted = False
         self.closed = False
 
@@ -150,8 +156,17 @@ class ScenarioSource(Generic[T]):
                     return
                 self._next_index += 1
 
+    def give_back(self, index: int, scenario: T) -> None:
+        """Return a taken scenario whose rollout was lost: the next `take` hands it out again."""
+        self._returned.append((index, scenario))
+        self._state.total_scenarios_consumed -= 1
+
     async def take(self) -> tuple[int, T] | None:
         """The next unresolved scenario and its index, or None once exhausted or closed."""
+        if self._returned and not self.closed:
+            index, scenario = self._returned.popleft()
+            self._state.total_scenarios_consumed += 1
+            return index, scenario
         if self._sync is not None:
             # Reading a plain iterable never awaits, so takers cannot interleave: no lock
             # (with thousands of workers admitted at once, queueing on it was measurable).
@@ -209,8 +224,11 @@ class PipelineRun:
         rollout_fn: Any,
         eval_fn: Any,
         config: Any,
+        executor: RolloutExecutor | None = None,
     ) -> None:
         self.model = model
+        #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
+        self.executor = executor
         self.backend = backend
         # The backend's leases on a step's weights, as the installed ART line uses them.
         self.rollout_lease = rollout_lease(backend)
@@ -251,6 +269,8 @@ class PipelineRun:
         self.scheduled_eval_steps: set[int] = state.pending_eval_steps
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leased_steps: dict[int, int] = {}
+        #: How often each scenario's rollout was lost so far (see stages/rollout.py).
+        self.lost_rollouts: dict[int, int] = {}
 
         # The stop protocol. `stop_requested` is set once: by request_stop(), a signal, or
         # the training stage when it ends on its own. `graceful` decides whether in-flight

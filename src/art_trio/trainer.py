@@ -18,8 +18,9 @@ import art
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .bridge import Bridge, open_bridge
+from .bridge import Bridge, is_native, open_bridge
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
+from .executor import RolloutExecutor
 from .ledger import PipelineState, StateStore
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
@@ -107,7 +108,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         resume: bool = True,
-        rollout_executor: object | None = None,
+        rollout_executor: RolloutExecutor | None = None,
         shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS,
         admission: str = "staleness_aware",
         max_rollouts_beyond_bound: int | None = None,
@@ -124,9 +125,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "queue_maxsize": queue_maxsize,
             },
         )
-        _refuse_unbuilt(
-            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
-            rollout_executor=rollout_executor,
+        _refuse_unbuilt(limit_mean_steps_off_policy=limit_mean_steps_off_policy)
+        explicit_workers = num_rollout_workers is not None or (
+            "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
+        )
+        runtime["num_rollout_workers"] = _fit_executor(
+            rollout_executor, runtime["num_rollout_workers"], explicit=explicit_workers
         )
         self.settings = build_settings(
             **runtime,  # type: ignore[arg-type]
@@ -163,6 +167,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
+        #: Where rollouts run (None: in this process, with no executor in between).
+        self.rollout_executor = rollout_executor
         self.config = config
         self.eval_fn = eval_fn
         self._scenarios = scenarios
@@ -174,6 +180,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
         self.last_counters: RunCounters | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
+        if rollout_executor is not None and is_native(rollout_fn):
+            raise TypeError(
+                "a trio_native rollout_fn cannot run through a rollout_executor (executors "
+                "run rollouts as asyncio code, as ART's do); drop one of the two"
+            )
         self._validate_backend_support()
 
     def __getattr__(self, name: str) -> Any:
@@ -300,7 +311,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             rollout_fn=self.rollout_fn,
             eval_fn=self.eval_fn,
             config=self.config,
+            executor=self.rollout_executor,
         )
+        if self.rollout_executor is not None:
+            self.rollout_executor.set_target(settings.num_rollout_workers)
+            self.rollout_executor.set_workers(tuple(range(settings.num_rollout_workers)))
         await source.skip_resolved_prefix()
 
         eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
@@ -359,25 +374,39 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             )
 
 
-def _refuse_unbuilt(
-    *,
-    limit_mean_steps_off_policy: float | None,
-    rollout_executor: object | None,
-) -> None:
+def _fit_executor(executor: object | None, workers: int | None, *, explicit: bool) -> int | None:
+    """The worker count an executor can host: ART's error if asked for more, else clamped."""
+    if executor is None or workers is None:
+        return workers
+    if not isinstance(executor, RolloutExecutor):
+        raise TypeError(
+            "rollout_executor must implement ART's RolloutExecutor protocol (max_workers, "
+            f"set_target, set_workers, async run), got {type(executor).__name__}"
+        )
+    capacity = executor.max_workers
+    if capacity is None:
+        return workers
+    if capacity < 1:
+        raise ValueError("rollout executor capacity must be >= 1")
+    if workers > capacity:
+        if explicit:
+            raise ValueError(
+                f"num_rollout_workers={workers} exceeds rollout executor capacity {capacity}"
+            )
+        return capacity
+    return workers
+
+
+def _refuse_unbuilt(*, limit_mean_steps_off_policy: float | None) -> None:
     """ART 0.5.20 parameters art_trio accepts but does not implement yet: never ignored."""
     if limit_mean_steps_off_policy is not None and limit_mean_steps_off_policy < 0:
         raise ValueError("limit_mean_steps_off_policy must be >= 0")
-    unbuilt = {
-        "limit_mean_steps_off_policy": limit_mean_steps_off_policy is not None,
-        "rollout_executor": rollout_executor is not None,
-    }
-    for name, given in unbuilt.items():
-        if given:
-            raise NotImplementedError(
-                f"{name} (ART 0.5.20's mean policy-age bound and rollout executors) is not "
-                "implemented in art_trio yet; leave it unset and bound staleness with "
-                "max_steps_off_policy"
-            )
+    if limit_mean_steps_off_policy is not None:
+        raise NotImplementedError(
+            "limit_mean_steps_off_policy (ART 0.5.20's mean policy-age bound) is not "
+            "implemented in art_trio yet; leave it unset and bound staleness with "
+            "max_steps_off_policy"
+        )
 
 
 def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> None:

@@ -23,6 +23,7 @@ from ..batching import (
     version_is_stale,
 )
 from ..bridge import CallbackNotAwaitable
+from ..executor import RolloutLost
 from ..gate import GateClosed
 from ..run import Delivered, PipelineRun
 
@@ -42,10 +43,15 @@ async def rollout_stage(run: PipelineRun, send: MemoryObjectSendStream[Delivered
         run.stage_done("rollout")
 
 
-async def _call_rollout(run: PipelineRun, scenario: Any, version: int) -> Any:
+async def _call_rollout(run: PipelineRun, worker_id: int, scenario: Any, version: int) -> Any:
     token = run.model.activate_metrics_context("train")
     try:
         # Leased for the whole call: the rollout samples from `version`'s weights.
+        if run.executor is not None:
+            return await run.call_leased(
+                version, run.executor.run, worker_id, run.rollout_fn, run.model, scenario,
+                run.config, lease=run.rollout_lease,
+            )
         return await run.call_leased(
             version, run.rollout_fn, run.model, scenario, run.config, lease=run.rollout_lease
         )
@@ -156,11 +162,11 @@ async def _roll(
     errored = True
     failure: Exception | None = None
     started = run.now()
-    doomed = False
+    doomed = lost = False
     try:
         gate.track(version, doom_scope)
         try:
-            group = await _call_rollout(run, scenario, version)
+            group = await _call_rollout(run, worker_id, scenario, version)
         finally:
             gate.untrack(version, doom_scope)
             doomed = doom_scope.cancel_called
@@ -175,6 +181,14 @@ async def _roll(
     except CallbackNotAwaitable:
         errored = False  # not this scenario's failure: the run ends, the scenario stays open
         raise
+    except RolloutLost as exc:
+        if _give_back(run, index, scenario):
+            errored = False
+            lost = True
+        else:
+            failure = exc
+            context = scenario_context(scenario)
+            print(f"Worker {worker_id}: rollout lost {MAX_LOSSES} times: {exc!r}{context}")
     except Exception as exc:
         if doomed:
             errored = False  # whatever the rollout made of its cancellation, it was doomed
@@ -185,6 +199,8 @@ async def _roll(
     finally:
         status.note_rollout_finished(errored=errored)
     wall = run.now() - started
+    if lost:
+        return None  # given back: another take rolls it again
     if doomed:
         # Doomed after its last checkpoint: its result is of no use to any batch.
         _count_doomed(run, index, wall)
@@ -217,6 +233,24 @@ async def _roll(
         actor_idle_s=started - idle_since,
         version=group_version,
     )
+
+
+#: Times one scenario's rollout may be lost (its executor worker dying) before the loss
+#: counts as that rollout's error: a scenario that kills its worker must not loop forever.
+MAX_LOSSES = 3
+
+
+def _give_back(run: PipelineRun, index: int, scenario: Any) -> bool:
+    """Return a lost rollout's scenario to the source; False once it was lost too often."""
+    losses = run.lost_rollouts.get(index, 0) + 1
+    if losses >= MAX_LOSSES:
+        run.lost_rollouts.pop(index, None)
+        return False
+    run.lost_rollouts[index] = losses
+    run.counters.rollouts_lost += 1
+    run.counters.taken -= 1  # taken again when handed out again
+    run.source.give_back(index, scenario)
+    return True
 
 
 def _count_doomed(run: PipelineRun, index: int, wall: float) -> None:
