@@ -15,6 +15,9 @@ from collections.abc import Sequence
 # ART fetches a model price table when imported unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+#: Modules that come with an extra, not with art_trio itself, and the extra that brings them.
+EXTRAS = {"hypercorn": "demo", "starlette": "demo", "matplotlib": "plot"}
+
 SUBCOMMANDS = {
     "demo": ("art_trio.demo.cli", "a real RL run on the CPU, through the same code as a GPU run"),
     "simulate": ("art_trio.sim.cli", "run the real scheduler in virtual time to plan a run"),
@@ -38,8 +41,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in SUBCOMMANDS:
         print(f"art-trio: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[command][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(SUBCOMMANDS[command][0])
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as missing:
+        package = (missing.name or "").split(".")[0]
+        extra = EXTRAS.get(package)
+        if extra is None:
+            raise
+        extra = "demo" if command == "demo" else extra
+        print(
+            f"art-trio {command}: {package} is not installed; it comes with the "
+            f"{extra!r} extra: pip install 'art-trio[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
