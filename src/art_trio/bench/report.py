@@ -7,6 +7,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from art_trio.sim.workload import RunReport
@@ -93,7 +94,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 
 
 def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[str]) -> str:
-    """Per workload and kind: throughput, utilization, waste, staleness, return latency, RSS.
+    """Per workload and kind: rollout-seconds paid per trained group (what inference costs),
+    throughput, utilization, waste, staleness, return latency, RSS.
 
     art_trio kinds carry their ratio to ART's value in parentheses.
     """
@@ -101,6 +103,7 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
     header = [
         "workload",
         "kind",
+        "roll-s/group",
         "steps/s",
         "groups/s",
         "util",
@@ -120,9 +123,8 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
             if cell is None:
                 continue
             if not cell.reports:
-                rows.append(
-                    [wl, kind, "error: " + (cell.errors[0] if cell.errors else "?")[:60]] + [""] * 9
-                )
+                error = "error: " + (cell.errors[0] if cell.errors else "?")[:60]
+                rows.append([wl, kind, error] + [""] * (len(header) - 3))
                 continue
             base = art if (art is not None and kind != "art" and art.reports) else None
 
@@ -143,6 +145,7 @@ def main_table(cells: Sequence[Cell], workloads: Sequence[str], kinds: Sequence[
                 [
                     wl,
                     kind,
+                    col("rollout_s_per_group", ".3f"),
                     col("steps_per_s", None),
                     col("groups_per_s", None),
                     col("utilization", ".3f"),
@@ -230,7 +233,7 @@ def sweep_table(sweep: Sequence[Cell], main: Sequence[Cell], workloads: Sequence
         art = art_by_wl.get(wl)
         rows: list[list[str]] = []
         if art is not None:
-            rows.append(_sweep_row("art", "(ART 0.5.18)", art, art))
+            rows.append(_sweep_row("art", f"(ART {metadata.version('openpipe-art')})", art, art))
         for c in points:
             if c.reports:
                 rows.append(_sweep_row(c.kind, _setting(c.extra), c, art))

@@ -3,10 +3,13 @@
 Each (trainer kind, workload, seed) runs in its own subprocess (``art_trio.bench.child``), so
 peak RSS is per run and one run's garbage cannot slow the next. Kinds:
 
-* ``art``: ART 0.5.18's ``art.pipeline_trainer.PipelineTrainer`` under asyncio. Its
+* ``art``: the installed ART's ``art.pipeline_trainer.PipelineTrainer`` (0.5.18 on Python
+  3.11, 0.5.23 on 3.12+, each with its own API) under asyncio. Its
   ``_validate_backend_support`` is patched to a no-op so it runs without torch (the check
   imports ``art.local.backend``; it only concerns ``LocalBackend``, which is not used here).
-* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
+* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run`` with asyncio rollouts (the
+  bridge: what ART users' code takes); ``trio-native``: the same with anyio rollouts marked
+  ``trio_native``.
 * ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``.
 
 All use a real ``art.TrainableModel`` with ``model.log`` stubbed to an async no-op, the
@@ -137,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="art-trio bench",
         description=(
-            "Compare ART 0.5.18's asyncio PipelineTrainer with art_trio's on sleep-based "
+            "Compare the installed ART's asyncio PipelineTrainer with art_trio's on sleep-based "
             "workloads (one subprocess per run). " + ART_PATCH_NOTE
         ),
     )
@@ -152,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--kinds",
         type=_parse_kinds,
         default=list(DEFAULT_KINDS),
-        help="comma list of trainer kinds: art, trio, asyncio, asyncio-selector (art_trio on a "
-        "plain SelectorEventLoop); default art,trio,asyncio",
+        help="comma list of trainer kinds: art, trio (asyncio rollouts through the bridge: "
+        "the user path), trio-native (anyio rollouts marked trio_native), asyncio, "
+        "asyncio-selector (art_trio on a plain SelectorEventLoop); default "
+        + ",".join(DEFAULT_KINDS),
     )
     parser.add_argument(
         "--steps",
@@ -515,9 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# art_trio vs ART pipeline trainer ({len(args.seeds)} seed(s), {elapsed:.0f}s, "
         f"art_trio {revision})",
         f"Kinds: art = ART {metadata.version('openpipe-art')} PipelineTrainer on asyncio; "
-        "trio / asyncio = art_trio.PipelineTrainer on trio / on anyio's asyncio backend. "
-        "art_trio rows show (art_trio/ART). util = time in train() over first train start to "
-        "last train end; waste = rollouts started and completed before the last step began but "
+        "trio = art_trio.PipelineTrainer on trio with asyncio rollouts through the "
+        "trio-asyncio bridge (the path ART users' code takes); trio-native = the same with "
+        "anyio rollouts marked trio_native (no bridge); asyncio = art_trio on anyio's asyncio "
+        "backend. art_trio rows show (art_trio/ART). roll-s/group = every rollout-second paid "
+        "(cancelled and unfinished rollouts included) per trained group. util = time in "
+        "train() over first train start to last train end; waste = rollouts started and completed before the last step began but "
         "never trained, over rollouts started before it; staleness = trained groups by "
         "(policy version trained from - initial_policy_version); return s = last train end to "
         "train() returning. " + ART_PATCH_NOTE,

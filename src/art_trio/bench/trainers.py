@@ -2,12 +2,18 @@
 
 Kinds:
 
-* ``art``: ART 0.5.18's ``art.pipeline_trainer.PipelineTrainer`` under ``asyncio.run``. Its
+* ``art``: the installed ART's ``art.pipeline_trainer.PipelineTrainer`` (its own API: 0.5.20+
+  takes ``pipeline=PipelineRuntimeConfig(...)``, see compat.py) under ``asyncio.run``. Its
   ``_validate_backend_support`` is patched to a no-op: the check imports
   ``art.local.backend``, which needs torch (not installed here), and it only concerns
   ``LocalBackend``, which the synthetic backend is not.
-* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``.
-* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``, i.e.
+* ``trio``: ``art_trio.PipelineTrainer`` under ``trio.run``, with asyncio rollout and eval
+  functions (``asyncio.sleep``), as ART users' code is: every call crosses the trio-asyncio
+  bridge. This is the path users take.
+* ``trio-native``: the same under ``trio.run``, but with anyio rollouts marked
+  ``art_trio.trio_native`` (no bridge): what a trio-first user could write.
+* ``asyncio``: ``art_trio.PipelineTrainer`` under ``anyio.run(..., backend="asyncio")``, with
+  the asyncio rollouts, i.e.
   on whatever loop asyncio makes once art_trio is imported. If anything imported trio_asyncio,
   that is trio-asyncio's ``SyncTrioEventLoop`` (its import patches ``asyncio.new_event_loop``
   process-wide; art_trio before 20e1d0d imported it eagerly). The loop class is recorded in
@@ -51,11 +57,11 @@ from art_trio.sim.workload import (
     scenarios,
 )
 
-Kind = Literal["art", "trio", "asyncio", "asyncio-selector"]
+Kind = Literal["art", "trio", "trio-native", "asyncio", "asyncio-selector"]
 #: Every kind, in table order.
-KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio", "asyncio-selector")
+KINDS: tuple[Kind, ...] = ("art", "trio", "trio-native", "asyncio", "asyncio-selector")
 #: The kinds run unless asked otherwise.
-DEFAULT_KINDS: tuple[Kind, ...] = ("art", "trio", "asyncio")
+DEFAULT_KINDS: tuple[Kind, ...] = ("art", "trio", "trio-native", "asyncio")
 
 #: art_trio's keyword trading waste for utilization (extra rollouts admitted beyond what the
 #: staleness bound guarantees trainable). Single place to rename it.
@@ -172,9 +178,12 @@ async def _drive(
     backend = SyntheticBackend(workload.train_time, recorder, seed=workload.seed)
     await model.register(backend)
     _stub_log(model)
-    rollout_fn: Callable[..., Any] | None = make_rollout_fn(workload, recorder)
+    native = kind == "trio-native"
+    rollout_fn: Callable[..., Any] | None = make_rollout_fn(
+        workload, recorder, flavor="anyio" if native else "asyncio"
+    )
     eval_fn: Callable[..., Any] | None = make_eval_fn(workload, recorder)
-    if kind != "art":
+    if native:
         rollout_fn = _mark_native(rollout_fn)
         eval_fn = _mark_native(eval_fn)
     trainer = cls(
@@ -212,7 +221,7 @@ def run_one(kind: Kind, workload: Workload, extra: dict[str, Any] | None = None)
         if kind == "art":
             # Plain asyncio.run, the way ART's own users run it.
             asyncio.run(drive())
-        elif kind == "trio":
+        elif kind in ("trio", "trio-native"):
             import trio
 
             trio.run(drive)

@@ -16,6 +16,7 @@ so two trainers fed the same workload and seed see the same latency for the same
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import resource
@@ -623,8 +624,17 @@ _MESSAGES: list[Any] = [
 _USAGE: dict[str, float | int | bool] = {"completion_tokens": 1}
 
 
-def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
+def _asyncio_now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def make_rollout_fn(workload: Workload, recorder: Recorder, *, flavor: str = "anyio") -> RolloutFn:
     """A ``rollout_fn(model, scenario, config) -> TrajectoryGroup`` for ``workload``.
+
+    ``flavor="asyncio"`` makes it asyncio code (``asyncio.sleep``, the loop's clock), as ART
+    users' rollouts are: under trio it then crosses the trio-asyncio bridge, the path users
+    take. ``"anyio"`` (default) runs natively on either loop (the simulator's and the
+    benchmark's ``trio-native`` kind).
 
     It records the start, sleeps the scenario's latency (recording a cancellation if it is
     cancelled meanwhile), then (by a per-scenario draw) fails
@@ -643,19 +653,27 @@ def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
     varied = tuple(i / (n - 1) for i in range(n))
     flat = (0.5,) * n
 
+    if flavor == "asyncio":
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        now: Callable[[], float] = _asyncio_now
+    elif flavor == "anyio":
+        sleep, now = anyio.sleep, anyio.current_time
+    else:
+        raise ValueError(f"flavor must be 'anyio' or 'asyncio', got {flavor!r}")
+
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
         scenario_id = int(scenario["id"])
-        recorder.rollout_started(scenario_id, anyio.current_time())
+        recorder.rollout_started(scenario_id, now())
         try:
-            await anyio.sleep(latency(scenario_id))
+            await sleep(latency(scenario_id))
         except BaseException:
             # Cancelled mid-rollout (a trainer dropping a doomed rollout, or shutdown): the
             # inference time spent so far is still spent, so it is recorded.
-            recorder.rollout_cancelled(scenario_id, anyio.current_time())
+            recorder.rollout_cancelled(scenario_id, now())
             raise
         u = uniform(scenario_id)
         if u < workload.failure_prob:
-            recorder.rollout_finished(scenario_id, anyio.current_time(), "failed")
+            recorder.rollout_finished(scenario_id, now(), "failed")
             raise RolloutFailed(f"synthetic failure of scenario {scenario_id}")
         zero_variance = u < outcome_p
         group = art.TrajectoryGroup(
@@ -668,7 +686,7 @@ def make_rollout_fn(workload: Workload, recorder: Recorder) -> RolloutFn:
             metadata={"scenario_id": scenario_id},
         )
         recorder.rollout_finished(
-            scenario_id, anyio.current_time(), "zero_variance" if zero_variance else "ok"
+            scenario_id, now(), "zero_variance" if zero_variance else "ok"
         )
         return group
 
@@ -726,6 +744,9 @@ class RunReport:
     #: trained (stale, left over, cancelled part-way, or run out at the end), over all
     #: rollout-seconds of those rollouts: the inference capacity thrown away.
     wasted_work: float | None
+    #: Every rollout-second paid (all rollouts, cancelled and unfinished ones included, until
+    #: they ended or ``train()`` returned) per trained group: what inference costs per group.
+    rollout_s_per_group: float | None
     #: Trained groups by staleness ``base_version - initial_policy_version``.
     staleness: dict[int, int]
     #: Last train end to ``trainer.train()`` returning.
@@ -756,6 +777,7 @@ class RunReport:
         data = dict(data)
         data["staleness"] = {int(k): int(v) for k, v in data["staleness"].items()}
         data["rss_mb"] = [(int(g), float(m)) for g, m in data["rss_mb"]]
+        data.setdefault("rollout_s_per_group", None)  # reports written before it existed
         return cls(**data)
 
 
@@ -807,6 +829,7 @@ def measure(records: Recorder) -> RunReport:
     wasted_work: float | None = None
     wasted: int | None = None
     eligible: int | None = None
+    paid_per_group: float | None = None
     if records.detailed and steps:
         last_start = max(s.start for s in steps)
         # Rollouts never seen to end ran at least until train() returned.
@@ -836,6 +859,11 @@ def measure(records: Recorder) -> RunReport:
         waste_incl_tail = (wasted + wasted_tail) / eligible if eligible else math.nan
         cancelled_share = cancelled / eligible if eligible else math.nan
         wasted_work = wasted_seconds / work if work > 0 else math.nan
+        paid = sum(
+            max(0.0, records.rollout_end.get(sid, open_end) - started_at)
+            for sid, started_at in records.rollout_start.items()
+        )
+        paid_per_group = paid / groups if groups else math.nan
 
     return_latency = (
         records.train_returned_at - last_end
@@ -864,6 +892,7 @@ def measure(records: Recorder) -> RunReport:
         started_before_last_step=eligible,
         cancelled_share=cancelled_share,
         wasted_work=wasted_work,
+        rollout_s_per_group=paid_per_group,
         staleness=dict(sorted(records.staleness.items())),
         return_latency_s=return_latency,
         wall_s=wall,
