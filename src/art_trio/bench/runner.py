@@ -526,8 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "backend. art_trio rows show (art_trio/ART). roll-s/group = every rollout-second paid "
         "(cancelled and unfinished rollouts included) per trained group. util = time in "
         "train() over first train start to last train end; waste = rollouts started and "
-        "completed before the last step began but never trained, over rollouts started before it; staleness = trained groups by "
-        "(policy version trained from - initial_policy_version); return s = last train end to "
+        "completed before the last step began but never trained, over rollouts started "
+        "before it; staleness = trained groups by (policy version trained from - "
+        "initial_policy_version); return s = last train end to "
         "train() returning. " + ART_PATCH_NOTE,
         main_table(main_cells, workloads, shown_kinds),
     ]
