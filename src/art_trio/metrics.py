@@ -47,8 +47,9 @@ art_trio refuses).
 
 art_trio's own, on both lines (ART's `model.log` files them as `train/art_trio/...`):
 `art_trio/{step,cum}/cancelled_rollouts` (doomed rollouts the gate cancelled),
-`art_trio/{step,cum}/wasted_rollout_s` (seconds in rollouts that ended stale or cancelled),
-`art_trio/admission_headroom` (rollouts the gate would admit now, when it bounds them).
+`art_trio/{step,cum}/wasted_rollout_s` (seconds in rollouts that ended stale or cancelled).
+Not the gate's admission headroom: a snapshot of it costs about as much as the rest of the row,
+and after a step it says little (the gate re-decides at every hand-over).
 
 Cost: O(batch trajectories + groups waiting) per step; the rollout side only adds up seconds.
 """
@@ -59,13 +60,12 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from art import Trajectory
 
 from .batching import average_steps_off_policy
 from .compat import TRAIN_METRIC_NAMES, record_completion_tokens
-from .gate import admission_headroom
 from .run import Delivered, PipelineRun, RunCounters
 
 #: ART 0.5.23's freshness time constant (steps) and critical rollout batch size.
@@ -108,10 +108,14 @@ class StepTimes:
 
 def completion_weight(trajectory: Trajectory) -> float:
     """The trajectory's `completion_tokens` metric, or 1.0 (warned once) if it has none."""
-    global _warned_missing_tokens
     value = trajectory.metrics.get("completion_tokens")
-    if not isinstance(value, bool) and isinstance(value, int | float) and value > 0:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
+    return _missing_tokens(value)
+
+
+def _missing_tokens(value: object) -> float:
+    global _warned_missing_tokens
     if not _warned_missing_tokens:
         _warned_missing_tokens = True
         warnings.warn(
@@ -119,7 +123,7 @@ def completion_weight(trajectory: Trajectory) -> float:
             f"{value!r}); the token-weighted policy age counts it as one token. ART's "
             "trainer stops the run here; record it from the serving response's usage.",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     return 1.0
 
@@ -151,24 +155,31 @@ def policy_age_metrics(
     """Token-weighted policy age of a batch trained from `training_step`.
 
     Returns the `offpolicy/...` metrics and the weighted mean of exp(age / tau) (None, and no
-    metrics, when no trajectory carries a version).
+    metrics, when no trajectory carries a version). Tokens are summed per version first, so
+    the ages and exponentials are computed once per version, not per trajectory.
     """
-    points: list[tuple[float, float]] = []
-    age_sum = exp_sum = weight_sum = 0.0
+    tokens: dict[int, float] = {}
     for item in batch:
         for trajectory in item.group.trajectories:
             version = trajectory.initial_policy_version
             if version is None:
                 continue
-            record_completion_tokens(trajectory)
-            weight = completion_weight(trajectory)
-            age = float(max(0, training_step - version))
-            age_sum += age * weight
-            exp_sum += _age_exp(age) * weight
-            weight_sum += weight
-            points.append((age, weight))
-    if not points:
+            metrics = trajectory.metrics
+            if "completion_tokens" not in metrics:
+                record_completion_tokens(trajectory)
+            value = metrics.get("completion_tokens")
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                weight = float(value)
+            else:
+                weight = _missing_tokens(value)
+            tokens[version] = tokens.get(version, 0.0) + weight
+    if not tokens:
         return {}, None
+    # A version newer than the trainer's counts as fresh (ART refuses it and stops the run).
+    points = [(float(max(0, training_step - v)), w) for v, w in tokens.items()]
+    weight_sum = sum(w for _, w in points)
+    age_sum = sum(age * w for age, w in points)
+    exp_sum = sum(_age_exp(age) * w for age, w in points)
     return {
         "offpolicy/token_weighted_policy_age_steps": age_sum / weight_sum,
         "offpolicy/token_weighted_policy_age_p95_steps": weighted_percentile(points, 0.95),
@@ -219,10 +230,6 @@ class TrainMetrics:
         metrics["art_trio/cum/cancelled_rollouts"] = float(totals.cancelled)
         metrics["art_trio/step/wasted_rollout_s"] = step.wasted_s
         metrics["art_trio/cum/wasted_rollout_s"] = totals.wasted_s
-        s = run.settings
-        headroom = admission_headroom(run.gate.snapshot(), s.admission, s.rollouts_beyond_bound)
-        if math.isfinite(headroom):
-            metrics["art_trio/admission_headroom"] = float(headroom)
         return metrics
 
     def _art_0523(
@@ -336,8 +343,7 @@ def _art_0518(
     return metrics
 
 
-@dataclass(slots=True)
-class _Totals:
+class _Totals(NamedTuple):
     """Run totals the train rows report, or their increase since the previous row."""
 
     stale: int = 0
@@ -351,25 +357,17 @@ class _Totals:
     @classmethod
     def of(cls, c: RunCounters) -> _Totals:
         return cls(
-            stale=c.stale - c.stale_cancelled,
-            zero_variance=c.zero_variance,
-            cancelled=c.stale_cancelled,
-            rollout_s=c.rollout_s,
-            rollout_idle_s=c.rollout_idle_s,
-            put_wait_s=c.put_wait_s,
-            wasted_s=c.stale_rollout_s + c.cancelled_rollout_s,
+            c.stale - c.stale_cancelled,
+            c.zero_variance,
+            c.stale_cancelled,
+            c.rollout_s,
+            c.rollout_idle_s,
+            c.put_wait_s,
+            c.stale_rollout_s + c.cancelled_rollout_s,
         )
 
     def minus(self, before: _Totals) -> _Totals:
-        return _Totals(
-            stale=self.stale - before.stale,
-            zero_variance=self.zero_variance - before.zero_variance,
-            cancelled=self.cancelled - before.cancelled,
-            rollout_s=self.rollout_s - before.rollout_s,
-            rollout_idle_s=self.rollout_idle_s - before.rollout_idle_s,
-            put_wait_s=self.put_wait_s - before.put_wait_s,
-            wasted_s=self.wasted_s - before.wasted_s,
-        )
+        return _Totals._make(now - then for now, then in zip(self, before, strict=True))
 
 
 __all__ = [
