@@ -8,6 +8,10 @@ art_trio runs on two lines of `openpipe-art`, each the newest its Python allows:
   `pipeline=PipelineRuntimeConfig(...)`, `optimizer_save_interval` and
   `grad_accumulation_sequences` reach `backend.train`, the KL reference step follows
   `kl_penalty_step_lag`, and evals hold `exact_adapter_lease` when the backend has one.
+  Its trainer also logs a wider set of per-step train metrics (`discarded/...`, `queue/...`,
+  `offpolicy/...`, `sample_efficiency/...`; see `art_trio.metrics`), which only this
+  line's `model.log` keeps unprefixed, and its checkpoint rows carry no
+  `time/wall_clock_sec`.
 
 Everything else in art_trio, its tests, demo, simulator and benchmark asks this module
 instead of testing versions itself.
@@ -33,6 +37,17 @@ ART_VERSION: tuple[int, ...] = _release(importlib.metadata.version("openpipe-art
 #: True on ART 0.5.20 and later: the line with a runtime config, `run_name` and
 #: `optimizer_save_interval`. The only version test in art_trio.
 ART_0520: bool = ART_VERSION >= (0, 5, 20)
+
+#: Which trainer's per-step train metric names art_trio logs (see `art_trio.metrics`):
+#: "0.5.23" names (`discarded/cum/stale_groups`, `time/step_backend_train_s`, ...) on the
+#: 0.5.20+ line, "0.5.18" names (`discarded_stale_groups`, `time/step_trainer_s`, ...) before.
+#: Older `model.log`s prefix the new sections (`discarded/` -> `train/discarded/`), so the
+#: new names would not reach an ART 0.5.18 dashboard where it expects them anyway.
+TRAIN_METRIC_NAMES: Literal["0.5.18", "0.5.23"] = "0.5.23" if ART_0520 else "0.5.18"
+
+#: Whether ART's trainer adds `time/wall_clock_sec` to its checkpoint history rows (0.5.18
+#: does; 0.5.23's rows hold only `checkpoint/...`, `training_step`, `step`, `recorded_at`).
+CHECKPOINT_ROW_WALL_CLOCK: bool = not ART_0520
 
 #: The pipeline settings that ART 0.5.20+ moved into `PipelineRuntimeConfig`.
 RUNTIME_FIELDS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
@@ -183,6 +198,21 @@ def local_backend_is_dedicated(backend: Any, model: art.TrainableModel) -> bool:
     return bool(is_dedicated_mode(model._internal_config or art.dev.InternalModelConfig()))
 
 
+def record_completion_tokens(trajectory: art.Trajectory) -> None:
+    """Set a trajectory's `completion_tokens` metric from its choices' usage, as ART 0.5.20+'s
+    rollout workers do (a no-op on lines whose trainer does not, and where it is already set).
+    """
+    if _record_completion_tokens is not None and "completion_tokens" not in trajectory.metrics:
+        _record_completion_tokens(trajectory)
+
+
+_record_completion_tokens: Any = (
+    getattr(importlib.import_module("art.gather"), "record_trajectory_completion_tokens", None)
+    if ART_0520
+    else None
+)
+
+
 def art_pipeline_trainer() -> type[Any]:
     """The installed ART's own `PipelineTrainer` class (for side-by-side runs)."""
     from art.pipeline_trainer import PipelineTrainer
@@ -193,6 +223,7 @@ def art_pipeline_trainer() -> type[Any]:
 __all__ = [
     "ART_0520",
     "ART_VERSION",
+    "CHECKPOINT_ROW_WALL_CLOCK",
     "RUNTIME_FIELDS",
     "PipelineAutotuneConfig",
     "PipelineRuntimeConfig",
@@ -202,6 +233,8 @@ __all__ = [
     "eval_lease",
     "line_train_kwargs",
     "local_backend_is_dedicated",
+    "record_completion_tokens",
     "rollout_lease",
+    "TRAIN_METRIC_NAMES",
     "trainable_model",
 ]

@@ -66,6 +66,16 @@ class RunCounters:
     evals_started: int = 0
     evals_finished: int = 0
     max_queued: int = 0
+    # Seconds, summed over the run (the per-step train metrics log their increments):
+    #: in rollouts that completed with a group, and idle in workers before each of them;
+    rollout_s: float = 0.0
+    rollout_idle_s: float = 0.0
+    #: blocked handing a group over to a full channel;
+    put_wait_s: float = 0.0
+    #: in rollouts whose groups ended stale (discarded after completing), and in rollouts the
+    #: gate cancelled as doomed.
+    stale_rollout_s: float = 0.0
+    cancelled_rollout_s: float = 0.0
     staleness: Counter[int] = field(default_factory=Counter)
     """Trained groups by how many versions behind the policy they were trained from.
 
@@ -271,6 +281,8 @@ class PipelineRun:
         self.leased_steps: dict[int, int] = {}
         #: How often each scenario's rollout was lost so far (see stages/rollout.py).
         self.lost_rollouts: dict[int, int] = {}
+        #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
+        self.score_references: tuple[float | None, float | None] = (8.0, None)
 
         # The stop protocol. `stop_requested` is set once: by request_stop(), a signal, or
         # the training stage when it ends on its own. `graceful` decides whether in-flight

@@ -175,6 +175,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: ART 0.5.20's objective-score references, kept as given (see compat.py).
         self.score_reference_groups_per_step = score_reference_groups_per_step
         self.score_reference_rollouts_per_group = score_reference_rollouts_per_group
+        # As ART resolves them for `objective/score`: given > `pipeline=` > its defaults.
+        runtime_config = pipeline if pipeline is not None else PipelineRuntimeConfig()
+        self._score_references = (
+            score_reference_groups_per_step
+            if score_reference_groups_per_step is not None
+            else runtime_config.score_reference_groups_per_step,
+            score_reference_rollouts_per_group
+            if score_reference_rollouts_per_group is not None
+            else runtime_config.score_reference_rollouts_per_group,
+        )
         self._run: PipelineRun | None = None
         self._stop_before_start = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
@@ -316,6 +326,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self.rollout_executor is not None:
             self.rollout_executor.set_target(settings.num_rollout_workers)
             self.rollout_executor.set_workers(tuple(range(settings.num_rollout_workers)))
+        run.score_references = self._score_references
         await source.skip_resolved_prefix()
 
         eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..compat import CHECKPOINT_ROW_WALL_CLOCK
 from ..retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -39,7 +40,9 @@ def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, floa
     }
     if not row:
         return
-    started = getattr(run.model, "_run_start_time", None)
+    # ART 0.5.18 stamps its checkpoint rows with the run's wall clock; 0.5.23 no longer
+    # does, although its models still record `_run_start_time` (see compat.py).
+    started = getattr(run.model, "_run_start_time", None) if CHECKPOINT_ROW_WALL_CLOCK else None
     row["training_step"] = step
     if isinstance(started, (int, float)):
         row["time/wall_clock_sec"] = time.time() - started

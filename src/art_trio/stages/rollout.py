@@ -116,11 +116,13 @@ async def _serve(
                     # (a second trip through the scheduler per rollout costs ~3 us under trio).
                     send.send_nowait(item)
                 except anyio.WouldBlock:
+                    blocked = run.now()
                     try:
                         await send.send(item)
                     except BaseException:
                         gate.withdraw()
                         raise
+                    counters.put_wait_s += run.now() - blocked
                 except BaseException:
                     gate.withdraw()
                     raise
@@ -215,6 +217,8 @@ async def _roll(
         counters.errored += 1
         _note_failure(run, index, failure)
         return None
+    counters.rollout_s += wall
+    counters.rollout_idle_s += started - idle_since
     # A rollout got through: the failures before it were the scenarios' own.
     run.state.ledger.resolve_all(run.failure_streak)
     run.failure_streak.clear()
@@ -223,6 +227,7 @@ async def _roll(
     if gate.drops_stale_early and version_is_stale(group_version, gate.min_fresh_version):
         # No batch still to be taken would accept it: drop it now, not after it queued.
         counters.stale += 1
+        counters.stale_rollout_s += wall
         status.note_stale(1)
         run.state.ledger.resolve(index)
         return None
@@ -259,6 +264,7 @@ def _count_doomed(run: PipelineRun, index: int, wall: float) -> None:
     run.gate.note_rollout_time(wall, completed=False)
     run.counters.stale += 1
     run.counters.stale_cancelled += 1
+    run.counters.cancelled_rollout_s += wall
     run.status.note_stale(1)
     run.state.ledger.resolve(index)
 

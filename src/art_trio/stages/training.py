@@ -17,14 +17,11 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from art import TrajectoryGroup
 
-from ..batching import (
-    all_failed_error,
-    average_steps_off_policy,
-    is_zero_variance,
-    version_is_stale,
-)
+from ..batching import all_failed_error, is_zero_variance, version_is_stale
 from ..compat import line_train_kwargs
+from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
+from ..settings import PipelineSettings
 from .checkpoints import after_step
 
 #: The "discarded" split logs at most this many held zero-variance groups per step (0.5.18).
@@ -82,12 +79,16 @@ async def _train_until_done(
     settings = run.settings
     step = run.start_step
     stop_at = None if settings.max_steps is None else step + settings.max_steps
+    # What can wait for a batch after one is taken: the channel, and the ready pool's rest.
+    metrics = TrainMetrics(
+        run, receive, ready_capacity=_lookahead(settings) - settings.max_batch_size
+    )
     while (stop_at is None or step < stop_at) and not run.stopping:
         step_started = run.now()
         batch = await collect_batch(run, receive, step)
         if batch is None or not batch.items:
             return
-        step = await _train_step(run, batch, step, eval_send, step_started)
+        step = await _train_step(run, batch, step, eval_send, step_started, metrics)
         if batch.source_ended and not run.ready:
             return
 
@@ -106,13 +107,7 @@ async def collect_batch(
     """
     settings = run.settings
     earliest_deadline_first = settings.admission == "staleness_aware"
-    # How many groups the trainer holds out of the channel: bounded, so backpressure on the
-    # rollout workers still works.
-    lookahead = (
-        max(settings.max_batch_size, settings.groups_capacity)
-        if earliest_deadline_first
-        else settings.max_batch_size
-    )
+    lookahead = _lookahead(settings)
     min_version = run.gate.batch_min_version(current_step)
     batch = CollectedBatch()
     ready = run.ready
@@ -152,6 +147,14 @@ async def collect_batch(
     return batch
 
 
+def _lookahead(settings: PipelineSettings) -> int:
+    """How many groups the trainer holds out of the channel: bounded, so backpressure on the
+    rollout workers still works."""
+    if settings.admission == "staleness_aware":
+        return max(settings.max_batch_size, settings.groups_capacity)
+    return settings.max_batch_size
+
+
 def _deadline(item: Delivered) -> tuple[float, int]:
     return (float("inf") if item.version is None else item.version, item.scenario_index)
 
@@ -180,6 +183,7 @@ def _receive_ready(
 def _discard_stale(run: PipelineRun, item: Delivered, batch: CollectedBatch) -> None:
     run.gate.group_discarded()
     run.counters.stale += 1
+    run.counters.stale_rollout_s += item.rollout_wall_s
     batch.stale += 1
     run.state.ledger.resolve(item.scenario_index)
 
@@ -259,6 +263,7 @@ async def _train_step(
     current_step: int,
     eval_send: MemoryObjectSendStream[int],
     step_started: float,
+    metrics: TrainMetrics,
 ) -> int:
     expected = current_step + 1
     eval_this_step = should_eval(run, expected)
@@ -275,7 +280,7 @@ async def _train_step(
         # backend.train and model.log are both asyncio code: one crossing of the bridge for
         # the two (under trio each trio-asyncio crossing costs ~40 us).
         result = await run.bridge.call(
-            _train_and_log, run, batch, groups, expected, eval_this_step, step_started
+            _train_and_log, run, batch, groups, expected, eval_this_step, step_started, metrics
         )
         new_step = int(result.step)
         await _log_held_zero_variance(run, new_step)
@@ -307,6 +312,7 @@ async def _train_and_log(
     expected: int,
     eval_this_step: bool,
     step_started: float,
+    metrics: TrainMetrics,
 ) -> Any:
     """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
 
@@ -328,23 +334,9 @@ async def _train_and_log(
     new_step = int(result.step)
     step_seconds = run.now() - step_started
     run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
-    actor_s = sum(item.rollout_wall_s for item in batch.items)
-    actor_idle_s = sum(item.actor_idle_s for item in batch.items)
-    metrics: dict[str, float] = {
-        "discarded_stale_groups": float(run.counters.stale),
-        "steps_off_policy": average_steps_off_policy(
-            new_step, (item.version for item in batch.items)
-        ),
-        "time/step_wall_s": step_seconds,
-        "throughput/step_trainer_idle_s": batch.idle_s,
-        "time/step_trainer_s": train_seconds,
-    }
-    if actor_s > 0:
-        metrics["time/step_actor_s"] = actor_s
-    if actor_idle_s > 0:
-        metrics["throughput/step_actor_idle_s"] = actor_idle_s
-    metrics.update(result.metrics)
-    await run.model.log(groups, split="train", step=new_step, metrics=metrics)
+    times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
+    row = metrics.build(batch.items, new_step, times, result.metrics)
+    await run.model.log(groups, split="train", step=new_step, metrics=row)
     return result
 
 
