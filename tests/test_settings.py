@@ -238,7 +238,6 @@ def test_pipeline_runtime_config_sets_the_runtime_settings(model: Any, backend: 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"rollout_executor": object()},
         {"limit_mean_steps_off_policy": 1.5},
         {"max_steps_off_policy": None},
         {"autotune": PipelineAutotuneConfig(mode="online")},
