@@ -6,7 +6,16 @@ that `open_bridge()` opens for the trainer's lifetime. Under asyncio (`anyio.run
 default backend) the same calls are plain awaits.
 
 Cancellation crosses both ways: cancelling the trio side cancels the asyncio task (its
-`finally` blocks run), and exceptions come back with their own type and traceback.
+`finally` blocks run), and exceptions come back with their own type and traceback, except:
+
+- `KeyboardInterrupt` and `SystemExit` come back as `BaseExceptionEscaped`, an ordinary
+  exception, so the run ends like any failure (stages cancelled, state saved) and `train()`
+  re-raises the original. Raised as such inside an asyncio task they would end the event
+  loop: trio-asyncio's loop dies with its futures unresolved and every task waiting on them
+  hangs for good (no cancel scope or signal ends it); asyncio's loop stops mid-step.
+- an `asyncio.CancelledError` that the callback raised itself, while the trainer was not
+  cancelling it, comes back as `AsyncioTaskCancelled`: under asyncio it would otherwise be
+  taken for the trainer's own cancellation and end a task group silently.
 """
 
 from __future__ import annotations
@@ -57,6 +66,37 @@ class AsyncioTaskCancelled(RuntimeError):
     """Asyncio code cancelled itself while the trainer was not being cancelled."""
 
 
+class BaseExceptionEscaped(Exception):  # noqa: N818  (it carries, it is not the error)
+    """A KeyboardInterrupt or SystemExit raised by a callback, carried as an ordinary exception.
+
+    The stages treat it as a failure (so everything is cancelled and the state is saved);
+    `train()` then re-raises `original` itself.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__} raised in a callback: {original}")
+        self.original = original
+
+
+def _own_asyncio_cancellation() -> bool:
+    """Under asyncio: is the current task being cancelled (by a cancel scope, a timeout)?
+
+    A CancelledError the callback raised on its own leaves the task's cancel count at 0.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return False
+    return task is None or task.cancelling() > 0
+
+
+def _self_cancelled(fn: object, exc: BaseException) -> AsyncioTaskCancelled:
+    return AsyncioTaskCancelled(
+        f"{getattr(fn, '__qualname__', fn)!s} raised asyncio.CancelledError while the trainer "
+        "was not cancelling it (asyncio code cancelled itself)"
+    )
+
+
 class Bridge:
     """Awaits asyncio coroutine functions from the trainer's loop."""
 
@@ -65,15 +105,32 @@ class Bridge:
 
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         """Await `fn(*args, **kwargs)`, an asyncio coroutine function, and return its result."""
-        return await fn(*args, **kwargs)
+        return await self._guarded(fn, *args, **kwargs)
 
     async def callback(
         self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
         if is_native(fn):
-            return await fn(*args, **kwargs)
+            return await self._guarded(fn, *args, **kwargs)
         return await self.call(fn, *args, **kwargs)
+
+    def _own_cancellation(self) -> bool:
+        # Under asyncio (this class), the trainer's cancellation is asyncio.CancelledError too.
+        return _own_asyncio_cancellation()
+
+    async def _guarded(
+        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Await `fn` in the current task, turning the two exceptions above into errors."""
+        try:
+            return await fn(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if self._own_cancellation():
+                raise
+            raise _self_cancelled(fn, exc) from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise BaseExceptionEscaped(exc) from exc
 
 
 class _TrioAsyncioBridge(Bridge):
@@ -82,12 +139,24 @@ class _TrioAsyncioBridge(Bridge):
     def __init__(self, loop: Any) -> None:
         self._loop = loop
 
+    def _own_cancellation(self) -> bool:
+        # Under trio the trainer's cancellation is trio.Cancelled: asyncio.CancelledError
+        # reaching trio-native code came from asyncio code, never from the trainer.
+        return False
+
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         import trio_asyncio
 
-        bound = functools.partial(fn, *args, **kwargs)
+        async def guarded() -> R:
+            # Runs inside the asyncio task: KeyboardInterrupt or SystemExit leaving it would
+            # kill trio-asyncio's loop (see the module docstring).
+            try:
+                return await fn(*args, **kwargs)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                raise BaseExceptionEscaped(exc) from exc
+
         try:
-            result: R = await trio_asyncio.aio_as_trio(bound, loop=self._loop)()
+            result: R = await trio_asyncio.aio_as_trio(guarded, loop=self._loop)()
         except asyncio.CancelledError as exc:
             # When the trio side is being cancelled, this checkpoint raises trio's own
             # Cancelled, so shutdown is not mistaken for a failure of the callback.
@@ -136,4 +205,11 @@ async def open_bridge() -> AsyncIterator[Bridge]:
         yield _TrioAsyncioBridge(loop)
 
 
-__all__ = ["AsyncioTaskCancelled", "Bridge", "is_native", "open_bridge", "trio_native"]
+__all__ = [
+    "AsyncioTaskCancelled",
+    "BaseExceptionEscaped",
+    "Bridge",
+    "is_native",
+    "open_bridge",
+    "trio_native",
+]
