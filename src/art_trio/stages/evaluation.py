@@ -13,6 +13,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
+from ..bridge import BaseExceptionEscaped
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
@@ -68,8 +69,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             )
         note_eval_completed(run, step)
         completed = True
-    except anyio.get_cancelled_exc_class():
-        raise
+    except (anyio.get_cancelled_exc_class(), BaseExceptionEscaped):
+        raise  # a KeyboardInterrupt or SystemExit ends the run, not just this eval
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")

@@ -80,13 +80,16 @@ async def _train_until_done(
 ) -> None:
     settings = run.settings
     step = run.start_step
-    stop_at = None if settings.max_steps is None else step + settings.max_steps
-    while (stop_at is None or step < stop_at) and not run.stopping:
+    # Counted by the trainer itself, not read off the backend's step (which is checked too,
+    # see `checked_step`): max_steps bounds the number of train calls whatever it reports.
+    steps_done = 0
+    while (settings.max_steps is None or steps_done < settings.max_steps) and not run.stopping:
         step_started = run.now()
         batch = await collect_batch(run, receive, step)
         if batch is None or not batch.items:
             return
         step = await _train_step(run, batch, step, eval_send, step_started)
+        steps_done += 1
         if batch.source_ended and not run.ready:
             return
 
@@ -315,7 +318,7 @@ async def _train_and_log(
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
 
-    new_step = int(result.step)
+    new_step = checked_step(result, expected)
     step_seconds = run.now() - step_started
     run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
     actor_s = sum(item.rollout_wall_s for item in batch.items)
@@ -338,6 +341,35 @@ async def _train_and_log(
     return result
 
 
+class BackendStepError(RuntimeError):
+    """`backend.train` reported a step other than the one after the step it trained from."""
+
+
+def checked_step(result: Any, expected: int) -> int:
+    """The step `backend.train` reports, which must be `expected` (one more than before).
+
+    Resume relies on it: a pending batch counts as trained when the backend's step reached the
+    batch's step, so a step that does not advance makes resume train the batch again; the
+    off-policy bound counts policy versions in steps, so a jump makes fresh groups look stale.
+    """
+    step = getattr(result, "step", None)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise BackendStepError(
+            f"backend.train returned {type(result).__name__} with step {step!r}, not an "
+            f"integer; expected step {expected}"
+        )
+    if step != expected:
+        what = "did not advance" if step < expected else f"jumped by {step - expected + 1}"
+        raise BackendStepError(
+            f"backend.train trained step {expected - 1} -> {expected} but reported step "
+            f"{step}: the step {what}. The trainer needs the backend's step to advance by "
+            "exactly one per train call (resume asks it which batches were trained). The "
+            "batch stays recorded as pending and is settled against the backend's step on "
+            "resume; fix the backend's step accounting (TrainResult.step / get_step) first."
+        )
+    return step
+
+
 async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
     if not run.held_zero_variance:
         return
@@ -346,4 +378,12 @@ async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
     await run.bridge.call(run.model.log, held, split="discarded", step=step)
 
 
-__all__ = ["COLLAPSE_MESSAGE", "CollectedBatch", "collect_batch", "train_kwargs", "training_stage"]
+__all__ = [
+    "COLLAPSE_MESSAGE",
+    "BackendStepError",
+    "CollectedBatch",
+    "checked_step",
+    "collect_batch",
+    "train_kwargs",
+    "training_stage",
+]
