@@ -57,6 +57,8 @@ class RunCounters:
     #: Of `stale`: rollouts the gate cancelled before they finished (doomed to be stale).
     stale_cancelled: int = 0
     zero_variance: int = 0
+    #: Of `zero_variance`: groups with no trajectories at all (warned about).
+    empty_groups: int = 0
     errored: int = 0
     dropped_at_stop: int = 0
     rollouts_started: int = 0

@@ -272,6 +272,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         run.counters.dropped_at_stop += (
             run.counters.delivered - run.counters.received + len(run.ready)
         )
+        counters = run.counters
+        if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
+            warnings.warn(
+                f"no step was trained: all {counters.empty_groups} groups rollout_fn returned "
+                "had no trajectories. Check that rollout_fn returns its trajectories.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         try:
             run.snapshot()
         except Exception as exc:

@@ -253,12 +253,6 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
-    if not group.trajectories and not group.exceptions:
-        # Not zero variance but no data at all: counted as errored, so a rollout_fn that
-        # always returns empty groups ends the run (max_consecutive_rollout_failures)
-        # instead of silently discarding every scenario. (A group of only exceptions goes
-        # on to the trainer, which raises ART's "All rollouts in group failed".)
-        raise RolloutRejected("rollout_fn returned an art.TrajectoryGroup with no trajectories")
     problem = non_finite_reward_error(group)
     if problem is not None:
         raise RolloutRejected(problem)

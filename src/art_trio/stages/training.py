@@ -10,6 +10,7 @@ source on resume) but never interrupts a `backend.train` call already running.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +201,8 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     if is_zero_variance(group):
         run.gate.group_discarded()
         counters.zero_variance += 1
+        if not group.trajectories:
+            _note_empty_group(run, item)
         run.status.note_zero_variance_discarded(1)
         run.state.ledger.resolve(item.scenario_index)
         run.held_zero_variance.append(group)
@@ -215,6 +218,24 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
         return True
     run.ready.append(item)
     return True
+
+
+def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
+    """A group with no trajectories (and no exceptions): zero variance, as in ART, but said.
+
+    Counting it silently let a rollout_fn that only returned empty groups use up a whole
+    source without training a step and return normally.
+    """
+    run.counters.empty_groups += 1
+    if run.counters.empty_groups == 1:
+        warnings.warn(
+            f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
+            f"index {item.scenario_index}; it is discarded as zero variance (nothing to learn "
+            "from). If every group is empty, rollout_fn is not returning its trajectories; "
+            "the run's total is in trainer.last_counters.empty_groups.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def train_kwargs(run: PipelineRun, *, save_checkpoint: bool) -> dict[str, Any]:
