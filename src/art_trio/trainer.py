@@ -242,6 +242,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self._prepare_scope = None
         if prepared is None:
             # Stopped during start-up: nothing ran and nothing was written.
+            self.last_counters = RunCounters()
             task_status.started()
             return
         run, eval_send, eval_receive = prepared
