@@ -105,24 +105,9 @@ class Bridge:
 
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         """Await `fn(*args, **kwargs)`, an asyncio coroutine function, and return its result."""
-        return await self._guarded(fn, *args, **kwargs)
-
-    async def callback(
-        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
-        if is_native(fn):
-            return await self._guarded(fn, *args, **kwargs)
-        return await self.call(fn, *args, **kwargs)
-
-    def _own_cancellation(self) -> bool:
-        # Under asyncio (this class), the trainer's cancellation is asyncio.CancelledError too.
-        return _own_asyncio_cancellation()
-
-    async def _guarded(
-        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
-    ) -> R:
-        """Await `fn` in the current task, turning the two exceptions above into errors."""
+        # Awaited in place, not through a helper coroutine: a frame more per rollout is
+        # measurable at zero latency. The two exceptions of the module docstring are turned
+        # into errors here (and in `callback`).
         try:
             return await fn(*args, **kwargs)
         except asyncio.CancelledError as exc:
@@ -131,6 +116,25 @@ class Bridge:
             raise _self_cancelled(fn, exc) from exc
         except (KeyboardInterrupt, SystemExit) as exc:
             raise BaseExceptionEscaped(exc) from exc
+
+    async def callback(
+        self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
+        if not is_native(fn):
+            return await self.call(fn, *args, **kwargs)
+        try:
+            return await fn(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if self._own_cancellation():
+                raise
+            raise _self_cancelled(fn, exc) from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise BaseExceptionEscaped(exc) from exc
+
+    def _own_cancellation(self) -> bool:
+        # Under asyncio (this class), the trainer's cancellation is asyncio.CancelledError too.
+        return _own_asyncio_cancellation()
 
 
 class _TrioAsyncioBridge(Bridge):
