@@ -6,7 +6,16 @@ that `open_bridge()` opens for the trainer's lifetime. Under asyncio (`anyio.run
 default backend) the same calls are plain awaits.
 
 Cancellation crosses both ways: cancelling the trio side cancels the asyncio task (its
-`finally` blocks run), and exceptions come back with their own type and traceback.
+`finally` blocks run), and exceptions come back with their own type and traceback, except:
+
+- `KeyboardInterrupt` and `SystemExit` come back as `BaseExceptionEscaped`, an ordinary
+  exception, so the run ends like any failure (stages cancelled, state saved) and `train()`
+  re-raises the original. Raised as such inside an asyncio task they would end the event
+  loop: trio-asyncio's loop dies with its futures unresolved and every task waiting on them
+  hangs for good (no cancel scope or signal ends it); asyncio's loop stops mid-step.
+- an `asyncio.CancelledError` that the callback raised itself, while the trainer was not
+  cancelling it, comes back as `AsyncioTaskCancelled`: under asyncio it would otherwise be
+  taken for the trainer's own cancellation and end a task group silently.
 """
 
 from __future__ import annotations
@@ -71,18 +80,53 @@ async def await_callback(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     be awaited is a programming error, not a failed rollout: it raises CallbackNotAwaitable,
     which ends the run.
     """
-    result = fn(*args, **kwargs)
-    if not inspect.isawaitable(result):
-        raise CallbackNotAwaitable(
-            f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
-            "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
-            "(or have it return a coroutine)"
-        )
-    return await result
+    try:
+        result = fn(*args, **kwargs)
+        if not inspect.isawaitable(result):
+            raise CallbackNotAwaitable(
+                f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
+                "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
+                "(or have it return a coroutine)"
+            )
+        return await result
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Inside an asyncio task it would end the event loop (see the module docstring).
+        raise BaseExceptionEscaped(exc) from exc
 
 
 class AsyncioTaskCancelled(RuntimeError):
     """Asyncio code cancelled itself while the trainer was not being cancelled."""
+
+
+class BaseExceptionEscaped(Exception):  # noqa: N818  (it carries, it is not the error)
+    """A KeyboardInterrupt or SystemExit raised by a callback, carried as an ordinary exception.
+
+    The stages treat it as a failure (so everything is cancelled and the state is saved);
+    `train()` then re-raises `original` itself.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__} raised in a callback: {original}")
+        self.original = original
+
+
+def _own_asyncio_cancellation() -> bool:
+    """Under asyncio: is the current task being cancelled (by a cancel scope, a timeout)?
+
+    A CancelledError the callback raised on its own leaves the task's cancel count at 0.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return False
+    return task is None or task.cancelling() > 0
+
+
+def _self_cancelled(fn: object, exc: BaseException) -> AsyncioTaskCancelled:
+    return AsyncioTaskCancelled(
+        f"{getattr(fn, '__qualname__', fn)!s} raised asyncio.CancelledError while the trainer "
+        "was not cancelling it (asyncio code cancelled itself)"
+    )
 
 
 class Bridge:
@@ -93,22 +137,49 @@ class Bridge:
 
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         """Await `fn(*args, **kwargs)`, an asyncio coroutine function, and return its result."""
-        return await fn(*args, **kwargs)
+        # Awaited in place, not through a helper coroutine: a frame more per rollout is
+        # measurable at zero latency.
+        try:
+            return await fn(*args, **kwargs)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+            replacement = self._replacement(fn, exc)
+            if replacement is None:
+                raise
+            raise replacement from exc
 
     async def callback(
         self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
-        if is_native(fn):
+        # Under asyncio both are awaited in place; _TrioAsyncioBridge bridges the asyncio ones.
+        try:
             result: R = await await_callback(fn, *args, **kwargs)
-            return result
-        return await self.call(await_callback, fn, *args, **kwargs)
+        except asyncio.CancelledError as exc:
+            replacement = self._replacement(fn, exc)
+            if replacement is None:
+                raise
+            raise replacement from exc
+        return result
+
+    def _replacement(self, fn: object, exc: BaseException) -> BaseException | None:
+        """The error to raise instead of `exc` (module docstring), or None to re-raise it."""
+        if isinstance(exc, asyncio.CancelledError):
+            return None if self._own_cancellation() else _self_cancelled(fn, exc)
+        return BaseExceptionEscaped(exc)
+
+    def _own_cancellation(self) -> bool:
+        # Under asyncio (this class), the trainer's cancellation is asyncio.CancelledError too.
+        return _own_asyncio_cancellation()
 
 
 async def _in_asyncio(fn: Callable[..., Awaitable[R]], args: Any, kwargs: Any) -> R:
     # `fn` is called here, inside the asyncio task: code that looks up the running asyncio
     # loop or task when called (not only when awaited) finds it.
-    return await fn(*args, **kwargs)
+    try:
+        return await fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Leaving the asyncio task as such would kill trio-asyncio's loop (module docstring).
+        raise BaseExceptionEscaped(exc) from exc
 
 
 class _TrioAsyncioBridge(Bridge):
@@ -117,6 +188,11 @@ class _TrioAsyncioBridge(Bridge):
     def __init__(self, loop: Any) -> None:
         self._loop = loop
 
+    def _own_cancellation(self) -> bool:
+        # Under trio the trainer's cancellation is trio.Cancelled: asyncio.CancelledError
+        # reaching trio-native code came from asyncio code, never from the trainer.
+        return False
+
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         return await self._run(_in_asyncio(fn, args, kwargs), fn)
 
@@ -124,8 +200,8 @@ class _TrioAsyncioBridge(Bridge):
         self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         if is_native(fn):
-            result: R = await await_callback(fn, *args, **kwargs)
-            return result
+            return await super().callback(fn, *args, **kwargs)
+        # await_callback guards KeyboardInterrupt/SystemExit inside the asyncio task.
         return await self._run(await_callback(fn, *args, **kwargs), fn)
 
     async def _run(self, coro: Coroutine[Any, Any, R], fn: object) -> R:
@@ -276,6 +352,7 @@ async def open_bridge() -> AsyncIterator[Bridge]:
 
 __all__ = [
     "AsyncioTaskCancelled",
+    "BaseExceptionEscaped",
     "Bridge",
     "CallbackNotAwaitable",
     "await_callback",

@@ -21,14 +21,32 @@ records, and at the start and end of `train()`, the whole state is written atomi
 and the journal starts over. Reading takes the snapshot and replays the newer records; a
 record torn by a kill is the last line, and is ignored (the train call it announced never
 started).
+
+What a write guarantees (issue 19):
+- complete or absent: a journal record is written in full or the journal is cut back to the
+  record before it, and the caller gets a `StateWriteError` (an OSError carrying the errno,
+  ENOSPC for a full disk) instead of a short count; the trainer calls `backend.train` only
+  after the batch's record is on disk, so a failed record stops the run before the batch
+  trains. Snapshots are temporary file + rename, so a failed one leaves the previous one.
+- one generation: every snapshot draws a new `journal_epoch`, and every record carries the
+  epoch of the snapshot it follows. Replay takes only records of the snapshot's epoch, so a
+  crash between a snapshot (`resume=False`'s fresh one, or a periodic one) and the journal's
+  reset never replays another generation's records onto it.
+- validated: a malformed, hand-edited or foreign file raises `StateFileError` naming the
+  file, what is wrong and what to do; a state whose recorded model, project or first
+  scenarios differ from this run's is refused (`ForeignStateError`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import hashlib
 import json
 import os
+import secrets
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +68,40 @@ SNAPSHOT_EVERY = 200
 """Journal records between two snapshots: bounds the journal's size and the replay on resume."""
 
 STATE_FORMAT = "art_trio/1"
+
+SCENARIO_DIGESTS = 8
+"""How many of the first scenarios are fingerprinted, to refuse a state from another source."""
+
+
+class StateFileError(ValueError):
+    """A resume-state file is malformed, hand-edited, or written by another run."""
+
+
+class ForeignStateError(StateFileError):
+    """The stored state belongs to another run (model, project or scenario source)."""
+
+
+class StateWriteError(OSError):
+    """A resume-state write failed or was short; nothing after it may assume it happened."""
+
+
+def scenario_digest(scenario: object) -> str | None:
+    """A stable fingerprint of one scenario, or None if it has no stable JSON form.
+
+    Dicts, lists, strings and numbers, pydantic models and dataclasses of them have one; for
+    anything else (objects whose repr holds an address) the check is skipped, never guessed.
+    """
+    data: object = scenario
+    try:
+        dump = getattr(scenario, "model_dump", None)
+        if callable(dump):
+            data = dump(mode="json")
+        elif dataclasses.is_dataclass(scenario) and not isinstance(scenario, type):
+            data = dataclasses.asdict(scenario)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(slots=True)
@@ -123,6 +175,10 @@ class PipelineState:
     completed_eval_steps: set[int] = field(default_factory=set)
     #: Eval steps scheduled but not finished: a resumed run evaluates them again.
     pending_eval_steps: set[int] = field(default_factory=set)
+    #: Fingerprints of the first scenarios of the source (None: no stable form), in order.
+    scenario_digests: list[str | None] = field(default_factory=list)
+    #: Whether `scenario_digests` grew since the last journal record.
+    digests_unjournaled: bool = False
 
     def _small_fields(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -140,21 +196,38 @@ class PipelineState:
         }
 
     def journal_record(self, seq: int) -> dict[str, Any]:
-        """What changed since the previous record, for the journal."""
-        resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
-        return {"seq": seq, "resolved": resolved, **self._small_fields()}
+        """What changed since the previous record, for the journal.
 
-    def apply_record(self, record: dict[str, Any]) -> None:
+        Takes the unjournaled resolutions; a caller whose write fails gives them back with
+        `unjournal(record)`.
+        """
+        resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
+        record = {"seq": seq, "resolved": resolved, **self._small_fields()}
+        if self.digests_unjournaled:
+            record["scenario_digests"] = list(self.scenario_digests)
+            self.digests_unjournaled = False
+        return record
+
+    def unjournal(self, record: dict[str, Any]) -> None:
+        """A record was not written: what it carried must go into the next one."""
+        self.ledger.unjournaled[:0] = record["resolved"]
+        if "scenario_digests" in record:
+            self.digests_unjournaled = True
+
+    def apply_record(self, record: dict[str, Any], where: str = "journal record") -> None:
         """Replay one journal record onto this (older) state."""
-        self.ledger.resolve_all(int(i) for i in record.get("resolved", []))
+        resolved = _index_list(record, "resolved", where)
+        newer = PipelineState.from_json({"scenario_offset": 0, **record}, where=where)
+        self.ledger.resolve_all(resolved)
         self.ledger.unjournaled.clear()
-        newer = PipelineState.from_json({"scenario_offset": 0, **record})
         self.ledger.pending = newer.ledger.pending
         self.total_scenarios_consumed = newer.total_scenarios_consumed
         self.training_step = newer.training_step
         self.last_eval_step = newer.last_eval_step
         self.completed_eval_steps = newer.completed_eval_steps
         self.pending_eval_steps = newer.pending_eval_steps
+        if "scenario_digests" in record:
+            self.scenario_digests = newer.scenario_digests
 
     def to_json(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -171,38 +244,101 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
+            "scenario_digests": list(self.scenario_digests),
             "format": STATE_FORMAT,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PipelineState:
-        """Read art_trio's fields, or the reference's alone (then its offset is the watermark)."""
-        offset = int(data.get("scenario_offset", 0) or 0)
-        pending_data = data.get("pending_batch")
-        pending = (
-            PendingBatch(
-                step=int(pending_data["step"]),
-                scenario_indices=[int(i) for i in pending_data["scenario_indices"]],
+    def from_json(cls, data: Mapping[str, Any], where: str = "pipeline state") -> PipelineState:
+        """Read art_trio's fields, or the reference's alone (then its offset is the watermark).
+
+        Every field is checked; a wrong one raises StateFileError naming `where` and the field.
+        """
+        if not isinstance(data, Mapping):
+            raise StateFileError(
+                f"{where}: expected a JSON object, found {type(data).__name__}"
             )
-            if isinstance(pending_data, dict)
-            else None
-        )
+        offset = _count(data, "scenario_offset", where, default=0)
+        pending_data = data.get("pending_batch")
+        pending = None
+        if pending_data is not None:
+            if not isinstance(pending_data, Mapping):
+                raise StateFileError(
+                    f"{where}: `pending_batch` must be an object with `step` and "
+                    f"`scenario_indices` or null, found {pending_data!r:.80}"
+                )
+            if "step" not in pending_data or "scenario_indices" not in pending_data:
+                raise StateFileError(
+                    f"{where}: `pending_batch` lacks `step` or `scenario_indices` "
+                    f"({pending_data!r:.80}); without them resume cannot tell which scenarios "
+                    "the interrupted train call held"
+                )
+            pending = PendingBatch(
+                step=_count(pending_data, "step", f"{where} pending_batch", default=None),
+                scenario_indices=_index_list(
+                    pending_data, "scenario_indices", f"{where} pending_batch"
+                ),
+            )
         ledger = ScenarioLedger(
             watermark=offset,
             resolved_above={
-                int(i) for i in data.get("resolved_scenarios", []) or [] if int(i) >= offset
+                i for i in _index_list(data, "resolved_scenarios", where) if i >= offset
             },
             pending=pending,
         )
         stored_step = data.get("training_step")
+        digests = data.get("scenario_digests")
+        if digests is None:
+            digests = []
+        if not isinstance(digests, list) or not all(
+            d is None or isinstance(d, str) for d in digests
+        ):
+            raise StateFileError(
+                f"{where}: `scenario_digests` must be a list of strings or nulls, "
+                f"found {digests!r:.80}"
+            )
         return cls(
             ledger=ledger,
-            total_scenarios_consumed=int(data.get("total_scenarios_consumed", offset) or 0),
-            training_step=int(stored_step) if stored_step is not None else None,
-            last_eval_step=int(data.get("last_eval_step", 0) or 0),
-            completed_eval_steps={int(s) for s in data.get("completed_eval_steps", []) or []},
-            pending_eval_steps={int(s) for s in data.get("pending_eval_steps", []) or []},
+            total_scenarios_consumed=_count(
+                data, "total_scenarios_consumed", where, default=offset
+            ),
+            training_step=(
+                None if stored_step is None else _count(data, "training_step", where, None)
+            ),
+            last_eval_step=_count(data, "last_eval_step", where, default=0),
+            completed_eval_steps=set(_index_list(data, "completed_eval_steps", where)),
+            pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
+            scenario_digests=list(digests),
         )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(data: Mapping[str, Any], key: str, where: str, default: int | None) -> int:
+    """A non-negative integer field (null or missing: `default`, if there is one)."""
+    value = data.get(key)
+    if value is None and default is not None:
+        return default
+    if not _is_count(value):
+        missing = key not in data
+        found = "it is missing" if missing else f"found {value!r:.60}"
+        raise StateFileError(f"{where}: `{key}` must be a non-negative integer; {found}")
+    assert isinstance(value, int)
+    return value
+
+
+def _index_list(data: Mapping[str, Any], key: str, where: str) -> list[int]:
+    """A list of non-negative integers (null or missing: empty)."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_is_count(v) for v in value):
+        raise StateFileError(
+            f"{where}: `{key}` must be a list of non-negative integers, found {value!r:.80}"
+        )
+    return value
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None:
@@ -212,8 +348,10 @@ def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
+            # Flushed here, inside the try, so that a full disk raises before the rename and
+            # never leaves a short file in place of the old one.
+            f.flush()
             if fsync:
-                f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         if fsync:
@@ -231,12 +369,18 @@ def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None
         raise
 
 
+def _os_write(fd: int, data: bytes | memoryview) -> int:
+    # A seam for fault injection (short writes, ENOSPC); real code is os.write.
+    return os.write(fd, data)
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in `path`; None if missing; raises ValueError if it is not readable."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    text = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
@@ -250,14 +394,30 @@ class StateStore:
     `state.json` writes run on, so the two never interleave. `fsync` makes each journal
     record durable against power loss too, at the cost of a disk sync per step; without it a
     record survives the process dying (kill -9, OOM, Ctrl-C), which is what resume needs.
+
+    `identity` (the model's name and project) is stored with every snapshot; `read()` refuses
+    a state stored with another identity. One store per directory at a time: the trainer
+    holds `RunLock` while it uses one.
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        identity: Mapping[str, str] | None = None,
+    ) -> None:
         self.output_dir = Path(output_dir)
         self.fsync = fsync
+        self.identity = dict(identity) if identity is not None else None
         self._seq = 0
+        self._epoch: str | None = None
         self._records_since_snapshot = 0
         self._journal_fd: int | None = None
+        #: The journal's length after the last complete record (where a failed one is cut).
+        self._journal_size = 0
+        #: Set when a failed append could not be cut back: only a snapshot may follow.
+        self._journal_broken = False
 
     @property
     def sidecar_path(self) -> Path:
@@ -276,7 +436,8 @@ class StateStore:
 
         Prefers art_trio's own snapshot and journal; falls back to `state.json`'s
         `_pipeline_trainer` (a run started by ART's trainer). A torn `state.json` is rebuilt
-        so ART can read it again.
+        so ART can read it again. Raises StateFileError naming the file if a file is
+        malformed, and ForeignStateError if it was written by another run.
         """
         self._remove_torn_temporaries()
         sidecar = self._read_sidecar()
@@ -292,43 +453,158 @@ class StateStore:
             repaired = {} if sidecar is None else {PIPELINE_STATE_KEY: sidecar}
             _atomic_write_json(self.art_state_path, repaired, fsync=True)
         state: PipelineState | None = None
+        snapshot: dict[str, Any] | None = None
+        where = str(self.sidecar_path)
+        advice = _SIDECAR_ADVICE
         if sidecar is not None:
-            state = PipelineState.from_json(sidecar)
-            self._seq = int(sidecar.get("journal_seq", 0) or 0)
+            snapshot = sidecar
         else:
             stored = (art_state or {}).get(PIPELINE_STATE_KEY)
-            if isinstance(stored, dict):
-                state = PipelineState.from_json(stored)
-        for record in self._read_journal():
-            if record["seq"] <= self._seq:
-                continue  # already in the snapshot (a crash came before the journal reset)
+            if stored is not None:
+                where = f"{self.art_state_path} key {PIPELINE_STATE_KEY!r}"
+                advice = _MIRROR_ADVICE
+                if not isinstance(stored, dict):
+                    raise StateFileError(
+                        f"{where}: expected a JSON object, found {type(stored).__name__}. "
+                        + advice
+                    )
+                snapshot = stored
+        epoch: str | None = None
+        if snapshot is not None:
+            self._check_identity(snapshot, where)
+            try:
+                state = PipelineState.from_json(snapshot, where=where)
+                self._seq = _count(snapshot, "journal_seq", where, default=0)
+            except StateFileError as exc:
+                raise StateFileError(f"{exc}. {advice}") from None
+            raw_epoch = snapshot.get("journal_epoch")
+            epoch = raw_epoch if isinstance(raw_epoch, str) else None
+        self._epoch = epoch
+        for number, record in self._read_journal():
+            if not self._belongs(record, epoch, snapshot is not None):
+                continue
             if state is None:
                 state = PipelineState()
-            state.apply_record(record)
+            where_record = f"{self.journal_path} line {number}"
+            try:
+                state.apply_record(record, where=where_record)
+            except StateFileError as exc:
+                raise StateFileError(f"{exc}. {_JOURNAL_ADVICE}") from None
             self._seq = record["seq"]
         return state
 
-    def append(self, state: PipelineState) -> None:
-        """Record what changed since the last write; cheap enough to do every step."""
-        self._seq += 1
-        line = json.dumps(state.journal_record(self._seq), separators=(",", ":")) + "\n"
-        if self._journal_fd is None:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            self._journal_fd = os.open(
-                self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+    def _belongs(self, record: dict[str, Any], epoch: str | None, has_snapshot: bool) -> bool:
+        """Whether a journal record follows the snapshot read (and is newer than it)."""
+        if not has_snapshot and "epoch" in record:
+            # Records carry only what changed since their snapshot; alone they would resume
+            # with everything before it forgotten (and trained again).
+            raise StateFileError(
+                f"{self.journal_path} holds records that follow a snapshot, but neither "
+                f"{self.sidecar_path.name} nor state.json's `_pipeline_trainer` key exists. "
+                "Restore the snapshot, or delete the journal too and train with resume=False "
+                "to start over."
             )
-        os.write(self._journal_fd, line.encode())
-        if self.fsync:
-            os.fsync(self._journal_fd)
+        if record.get("epoch") != epoch:
+            # Another generation: records the snapshot already holds (a crash came between
+            # the snapshot and the journal's reset), or the run a resume=False replaced.
+            return False
+        return bool(record["seq"] > self._seq)
+
+    def _check_identity(self, snapshot: Mapping[str, Any], where: str) -> None:
+        stored = snapshot.get("run")
+        if self.identity is None or not isinstance(stored, Mapping):
+            return  # unknown on one side (ART's record, an older art_trio): nothing to compare
+        for key, expected in self.identity.items():
+            found = stored.get(key)
+            if found is not None and found != expected:
+                raise ForeignStateError(
+                    f"{where} was written by a run of {key} {found!r}, but this run's {key} is "
+                    f"{expected!r}: resuming it would skip or repeat scenarios of another run. "
+                    "If the files were copied here by mistake, remove art_trio_state.json, "
+                    "art_trio_journal.jsonl and the `_pipeline_trainer` key of state.json "
+                    "(or train with resume=False to start over)."
+                )
+
+    def append(self, state: PipelineState) -> None:
+        """Record what changed since the last write; cheap enough to do every step.
+
+        Complete or absent: on any failure (a short write, ENOSPC) the journal is cut back to
+        the previous record and StateWriteError is raised; the state keeps what the record
+        carried, for the next write.
+        """
+        if self._journal_broken:
+            raise StateWriteError(
+                errno.EIO,
+                f"{self.journal_path} could not be cut back after a failed write; only a "
+                "snapshot can follow (the run must stop)",
+            )
+        self._seq += 1
+        record = state.journal_record(self._seq)
+        if self._epoch is not None:
+            record["epoch"] = self._epoch
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        try:
+            if self._journal_fd is None:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                self._journal_fd = os.open(
+                    self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+                )
+                self._journal_size = os.fstat(self._journal_fd).st_size
+            self._write_record(line.encode())
+            if self.fsync:
+                os.fsync(self._journal_fd)
+        except BaseException:
+            state.unjournal(record)
+            raise
         self._records_since_snapshot += 1
         if self._records_since_snapshot >= SNAPSHOT_EVERY:
             self.write(state)
 
+    def _write_record(self, data: bytes) -> None:
+        """Append `data` whole, or cut the journal back to where it was and raise."""
+        assert self._journal_fd is not None
+        fd = self._journal_fd
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                n = _os_write(fd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "write returned 0 bytes (disk full?)")
+                written += n
+        except OSError as exc:
+            self._cut_back()
+            raise StateWriteError(
+                exc.errno or errno.EIO,
+                f"could not write the resume record to {self.journal_path} (wrote {written} "
+                f"of {len(data)} bytes, then: {exc.strerror or exc}). The run stops before "
+                "training this batch; free space (or fix the disk) and resume: nothing "
+                "trained is lost or repeated",
+                str(self.journal_path),
+            ) from exc
+        self._journal_size += written
+
+    def _cut_back(self) -> None:
+        # Without this, the partial record would sit before the next one, where a reader
+        # can no longer tell a torn tail from corruption. Shrinking needs no free space.
+        assert self._journal_fd is not None
+        try:
+            os.ftruncate(self._journal_fd, self._journal_size)
+        except OSError:
+            self._journal_broken = True
+
     def write(self, state: PipelineState) -> None:
         """Snapshot the whole state atomically and durably, then start a new journal."""
-        state.ledger.unjournaled.clear()  # the snapshot holds them
-        data = {**state.to_json(), "journal_seq": self._seq}
+        epoch = secrets.token_hex(4)
+        data = {**state.to_json(), "journal_seq": self._seq, "journal_epoch": epoch}
+        if self.identity is not None:
+            data["run"] = dict(self.identity)
         _atomic_write_json(self.sidecar_path, data, fsync=True)
+        # From here on, replay ignores records of the previous epoch: the snapshot holds them.
+        self._epoch = epoch
+        state.ledger.unjournaled.clear()
+        state.digests_unjournaled = False
+        self._records_since_snapshot = 0
         # The mirror keeps ART's trainer and tools able to read the reference's fields. It
         # need not be durable: the snapshot above already is, and resume prefers it.
         try:
@@ -337,18 +613,20 @@ class StateStore:
             art_state = {}
         art_state[PIPELINE_STATE_KEY] = data
         _atomic_write_json(self.art_state_path, art_state, fsync=False)
-        # Records up to _seq are in the snapshot now; replay skips them even if this
+        # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
         if self._journal_fd is not None:
             os.ftruncate(self._journal_fd, 0)
         elif self.journal_path.exists():
             os.truncate(self.journal_path, 0)
-        self._records_since_snapshot = 0
+        self._journal_size = 0
+        self._journal_broken = False
 
     def close(self) -> None:
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        """Close the journal. Idempotent; the store may be used again (it reopens)."""
+        fd, self._journal_fd = self._journal_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def _remove_torn_temporaries(self) -> None:
         # A kill between writing a temporary file and renaming it leaves it behind; the file
@@ -357,23 +635,34 @@ class StateStore:
             for leftover in self.output_dir.glob(f".{name}.*.tmp"):
                 leftover.unlink(missing_ok=True)
 
-    def _read_journal(self) -> list[dict[str, Any]]:
+    def _read_journal(self) -> list[tuple[int, dict[str, Any]]]:
+        """The journal's records with their line numbers; a torn last line is left out."""
         try:
-            lines = self.journal_path.read_text(encoding="utf-8").splitlines()
+            raw = self.journal_path.read_bytes()
         except FileNotFoundError:
             return []
+        lines = raw.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
         records = []
         for number, line in enumerate(lines, start=1):
+            last = number == len(lines)
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number == len(lines):
+                record = json.loads(line.decode("utf-8"))
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+                if last and not raw.endswith(b"\n"):
                     break  # torn by a kill mid-append: that step's train never started
-                raise ValueError(
-                    f"{self.journal_path} line {number} is not valid JSON; only its last line "
-                    "can be torn by a crash. Restore the file, or delete it to resume from "
-                    f"{self.sidecar_path.name} alone (the steps since may then be rolled again)."
+                raise StateFileError(
+                    f"{self.journal_path} line {number} is not valid UTF-8 JSON ({exc}); only "
+                    f"an unterminated last line can be torn by a crash. {_JOURNAL_ADVICE}"
                 ) from None
+            if not isinstance(record, dict) or not _is_count(record.get("seq")):
+                raise StateFileError(
+                    f"{self.journal_path} line {number} is not an art_trio journal record "
+                    f"(an object with an integer `seq`), found {line[:80]!r}. "
+                    + _JOURNAL_ADVICE
+                )
+            records.append((number, record))
         return records
 
     def _read_sidecar(self) -> dict[str, Any] | None:
@@ -381,18 +670,36 @@ class StateStore:
             return _read_json(self.sidecar_path)
         except ValueError as exc:
             # Only os.replace ever writes this file, so this means someone edited it by hand.
-            raise ValueError(
-                f"{self.sidecar_path} is not valid JSON ({exc}). Restore it, or delete it to "
-                "resume from state.json's coarser `_pipeline_trainer` record."
+            raise StateFileError(
+                f"{self.sidecar_path} is not a valid UTF-8 JSON object ({exc}). "
+                + _SIDECAR_ADVICE
             ) from exc
+
+
+_SIDECAR_ADVICE = (
+    "Restore the file, or delete it to resume from state.json's coarser `_pipeline_trainer` "
+    "record, or train with resume=False to start over."
+)
+_MIRROR_ADVICE = (
+    "Fix or delete the `_pipeline_trainer` key of state.json (the run then starts at "
+    "scenario 0), or train with resume=False to start over."
+)
+_JOURNAL_ADVICE = (
+    "Restore the file, or delete it to resume from art_trio_state.json alone (the steps since "
+    "that snapshot may then be trained again)."
+)
 
 
 __all__ = [
     "JOURNAL_FILE",
     "PIPELINE_STATE_KEY",
     "SIDECAR_FILE",
+    "ForeignStateError",
     "PendingBatch",
     "PipelineState",
     "ScenarioLedger",
+    "StateFileError",
     "StateStore",
+    "StateWriteError",
+    "scenario_digest",
 ]

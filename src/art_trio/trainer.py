@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, Generic
+from typing import Any, Generic, NoReturn
 
 import anyio
 import art
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .bridge import Bridge, is_native, open_bridge
+from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
 from .executor import RolloutExecutor
 from .ledger import PipelineState, StateStore
+from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
 from .settings import (
@@ -186,7 +188,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             else runtime_config.score_reference_rollouts_per_group,
         )
         self._run: PipelineRun | None = None
-        self._stop_before_start = False
+        #: A stop requested before the run existed: None, "graceful" or "force".
+        self._stop_before_start: str | None = None
+        self._prepare_scope: anyio.CancelScope | None = None
+        #: True from the first line of train() to its end (the in-process guard).
+        self._active = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
         self.last_counters: RunCounters | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
@@ -216,35 +222,129 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         Works under `trio.run`, `anyio.run` (either backend) and `await nursery.start(...)`
         (reports started once every stage is running). A stage's exception cancels the other
         stages and reaches the caller (inside an ExceptionGroup, as task groups raise), with
-        a note naming the stage. The resume state is persisted on every way out.
+        a note naming the stage; a KeyboardInterrupt or SystemExit raised by a callback ends
+        the run the same way and is re-raised as itself. The resume state is persisted on
+        every way out; if that fails after a failure, the failure is raised with a note.
+
+        One run per model directory: a second `train()` on the same directory, from this
+        trainer, another trainer or another process, raises `RunLockedError` at once and
+        trains nothing.
         """
-        if self._run is not None:
-            raise RuntimeError("train() is already running on this trainer; await it first")
-        failure: ExceptionGroup[Exception] | None = None
-        async with open_bridge() as bridge:
-            run, eval_send, eval_receive = await self._prepare_run(bridge)
-            self._run = run
-            if self._stop_before_start:
-                self._stop_before_start = False
-                run.request_stop()
+        if self._active:
+            raise RuntimeError(
+                "train() is already running on this trainer; await it (or stop it with "
+                "request_stop()) before calling train() again"
+            )
+        # Set before the first await, so that a second call in the same tick is refused too.
+        self._active = True
+        try:
+            lock = RunLock(self.model._get_output_dir())
+            lock.acquire()
             try:
-                await self._run_stages(run, eval_send, eval_receive, handle_signals, task_status)
-            except ExceptionGroup as group:
-                # Raised below, outside the bridge: a trio-asyncio loop opened here would
-                # otherwise wrap the stages' group in a second one.
-                failure = group
+                await self._train_locked(handle_signals, task_status)
             finally:
-                self._run = None
-                self.last_counters = run.counters
-                # Groups still in the channel or ready were never trained; they roll again on
-                # resume.
-                run.counters.dropped_at_stop += (
-                    run.counters.delivered - run.counters.received + len(run.ready)
-                )
-                run.snapshot()
-                run.store.close()
+                lock.release()
+        finally:
+            self._active = False
+            self._stop_before_start = None
+
+    async def _train_locked(self, handle_signals: bool, task_status: TaskStatus[None]) -> None:
+        failure: BaseException | None = None
+        try:
+            async with open_bridge() as bridge:
+                try:
+                    await self._train_in_bridge(bridge, handle_signals, task_status)
+                except (Exception, BaseExceptionGroup) as exc:
+                    # Raised below, outside the bridge: a trio-asyncio loop opened here would
+                    # otherwise wrap it (the stages' group too) in groups of its own.
+                    failure = exc
+        except BaseExceptionGroup as group:
+            # What escaped the body bare (trio's KeyboardInterrupt, SystemExit) comes out of
+            # the trio-asyncio loop wrapped twice; give the caller the exception itself.
+            leaves = list(_leaves(group))
+            if len(leaves) == 1 and isinstance(leaves[0], (KeyboardInterrupt, SystemExit)):
+                raise leaves[0] from None
+            raise
+        if isinstance(failure, BaseExceptionGroup):
+            _raise_failure(failure)
         if failure is not None:
             raise failure
+
+    async def _train_in_bridge(
+        self, bridge: Bridge, handle_signals: bool, task_status: TaskStatus[None]
+    ) -> None:
+        prepared = None
+        with anyio.CancelScope() as prepare_scope:
+            # request_stop() during start-up cancels it: nothing has been written yet.
+            self._prepare_scope = prepare_scope
+            try:
+                prepared = await self._prepare_run(bridge)
+            except KeyboardInterrupt:
+                # SIGINT before the control stage took the signals over (reading the state):
+                # with handle_signals, a first SIGINT is a stop, and nothing has started yet.
+                if not handle_signals:
+                    raise
+                print("Shutdown requested (SIGINT) during start-up: nothing was started.")
+            finally:
+                self._prepare_scope = None
+        if prepared is None:
+            # Stopped during start-up: nothing ran and nothing was written.
+            self.last_counters = RunCounters()
+            task_status.started()
+            return
+        run, eval_send, eval_receive = prepared
+        self._run = run
+        if self._stop_before_start is not None:
+            if self._stop_before_start == "force":
+                run.cancel_everything()
+            else:
+                run.request_stop()
+            self._stop_before_start = None
+        try:
+            await self._run_stages(run, eval_send, eval_receive, handle_signals, task_status)
+        except BaseException as exc:
+            self._finish(run, exc)
+            raise
+        self._finish(run, None)
+
+    def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
+        """Count what was dropped, save the state and close its files, whatever happened.
+
+        The first error wins: if saving fails after `failure`, the caller still gets
+        `failure`, with the saving error in a note; without a failure, the saving error is
+        raised (the run's state on disk is then the last journal record).
+        """
+        self._run = None
+        self.last_counters = run.counters
+        # Groups still in the channel or ready were never trained; they roll again on resume.
+        run.counters.dropped_at_stop += (
+            run.counters.delivered - run.counters.received + len(run.ready)
+        )
+        counters = run.counters
+        if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
+            warnings.warn(
+                f"no step was trained: all {counters.empty_groups} groups rollout_fn returned "
+                "had no trajectories. Check that rollout_fn returns its trajectories.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        try:
+            run.snapshot()
+        except Exception as exc:
+            if failure is None:
+                raise
+            failure.add_note(
+                f"art_trio could not save the final resume state after this failure: "
+                f"{type(exc).__name__}: {exc}. The last journal record on disk is the resume "
+                "point: a resumed run settles the batch in flight against the backend's step."
+            )
+            warnings.warn(
+                f"could not save the resume state after a failure: {exc!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            run.store.close()
 
     async def _run_stages(
         self,
@@ -267,16 +367,28 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 tg.start_soon(_stage, "control", _control(handle_signals), run)
                 task_status.started()
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, force: bool = False) -> None:
         """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.
 
+        `force=True` is what a second SIGINT/SIGTERM does: cancel everything now, a running
+        `backend.train` and eval included (the batch in flight is then settled against the
+        backend's step on resume); the state is still saved and `train()` returns normally.
+        Call `request_stop()` first and `request_stop(force=True)` later to escalate.
+
         Call it from the thread running the trainer's event loop (a task, a callback);
-        before `train()` starts, it makes the next `train()` stop at once.
+        during start-up it ends `train()` before anything runs; before `train()` starts, it
+        makes the next `train()` stop at once.
         """
         if self._run is None:
-            self._stop_before_start = True
+            if self._stop_before_start != "force":
+                self._stop_before_start = "force" if force else "graceful"
+            if self._prepare_scope is not None:
+                self._prepare_scope.cancel()
             return
-        self._run.request_stop()
+        if force:
+            self._run.cancel_everything()
+        else:
+            self._run.request_stop()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -285,7 +397,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
         settings = self.settings
         start_step = int(await bridge.call(self.model.get_step))
-        store = StateStore(self.model._get_output_dir(), fsync=settings.fsync_state)
+        store = StateStore(
+            self.model._get_output_dir(),
+            fsync=settings.fsync_state,
+            identity={"model": self.model.name, "project": self.model.project},
+        )
         stored = store.read() if settings.resume else None
         state = stored or PipelineState()
         pending = state.ledger.pending
@@ -299,7 +415,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             )
         state.training_step = start_step
 
-        source: ScenarioSource[Any] = ScenarioSource(self._scenarios, state, bridge)
+        source: ScenarioSource[Any] = ScenarioSource(
+            self._scenarios, state, bridge, state_file=str(store.sidecar_path)
+        )
         status = StatusReporter(
             get_scenario_offset=lambda: source.position,
             log_interval_seconds=settings.log_interval_seconds,
@@ -327,7 +445,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.rollout_executor.set_target(settings.num_rollout_workers)
             self.rollout_executor.set_workers(tuple(range(settings.num_rollout_workers)))
         run.score_references = self._score_references
-        await source.skip_resolved_prefix()
+        # The resolved prefix is skipped by the rollout stage's first take, where a stop
+        # reaches it (a slow source can take long to skip).
 
         eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
         if self.eval_fn is not None:
@@ -464,8 +583,28 @@ async def _stage(
             raise leaves[0] from None
     except Exception as exc:
         exc.add_note(f"raised in art_trio's {name} stage")
-        print(f"Pipeline stage failed: {name}: {type(exc).__name__}: {exc}")
+        if isinstance(exc, BaseExceptionEscaped):
+            print(f"Pipeline stage ended: {name}: {exc}; stopping the run.")
+        else:
+            print(f"Pipeline stage failed: {name}: {type(exc).__name__}: {exc}")
         raise
+
+
+def _raise_failure(failure: BaseExceptionGroup[Any]) -> NoReturn:
+    """Raise the stages' failure: KeyboardInterrupt or SystemExit as themselves, else the group.
+
+    A callback's KeyboardInterrupt or SystemExit travelled through the stages as
+    `BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
+    stage's note, as if the run had not been in between.
+    """
+    for leaf in _leaves(failure):
+        original = leaf.original if isinstance(leaf, BaseExceptionEscaped) else leaf
+        if isinstance(original, (KeyboardInterrupt, SystemExit)):
+            for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
+                if note not in getattr(original, "__notes__", []):
+                    original.add_note(note)
+            raise original from None
+    raise failure
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:

@@ -3,7 +3,11 @@
 - First stop (`request_stop()`, SIGINT or SIGTERM): no new rollout or eval starts; those in
   flight get `shutdown_grace_seconds` to finish, then their cancel scopes are cancelled. The
   training stage lets a running `backend.train` finish and starts no new one.
-- Second SIGINT/SIGTERM: every stage is cancelled at once.
+- Second SIGINT/SIGTERM: every stage is cancelled at once, and the host's handlers are put
+  back right away: code that ignores cancellation (a rollout that catches it and goes on)
+  can keep `train()` from returning, and a third signal then does what it does without the
+  trainer (SIGTERM's default action ends the process; under trio SIGINT raises
+  KeyboardInterrupt in the main task, which waits for that code like any cancellation).
 Signal handlers are installed only from the main thread and restored afterwards.
 """
 
@@ -62,8 +66,12 @@ async def _receive_signals(run: PipelineRun) -> None:
                     )
                     run.request_stop()
                 else:
-                    print(f"Second {name}: cancelling everything now.")
+                    print(
+                        f"Second {name}: cancelling everything now (a third {name} gets the "
+                        "program's own handler)."
+                    )
                     run.cancel_everything()
+                    return  # leaving restores the host's handlers (see the docstring)
     finally:
         # Put back exactly what the host had, not the loop's default handlers.
         for sig, handler in previous.items():

@@ -13,7 +13,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
-from ..bridge import CallbackNotAwaitable
+from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
@@ -71,8 +71,10 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             )
         note_eval_completed(run, step)
         completed = True
-    except (anyio.get_cancelled_exc_class(), CallbackNotAwaitable):
-        raise  # a stop, or an eval_fn that can never work: not one failed eval
+    except (anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable):
+        # A stop; a KeyboardInterrupt or SystemExit; an eval_fn that can never work: each
+        # ends the run, not just this eval.
+        raise
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")

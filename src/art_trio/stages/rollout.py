@@ -22,7 +22,7 @@ from ..batching import (
     stamp_policy_versions,
     version_is_stale,
 )
-from ..bridge import CallbackNotAwaitable
+from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..executor import RolloutLost
 from ..gate import GateClosed
 from ..run import Delivered, PipelineRun
@@ -180,8 +180,10 @@ async def _roll(
         if doomed:
             _count_doomed(run, index, run.now() - started)
         raise
-    except CallbackNotAwaitable:
-        errored = False  # not this scenario's failure: the run ends, the scenario stays open
+    except (BaseExceptionEscaped, CallbackNotAwaitable):
+        # A KeyboardInterrupt or SystemExit, or a rollout_fn that can never work: not this
+        # scenario's failure. The run ends; the scenario stays unresolved.
+        errored = False
         raise
     except RolloutLost as exc:
         if _give_back(run, index, scenario):

@@ -10,6 +10,7 @@ source on resume) but never interrupts a `backend.train` call already running.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,17 +79,20 @@ async def _train_until_done(
 ) -> None:
     settings = run.settings
     step = run.start_step
-    stop_at = None if settings.max_steps is None else step + settings.max_steps
     # What can wait for a batch after one is taken: the channel, and the ready pool's rest.
     metrics = TrainMetrics(
         run, receive, ready_capacity=_lookahead(settings) - settings.max_batch_size
     )
-    while (stop_at is None or step < stop_at) and not run.stopping:
+    # Counted by the trainer itself, not read off the backend's step (which is checked too,
+    # see `checked_step`): max_steps bounds the number of train calls whatever it reports.
+    steps_done = 0
+    while (settings.max_steps is None or steps_done < settings.max_steps) and not run.stopping:
         step_started = run.now()
         batch = await collect_batch(run, receive, step)
         if batch is None or not batch.items:
             return
         step = await _train_step(run, batch, step, eval_send, step_started, metrics)
+        steps_done += 1
         if batch.source_ended and not run.ready:
             return
 
@@ -202,6 +206,8 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     if is_zero_variance(group):
         run.gate.group_discarded()
         counters.zero_variance += 1
+        if not group.trajectories:
+            _note_empty_group(run, item)
         run.status.note_zero_variance_discarded(1)
         run.state.ledger.resolve(item.scenario_index)
         run.held_zero_variance.append(group)
@@ -217,6 +223,24 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
         return True
     run.ready.append(item)
     return True
+
+
+def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
+    """A group with no trajectories (and no exceptions): zero variance, as in ART, but said.
+
+    Counting it silently let a rollout_fn that only returned empty groups use up a whole
+    source without training a step and return normally.
+    """
+    run.counters.empty_groups += 1
+    if run.counters.empty_groups == 1:
+        warnings.warn(
+            f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
+            f"index {item.scenario_index}; it is discarded as zero variance (nothing to learn "
+            "from). If every group is empty, rollout_fn is not returning its trajectories; "
+            "the run's total is in trainer.last_counters.empty_groups.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def train_kwargs(
@@ -331,13 +355,42 @@ async def _train_and_log(
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
 
-    new_step = int(result.step)
+    new_step = checked_step(result, expected)
     step_seconds = run.now() - step_started
     run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
     times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
     row = metrics.build(batch.items, new_step, times, result.metrics)
     await run.model.log(groups, split="train", step=new_step, metrics=row)
     return result
+
+
+class BackendStepError(RuntimeError):
+    """`backend.train` reported a step other than the one after the step it trained from."""
+
+
+def checked_step(result: Any, expected: int) -> int:
+    """The step `backend.train` reports, which must be `expected` (one more than before).
+
+    Resume relies on it: a pending batch counts as trained when the backend's step reached the
+    batch's step, so a step that does not advance makes resume train the batch again; the
+    off-policy bound counts policy versions in steps, so a jump makes fresh groups look stale.
+    """
+    step = getattr(result, "step", None)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise BackendStepError(
+            f"backend.train returned {type(result).__name__} with step {step!r}, not an "
+            f"integer; expected step {expected}"
+        )
+    if step != expected:
+        what = "did not advance" if step < expected else f"jumped by {step - expected + 1}"
+        raise BackendStepError(
+            f"backend.train trained step {expected - 1} -> {expected} but reported step "
+            f"{step}: the step {what}. The trainer needs the backend's step to advance by "
+            "exactly one per train call (resume asks it which batches were trained). The "
+            "batch stays recorded as pending and is settled against the backend's step on "
+            "resume; fix the backend's step accounting (TrainResult.step / get_step) first."
+        )
+    return step
 
 
 async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
@@ -348,4 +401,12 @@ async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
     await run.bridge.call(run.model.log, held, split="discarded", step=step)
 
 
-__all__ = ["COLLAPSE_MESSAGE", "CollectedBatch", "collect_batch", "train_kwargs", "training_stage"]
+__all__ = [
+    "COLLAPSE_MESSAGE",
+    "BackendStepError",
+    "CollectedBatch",
+    "checked_step",
+    "collect_batch",
+    "train_kwargs",
+    "training_stage",
+]
