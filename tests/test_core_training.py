@@ -254,3 +254,43 @@ async def test_off_policy_bound_holds_under_load(model, autojump_clock, admissio
         for version in call.initial_versions:
             assert version is not None and version >= (call.step - 1) - 1
     await trio.lowlevel.checkpoint()
+
+
+async def test_arts_tallies_persist_and_continue_across_a_resume(model, backend):
+    """ART 0.5.20's accepted/discarded tallies in state.json add up over both runs."""
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] % 3 == 2:
+            return art.TrajectoryGroup([trajectory(0.5), trajectory(0.5)])  # zero variance
+        return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
+
+    def run(max_steps: int | None) -> PipelineTrainer[Any, Any]:
+        return PipelineTrainer(
+            model, backend, rollout, scenarios(18), None, num_rollout_workers=1,
+            min_batch_size=2, max_batch_size=2, max_steps=max_steps,
+        )
+
+    await run(2).train(handle_signals=False)
+    first = state_record(model)
+    assert first["accepted_trainable_groups"] == 4
+    await run(None).train(handle_signals=False)
+    record = state_record(model)
+    assert record["accepted_trainable_groups"] == 12 == len(
+        [s for call in backend.calls for s in call.scenario_ids]
+    )
+    assert record["discarded_zero_variance_groups"] == 6
+    assert record["discarded_stale_groups"] == 0
+    if TRAIN_METRIC_NAMES == "0.5.23":  # a cumulative name only ART 0.5.20+ logs
+        cum = [
+            row["discarded/cum/zero_variance_groups"]
+            for row in history(model)
+            if "discarded/cum/zero_variance_groups" in row
+        ]
+        # The second run's rows continue from the first run's tally instead of restarting.
+        assert cum == sorted(cum) and cum[2] >= first["discarded_zero_variance_groups"]
+
+
+def state_record(model: Any) -> dict[str, Any]:
+    state = json.loads((Path(model._get_output_dir()) / "state.json").read_text())
+    record: dict[str, Any] = state["_pipeline_trainer"]
+    return record

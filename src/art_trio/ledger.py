@@ -164,6 +164,14 @@ class ScenarioLedger:
         return trained
 
 
+#: The tallies ART 0.5.20+ persists beside the reference's fields (same names and meaning).
+TALLY_FIELDS = (
+    "accepted_trainable_groups",
+    "discarded_stale_groups",
+    "discarded_zero_variance_groups",
+)
+
+
 @dataclass(slots=True)
 class PipelineState:
     """Everything persisted under `_pipeline_trainer`, the reference's four fields first."""
@@ -175,6 +183,11 @@ class PipelineState:
     completed_eval_steps: set[int] = field(default_factory=set)
     #: Eval steps scheduled but not finished: a resumed run evaluates them again.
     pending_eval_steps: set[int] = field(default_factory=set)
+    #: ART 0.5.20's running tallies (groups trained; completed groups discarded as stale or
+    #: as zero variance), kept across resumes so `discarded/cum/*` continue where they were.
+    accepted_trainable_groups: int = 0
+    discarded_stale_groups: int = 0
+    discarded_zero_variance_groups: int = 0
     #: Fingerprints of the first scenarios of the source (None: no stable form), in order.
     scenario_digests: list[str | None] = field(default_factory=list)
     #: Whether `scenario_digests` grew since the last journal record.
@@ -193,7 +206,11 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
+            **self._tallies(),
         }
+
+    def _tallies(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in TALLY_FIELDS}
 
     def journal_record(self, seq: int) -> dict[str, Any]:
         """What changed since the previous record, for the journal.
@@ -226,6 +243,8 @@ class PipelineState:
         self.last_eval_step = newer.last_eval_step
         self.completed_eval_steps = newer.completed_eval_steps
         self.pending_eval_steps = newer.pending_eval_steps
+        for name in TALLY_FIELDS:
+            setattr(self, name, getattr(newer, name))
         if "scenario_digests" in record:
             self.scenario_digests = newer.scenario_digests
 
@@ -244,6 +263,7 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
+            **self._tallies(),
             "scenario_digests": list(self.scenario_digests),
             "format": STATE_FORMAT,
         }
@@ -309,6 +329,9 @@ class PipelineState:
             completed_eval_steps=set(_index_list(data, "completed_eval_steps", where)),
             pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
             scenario_digests=list(digests),
+            accepted_trainable_groups=_count(data, TALLY_FIELDS[0], where, default=0),
+            discarded_stale_groups=_count(data, TALLY_FIELDS[1], where, default=0),
+            discarded_zero_variance_groups=_count(data, TALLY_FIELDS[2], where, default=0),
         )
 
 

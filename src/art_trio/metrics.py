@@ -240,16 +240,19 @@ class TrainMetrics:
         totals: _Totals,
         step: _Totals,
     ) -> dict[str, float]:
-        accepted = self._run.counters.trained + len(batch)  # this batch not counted yet
-        completed = max(float(accepted + totals.stale + totals.zero_variance), 1.0)
+        # Cumulative over the whole run, earlier train() calls included (ART persists them).
+        base = self._run.tally_base
+        accepted = base.accepted + self._run.counters.trained + len(batch)  # batch not counted
+        stale, zero_variance = base.stale + totals.stale, base.zero_variance + totals.zero_variance
+        completed = max(float(accepted + stale + zero_variance), 1.0)
         taken = max(len(batch) + step.stale + step.zero_variance, 1)
         return {
-            "discarded/cum/stale_groups": float(totals.stale),
-            "discarded/cum/zero_variance_groups": float(totals.zero_variance),
+            "discarded/cum/stale_groups": float(stale),
+            "discarded/cum/zero_variance_groups": float(zero_variance),
             "discarded/step/stale_groups": float(step.stale),
             "discarded/step/zero_variance_groups": float(step.zero_variance),
-            "discarded/rate/stale_groups": totals.stale / completed,
-            "discarded/rate/zero_variance_groups": totals.zero_variance / completed,
+            "discarded/rate/stale_groups": stale / completed,
+            "discarded/rate/zero_variance_groups": zero_variance / completed,
             "time/step_wall_s": times.wall,
             "time/step_collect_batch_s": times.collect,
             "time/step_trainer_idle_s": times.collect,

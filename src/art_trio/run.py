@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import anyio
 import art
@@ -88,6 +88,14 @@ class RunCounters:
     """Trained groups by how many versions behind the policy they were trained from.
 
     A histogram, not a list per group, so a run of a million groups costs no more memory."""
+
+
+class TallyBase(NamedTuple):
+    """ART 0.5.20's persisted tallies at the start of a run (groups, not rollouts)."""
+
+    accepted: int
+    stale: int
+    zero_variance: int
 
 
 def loop_clock() -> Callable[[], float]:
@@ -330,6 +338,12 @@ class PipelineRun:
         self.scheduled_eval_steps: set[int] = state.pending_eval_steps
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leased_steps: dict[int, int] = {}
+        #: The persisted tallies as this run found them: earlier runs' share of the totals.
+        self.tally_base = TallyBase(
+            state.accepted_trainable_groups,
+            state.discarded_stale_groups,
+            state.discarded_zero_variance_groups,
+        )
         #: How often each scenario's rollout was lost so far (see stages/rollout.py).
         self.lost_rollouts: dict[int, int] = {}
         #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
@@ -468,12 +482,21 @@ class PipelineRun:
 
     # -- persistence ---------------------------------------------------------------------
 
+    def sync_tallies(self) -> None:
+        """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""
+        base, counters, state = self.tally_base, self.counters, self.state
+        state.accepted_trainable_groups = base.accepted + counters.trained
+        state.discarded_stale_groups = base.stale + counters.stale - counters.stale_cancelled
+        state.discarded_zero_variance_groups = base.zero_variance + counters.zero_variance
+
     def persist(self) -> None:
         """Record the state's changes in the journal (cheap: one append; see ledger.py)."""
+        self.sync_tallies()
         self.store.append(self.state)
 
     def snapshot(self) -> None:
         """Write the whole state atomically (start and end of a run)."""
+        self.sync_tallies()
         self.store.write(self.state)
 
     def now(self) -> float:
