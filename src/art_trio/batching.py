@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from art import Trajectory, TrajectoryGroup
@@ -26,6 +27,68 @@ def group_initial_version(group: TrajectoryGroup) -> int | None:
         t.initial_policy_version for t in group.trajectories if t.initial_policy_version is not None
     ]
     return min(versions) if versions else None
+
+
+#: The window that stands for "no bound on staleness" (both bounds off): no run trains this
+#: many steps, and the gate's arithmetic stays in integers.
+UNBOUNDED_STEPS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Freshness:
+    """When a group is too old to train, under ART 0.5.20's two bounds (either may be off).
+
+    A group trained from step `s` is stale when its oldest trajectory started more than
+    `max_steps_off_policy` versions before `s`, or when the token-weighted mean policy age of
+    its tokens exceeds `limit_mean_steps_off_policy`. A group's tokens mostly share its start
+    version, so for admission both bounds act as one integer window (`window`).
+    """
+
+    max_steps_off_policy: int | None
+    limit_mean_steps_off_policy: float | None = None
+
+    @property
+    def window(self) -> int:
+        """Versions behind the step it trains from that a single-version group may be."""
+        windows = [UNBOUNDED_STEPS]
+        if self.max_steps_off_policy is not None:
+            windows.append(self.max_steps_off_policy)
+        if self.limit_mean_steps_off_policy is not None:
+            windows.append(math.floor(self.limit_mean_steps_off_policy))
+        return min(windows)
+
+    @property
+    def queue_window(self) -> int:
+        """The steps ART sizes its queue and adapter retention by: the hard bound, else the
+        mean bound rounded up, else 1 (queue) / 0 (retention, see `retention_window`)."""
+        if self.max_steps_off_policy is not None:
+            return self.max_steps_off_policy
+        if self.limit_mean_steps_off_policy is not None:
+            return math.ceil(self.limit_mean_steps_off_policy)
+        return 1
+
+    @property
+    def retention_window(self) -> int:
+        """Steps behind the current one whose adapters ART keeps servable."""
+        if self.max_steps_off_policy is None and self.limit_mean_steps_off_policy is None:
+            return 0
+        return self.queue_window
+
+    def is_stale(self, version: int | None, mean_version: float | None, step: int) -> bool:
+        """Too old for the batch trained from `step`; unversioned groups never are."""
+        if (
+            self.max_steps_off_policy is not None
+            and version is not None
+            and version < step - self.max_steps_off_policy
+        ):
+            return True
+        limit = self.limit_mean_steps_off_policy
+        if limit is None:
+            return False
+        if mean_version is None:
+            # No per-token weights known: the group's start version stands for all its tokens.
+            mean_version = version
+        return mean_version is not None and step - mean_version > limit
 
 
 def version_is_stale(version: int | None, min_version: int) -> bool:

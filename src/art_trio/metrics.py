@@ -149,6 +149,67 @@ def _age_exp(age: float) -> float:
     return math.inf if exponent >= 700.0 else math.exp(exponent)
 
 
+def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
+    """Which policy versions produced a trajectory's tokens, and how many, as ART counts them.
+
+    Per-token versions where the trajectory carries them (ART 0.5.20+'s `_policy_token_counts`,
+    or `policy_token_spans` on its served choices: weights updated under a running rollout);
+    otherwise its `initial_policy_version`, weighted by its `completion_tokens` (one unit and
+    a one-time warning where that is missing). Empty when no version is known.
+    """
+    counts = getattr(trajectory, "_policy_token_counts", None)
+    if counts:
+        return [(int(v), float(n)) for v, n in counts.items() if n > 0]
+    spans = [span for item in _served_items(trajectory) for span in _spans(item)]
+    if spans:
+        return spans
+    version = trajectory.initial_policy_version
+    if version is None:
+        return []
+    metrics = trajectory.metrics
+    if "completion_tokens" not in metrics:
+        record_completion_tokens(trajectory)
+    return [(version, completion_weight(trajectory))]
+
+
+def _served_items(trajectory: Trajectory) -> Iterable[Any]:
+    exchanges = getattr(getattr(trajectory, "exchanges", None), "chat_completions", None) or ()
+    for exchange in exchanges:
+        yield from exchange.response.choices
+    yield from trajectory.messages_and_choices
+    for history in getattr(trajectory, "additional_histories", None) or ():
+        yield from history.messages_and_choices
+
+
+def _spans(item: Any) -> list[tuple[int, float]]:
+    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None)
+    raw = extra.get("policy_token_spans") if isinstance(extra, Mapping) else None
+    if not isinstance(raw, list):
+        return []
+    found = []
+    for span in raw:
+        try:
+            tokens = float(span["end_token"]) - float(span["start_token"])
+            found.append((int(span["policy_version"]), tokens))
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed span says nothing about the version
+    return [(v, n) for v, n in found if n > 0]
+
+
+def mean_policy_version(group: Any) -> float | None:
+    """The token-weighted mean policy version of a group's tokens (None if none is known).
+
+    A group's token-weighted mean policy age at step s is `s - mean_policy_version(group)`:
+    ART 0.5.20's `limit_mean_steps_off_policy` bounds that.
+    """
+    total = weight = 0.0
+    for trajectory in group.trajectories:
+        for version, tokens in version_tokens(trajectory):
+            total += version * tokens
+            weight += tokens
+    return total / weight if weight > 0 else None
+
+
 def policy_age_metrics(
     training_step: int, batch: Iterable[Delivered]
 ) -> tuple[dict[str, float], float | None]:
@@ -161,18 +222,8 @@ def policy_age_metrics(
     tokens: dict[int, float] = {}
     for item in batch:
         for trajectory in item.group.trajectories:
-            version = trajectory.initial_policy_version
-            if version is None:
-                continue
-            metrics = trajectory.metrics
-            if "completion_tokens" not in metrics:
-                record_completion_tokens(trajectory)
-            value = metrics.get("completion_tokens")
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                weight = float(value)
-            else:
-                weight = _missing_tokens(value)
-            tokens[version] = tokens.get(version, 0.0) + weight
+            for version, weight in version_tokens(trajectory):
+                tokens[version] = tokens.get(version, 0.0) + weight
     if not tokens:
         return {}, None
     # A version newer than the trainer's counts as fresh (ART refuses it and stops the run).
@@ -300,8 +351,20 @@ class TrainMetrics:
         waiting = list(run.ready) + _buffered(self._receive)
         depth = float(len(run.ready) + stats.current_buffer_used)
         capacity = float(stats.max_buffer_size + self._ready_capacity)
-        limit = max(float(run.settings.max_steps_off_policy), 1e-9)
-        ages = [float(new_step - item.version) for item in waiting if item.version is not None]
+        fresh = run.freshness
+        # As ART: against the mean bound where set (with mean ages), else the hard bound.
+        mean_bound = fresh.limit_mean_steps_off_policy
+        bound = mean_bound if mean_bound is not None else fresh.max_steps_off_policy
+        limit = max(float(bound if bound is not None else 1.0), 1e-9)
+        ages = [
+            float(new_step - version)
+            for version in (
+                item.mean_version if mean_bound is not None and item.mean_version is not None
+                else item.version
+                for item in waiting
+            )
+            if version is not None
+        ]
         mean = sum(ages) / len(ages) if ages else 0.0
         return {
             "queue/ready_groups_est": depth,
@@ -379,6 +442,8 @@ __all__ = [
     "TrainMetrics",
     "batch_factor",
     "completion_weight",
+    "mean_policy_version",
     "policy_age_metrics",
+    "version_tokens",
     "weighted_percentile",
 ]

@@ -48,6 +48,8 @@ class Delivered:
     actor_idle_s: float
     #: The group's `initial_policy_version` (oldest of its trajectories), None if unversioned.
     version: int | None = None
+    #: Its tokens' mean policy version, token-weighted (only with a mean-age bound set).
+    mean_version: float | None = None
 
 
 @dataclass(slots=True)
@@ -313,12 +315,13 @@ class PipelineRun:
         self.start_step = start_step
         self.source = source
         self.counters = RunCounters()
+        self.freshness = settings.freshness
         # The loop's own clock: anyio.current_time() looks the backend up on every call, and
         # the stages read the time several times per rollout.
         self._clock = loop_clock()
         self.gate = PolicyGate(
             start_step=start_step,
-            max_steps_off_policy=settings.max_steps_off_policy,
+            max_steps_off_policy=settings.freshness.window,
             max_batch_size=settings.max_batch_size,
             admission=settings.admission,
             beyond_bound=settings.rollouts_beyond_bound,
@@ -481,6 +484,14 @@ class PipelineRun:
         return outcome[0]
 
     # -- persistence ---------------------------------------------------------------------
+
+    def stale_for(self, step: int) -> Callable[[Delivered], bool]:
+        """Whether a group is too old for the batch trained from `step`."""
+        fresh = self.freshness
+        if fresh.limit_mean_steps_off_policy is None and fresh.max_steps_off_policy is not None:
+            oldest = step - fresh.max_steps_off_policy  # the hard bound alone: one comparison
+            return lambda item: item.version is not None and item.version < oldest
+        return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def sync_tallies(self) -> None:
         """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from .batching import Freshness
 from .compat import check_line_supports
 from .retention import CheckpointRetentionStrategy
 
@@ -41,7 +42,10 @@ class PipelineSettings:
     num_rollout_workers: int = 16
     min_batch_size: int = 4
     max_batch_size: int = 40
-    max_steps_off_policy: int = 4
+    #: The hard bound on a group's age (None: off, ART 0.5.20+).
+    max_steps_off_policy: int | None = 4
+    #: ART 0.5.20's bound on a group's token-weighted mean policy age (None: off).
+    limit_mean_steps_off_policy: float | None = None
     queue_maxsize: int | None = None
     learning_rate: float = 1e-5
     loss_fn: str = "cispo"
@@ -72,11 +76,16 @@ class PipelineSettings:
     max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES
 
     @property
+    def freshness(self) -> Freshness:
+        """The staleness bounds, as one rule (see batching.Freshness)."""
+        return Freshness(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+
+    @property
     def groups_capacity(self) -> int:
         """Capacity of the channel from rollout workers to the trainer (as the reference)."""
         if self.queue_maxsize is not None:
             return self.queue_maxsize
-        return max(1, self.max_steps_off_policy * self.max_batch_size)
+        return max(1, self.freshness.queue_window * self.max_batch_size)
 
     @property
     def discard_limit(self) -> int:
@@ -145,6 +154,7 @@ def build_settings(
     min_batch_size: int,
     max_batch_size: int | None,
     max_steps_off_policy: int | None,
+    limit_mean_steps_off_policy: float | None,
     queue_maxsize: int | None,
     max_steps: int | None,
     eval_every_n_steps: int,
@@ -174,14 +184,10 @@ def build_settings(
         raise ValueError("max_batch_size must be > 0")
     if max_batch_size is not None and max_batch_size < min_batch_size:
         raise ValueError("max_batch_size must be >= min_batch_size")
-    if max_steps_off_policy is None:
-        raise NotImplementedError(
-            "max_steps_off_policy=None (ART 0.5.20's switch to the mean policy-age bound "
-            "alone) is not implemented in art_trio yet; leave it unset and bound staleness "
-            "with max_steps_off_policy"
-        )
-    if max_steps_off_policy < 0:
+    if max_steps_off_policy is not None and max_steps_off_policy < 0:
         raise ValueError("max_steps_off_policy must be >= 0")
+    if limit_mean_steps_off_policy is not None and not limit_mean_steps_off_policy >= 0:
+        raise ValueError("limit_mean_steps_off_policy must be >= 0")
     if queue_maxsize is not None and queue_maxsize <= 0:
         raise ValueError("queue_maxsize must be > 0")
     if eval_every_n_steps < 0:
@@ -245,6 +251,7 @@ def build_settings(
         min_batch_size=min_batch_size,
         max_batch_size=max_batch_size if max_batch_size is not None else 10 * min_batch_size,
         max_steps_off_policy=max_steps_off_policy,
+        limit_mean_steps_off_policy=limit_mean_steps_off_policy,
         queue_maxsize=queue_maxsize,
         max_steps=max_steps,
         eval_every_n_steps=eval_every_n_steps,

@@ -127,7 +127,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "queue_maxsize": queue_maxsize,
             },
         )
-        _refuse_unbuilt(limit_mean_steps_off_policy=limit_mean_steps_off_policy)
         explicit_workers = num_rollout_workers is not None or (
             "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
         )
@@ -137,6 +136,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.settings = build_settings(
             **runtime,  # type: ignore[arg-type]
             max_steps_off_policy=max_steps_off_policy,
+            limit_mean_steps_off_policy=limit_mean_steps_off_policy,
             learning_rate=learning_rate,
             loss_fn=loss_fn,
             loss_fn_config=loss_fn_config,
@@ -525,18 +525,6 @@ def _fit_executor(executor: object | None, workers: int | None, *, explicit: boo
             )
         return capacity
     return workers
-
-
-def _refuse_unbuilt(*, limit_mean_steps_off_policy: float | None) -> None:
-    """ART 0.5.20 parameters art_trio accepts but does not implement yet: never ignored."""
-    if limit_mean_steps_off_policy is not None and limit_mean_steps_off_policy < 0:
-        raise ValueError("limit_mean_steps_off_policy must be >= 0")
-    if limit_mean_steps_off_policy is not None:
-        raise NotImplementedError(
-            "limit_mean_steps_off_policy (ART 0.5.20's mean policy-age bound) is not "
-            "implemented in art_trio yet; leave it unset and bound staleness with "
-            "max_steps_off_policy"
-        )
 
 
 def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> None:

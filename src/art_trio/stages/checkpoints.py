@@ -74,7 +74,7 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
     if getattr(type(run.backend), "prune_model_adapters", None) is not None:
-        oldest = max(0, step - run.settings.max_steps_off_policy)
+        oldest = max(0, step - run.freshness.retention_window)
         await run.bridge.call(
             run.backend.prune_model_adapters, run.model, retain_steps=set(range(oldest, step + 1))
         )

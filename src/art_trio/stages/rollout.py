@@ -20,11 +20,11 @@ from ..batching import (
     non_finite_reward_error,
     scenario_context,
     stamp_policy_versions,
-    version_is_stale,
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..executor import RolloutLost
 from ..gate import GateClosed
+from ..metrics import mean_policy_version
 from ..run import Delivered, PipelineRun
 
 
@@ -226,7 +226,14 @@ async def _roll(
     run.failure_streak.clear()
     copy_scenario_metadata(group, scenario)
     group_version = stamp_policy_versions(group, initial=version, final=gate.policy_version)
-    if gate.drops_stale_early and version_is_stale(group_version, gate.min_fresh_version):
+    mean_version = (
+        mean_policy_version(group)
+        if run.freshness.limit_mean_steps_off_policy is not None
+        else None
+    )
+    if gate.drops_stale_early and run.freshness.is_stale(
+        group_version, mean_version, gate.next_training_step
+    ):
         # No batch still to be taken would accept it: drop it now, not after it queued.
         counters.stale += 1
         counters.stale_rollout_s += wall
@@ -239,6 +246,7 @@ async def _roll(
         rollout_wall_s=wall,
         actor_idle_s=started - idle_since,
         version=group_version,
+        mean_version=mean_version,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from art import TrajectoryGroup
 
-from ..batching import all_failed_error, is_zero_variance, version_is_stale
+from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
 from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
@@ -112,19 +113,19 @@ async def collect_batch(
     settings = run.settings
     earliest_deadline_first = settings.admission == "staleness_aware"
     lookahead = _lookahead(settings)
-    min_version = run.gate.batch_min_version(current_step)
+    stale = run.stale_for(current_step)
     batch = CollectedBatch()
     ready = run.ready
     started = run.now()
     # Groups that aged out of the window while they waited for a batch.
-    for item in [item for item in ready if version_is_stale(item.version, min_version)]:
+    for item in [item for item in ready if stale(item)]:
         ready.remove(item)
         _discard_stale(run, item, batch)
     with anyio.CancelScope() as scope:
         run.collect_scope = scope
         if run.stopping:
             scope.cancel()
-        if not _receive_ready(run, receive, min_version, batch, lookahead):
+        if not _receive_ready(run, receive, stale, batch, lookahead):
             return None
         while len(ready) < settings.min_batch_size and not batch.source_ended:
             try:
@@ -132,9 +133,9 @@ async def collect_batch(
             except anyio.EndOfStream:
                 batch.source_ended = True
                 break
-            if not _accept(run, item, min_version, batch):
+            if not _accept(run, item, stale, batch):
                 return None
-        if not _receive_ready(run, receive, min_version, batch, lookahead):
+        if not _receive_ready(run, receive, stale, batch, lookahead):
             return None
     run.collect_scope = None
     if scope.cancel_called:
@@ -166,7 +167,7 @@ def _deadline(item: Delivered) -> tuple[float, int]:
 def _receive_ready(
     run: PipelineRun,
     receive: MemoryObjectReceiveStream[Delivered],
-    min_version: int,
+    stale: Callable[[Delivered], bool],
     batch: CollectedBatch,
     lookahead: int,
 ) -> bool:
@@ -179,7 +180,7 @@ def _receive_ready(
         except anyio.EndOfStream:
             batch.source_ended = True
             return True
-        if not _accept(run, item, min_version, batch):
+        if not _accept(run, item, stale, batch):
             return False
     return True
 
@@ -192,7 +193,9 @@ def _discard_stale(run: PipelineRun, item: Delivered, batch: CollectedBatch) -> 
     run.state.ledger.resolve(item.scenario_index)
 
 
-def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: CollectedBatch) -> bool:
+def _accept(
+    run: PipelineRun, item: Delivered, stale: Callable[[Delivered], bool], batch: CollectedBatch
+) -> bool:
     """Sort one received group into the ready pool or a discard pile; False on collapse."""
     group, counters = item.group, run.counters
     counters.received += 1
@@ -200,7 +203,7 @@ def _accept(run: PipelineRun, item: Delivered, min_version: int, batch: Collecte
     error = all_failed_error(group)
     if error is not None:
         raise error
-    if version_is_stale(item.version, min_version):
+    if stale(item):
         _discard_stale(run, item, batch)
         return True
     if is_zero_variance(group):
