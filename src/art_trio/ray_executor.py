@@ -1,0 +1,334 @@
+"""Rollouts on a Ray cluster: a pool of async Ray actors running the user's asyncio rollout_fn.
+
+Design. Each actor is one Ray worker process with its own asyncio loop; it runs up to
+`max_concurrency` rollouts at once, the way the trainer's own process would (rollouts wait
+on inference, they do not compute). Remote *tasks* would cost a worker process and a CPU slot
+per running rollout: a thousand concurrent rollouts would be a thousand processes.
+
+- The trainer's rollout workers are spread over the actors (sticky: worker `i` always uses
+  the same actor), and actors over nodes (`SPREAD`, one CPU each by default).
+- The model travels as a `ModelView` (fields, config, inference name), put in the object
+  store once per change and rebuilt once per actor, so a rollout's `model.openai_client()` is
+  shared by the actor's rollouts like the trainer's one is. The rollout function is put once
+  and cached by each actor. Per call, only the scenario and config are shipped.
+- Cancelling the asyncio task awaiting `run` cancels the actor task (an `asyncio.CancelledError`
+  in the rollout on its node, so its `finally` runs there), waits up to `cancel_timeout`
+  seconds for the node to confirm, and re-raises `CancelledError`.
+- A dead worker process, actor or node raises `RolloutLost`; Ray restarts the actor
+  (`max_restarts=-1`) and never retries the task (`max_task_retries=0`): the trainer decides.
+- A failing rollout raises its own exception type (Ray's `as_instanceof_cause`), whose message
+  carries the scenario's id and the remote traceback.
+
+Importing `art_trio` does not import this module (nor ray); `art_trio.RayRolloutExecutor` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import ray
+import ray.exceptions as rex
+from art import TrajectoryGroup
+
+from .executor import ModelView, RolloutLost, scenario_id
+
+#: Errors that mean the worker (process, actor or node) running the rollout is gone.
+LOST_ERRORS: tuple[type[BaseException], ...] = (
+    rex.RayActorError,  # ActorDiedError, ActorUnavailableError
+    rex.WorkerCrashedError,
+    rex.NodeDiedError,
+    rex.LocalRayletDiedError,
+    rex.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError, ...
+    rex.TaskCancelledError,  # cancelled by someone else than this executor
+)
+
+_MODELS_PER_ACTOR = 8
+_CACHED_PUTS = 32
+
+
+def _rebuild(cls: type, state: Any) -> Any:
+    obj: Any = object.__new__(cls)
+    obj.__setstate__(state)
+    return obj
+
+
+class _ByState:
+    """Pickles a pydantic model by class and state, never calling its `__new__`.
+
+    ART 0.5.18's `TrajectoryGroup.__new__` requires its trajectories, so plain pickling (what
+    Ray does) cannot rebuild one; the caller receives the group itself, not this wrapper.
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self.obj), self.obj.__getstate__()))
+
+
+class _RolloutActor:
+    """One Ray worker process running many rollouts on its asyncio loop."""
+
+    def __init__(self) -> None:
+        self._functions: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self._models: OrderedDict[str, Any] = OrderedDict()
+
+    async def run(
+        self,
+        function_key: str,
+        function_box: list[Any],
+        model_key: str,
+        model_box: list[Any],
+        scenario: Any,
+        config: Any,
+    ) -> Any:
+        # The boxes hold ObjectRefs Ray does not resolve on the way in: fetched on a miss only.
+        function = self._functions.get(function_key)
+        if function is None:
+            function = await function_box[0]
+            self._functions[function_key] = function
+        model = self._models.get(model_key)
+        if model is None:
+            view: ModelView = await model_box[0]
+            model = self._models[model_key] = view.build()
+            while len(self._models) > _MODELS_PER_ACTOR:
+                self._models.popitem(last=False)
+        else:
+            self._models.move_to_end(model_key)
+        result = await function(model, scenario, config)
+        return _ByState(result) if isinstance(result, TrajectoryGroup) else result
+
+    async def where(self) -> dict[str, Any]:
+        """This actor's process id and node id (for tests and diagnostics)."""
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+
+class RayRolloutExecutor:
+    """Runs each rollout in a pool of async Ray actors (see the module docstring).
+
+    `RayRolloutExecutor()` connects to the cluster `ray.init()` finds (`RAY_ADDRESS`, the
+    cluster started on this machine, or a new local one), or uses the one the program already
+    initialised. `address` and `init_kwargs` go to `ray.init` when it is not initialised yet.
+    `num_actors` defaults to the cluster's CPU count; `actor_options` are passed to
+    `.options()` (e.g. `num_cpus`, `resources`, `runtime_env`, `scheduling_strategy`).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_actors: int | None = None,
+        max_concurrency: int = 1000,
+        actor_options: Mapping[str, Any] | None = None,
+        cancel_timeout: float = 2.0,
+        address: str | None = None,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if num_actors is not None and num_actors < 1:
+            raise ValueError("num_actors must be >= 1")
+        if not ray.is_initialized():
+            ray.init(address=address, **dict(init_kwargs or {}))
+        if num_actors is None:
+            num_actors = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        options: dict[str, Any] = {
+            "num_cpus": 1,
+            "scheduling_strategy": "SPREAD",
+            "max_restarts": -1,
+            "max_task_retries": 0,
+        }
+        options.update(actor_options or {})
+        options["max_concurrency"] = max_concurrency
+        actor_class: Any = ray.remote(_RolloutActor)
+        self._actors: list[Any] = [
+            actor_class.options(**options).remote() for _ in range(num_actors)
+        ]
+        self._max_concurrency = max_concurrency
+        self.cancel_timeout = cancel_timeout
+        self._assigned: dict[int, int] = {}
+        # id(obj) -> (obj, key, [ref]); obj kept alive so its id is not reused.
+        self._functions: OrderedDict[int, tuple[Any, str, list[Any]]] = OrderedDict()
+        self._models: OrderedDict[str, tuple[str, list[Any]]] = OrderedDict()
+        self._closed = False
+        self._actor_class = actor_class
+        self._actor_options = options
+        #: Actors that lost a rollout and are not known to be back yet; their probe locks.
+        self._down: set[int] = set()
+        self._probe_locks: dict[int, asyncio.Lock] = {}
+
+    # -- the RolloutExecutor protocol ---------------------------------------------------------
+
+    @property
+    def max_workers(self) -> int | None:
+        return len(self._actors) * self._max_concurrency
+
+    def set_target(self, target_workers: int) -> None:
+        if target_workers < 1:
+            raise ValueError("target_workers must be >= 1")
+        limit = self.max_workers
+        if limit is not None and target_workers > limit:
+            raise ValueError(
+                f"{target_workers} rollout workers exceed this Ray pool's {limit} "
+                f"({len(self._actors)} actors x max_concurrency {self._max_concurrency})"
+            )
+
+    def set_workers(self, worker_ids: tuple[int, ...]) -> None:
+        """Spread the workers over the actors evenly; a worker keeps its actor if it can."""
+        n = len(self._actors)
+        workers = sorted(set(worker_ids))
+        per_actor = -(-len(workers) // n) if workers else 0
+        load = [0] * n
+        kept: dict[int, int] = {}
+        for worker in workers:
+            actor = self._assigned.get(worker)
+            if actor is not None and load[actor] < per_actor:
+                kept[worker] = actor
+                load[actor] += 1
+        for worker in workers:
+            if worker not in kept:
+                actor = min(range(n), key=lambda i: (load[i], i))
+                kept[worker] = actor
+                load[actor] += 1
+        self._assigned = kept
+
+    async def run(
+        self,
+        worker_id: int,
+        rollout_fn: Callable[..., Awaitable[Any]],
+        model: Any,
+        scenario: Any,
+        config: Any,
+    ) -> Any:
+        if self._closed:
+            raise RuntimeError("this RayRolloutExecutor is shut down")
+        index = self._assigned.get(worker_id, worker_id % len(self._actors))
+        if index in self._down:
+            await self._wait_until_up(index)
+        actor = self._actors[index]
+        function_key, function_box = self._function_ref(rollout_fn)
+        model_key, model_box = self._model_ref(model)
+        ref = actor.run.remote(function_key, function_box, model_key, model_box, scenario, config)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            await self._cancel(ref)
+            raise
+        except rex.RayTaskError as error:
+            raise _with_context(error, scenario) from None
+        except LOST_ERRORS as error:
+            if isinstance(error, rex.RayActorError):
+                self._down.add(index)  # the next call on this actor waits until it is back
+            raise RolloutLost(
+                f"the Ray worker running the rollout{_scenario_text(scenario)} was lost: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    async def where(self) -> list[dict[str, Any]]:
+        """Each actor's pid and node id; waits until every actor is up."""
+        return list(await asyncio.gather(*(actor.where.remote() for actor in self._actors)))
+
+    def shutdown(self) -> None:
+        """Kill the actors (running rollouts end with them). Leaves Ray itself initialised."""
+        self._closed = True
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        self._functions.clear()
+        self._models.clear()
+
+    def __enter__(self) -> RayRolloutExecutor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    async def _wait_until_up(self, index: int) -> None:
+        """Wait until Ray has restarted actor `index` (one caller probes, the others queue).
+
+        Calls made while Ray restarts an actor fail at once with `ActorUnavailableError`;
+        without this wait each would come back as a lost rollout in a tight loop. An actor
+        Ray reports permanently dead is replaced by a new one.
+        """
+        lock = self._probe_locks.setdefault(index, asyncio.Lock())
+        while index in self._down and not self._closed:
+            async with lock:
+                if index not in self._down:
+                    break
+                try:
+                    await self._actors[index].where.remote()
+                except rex.ActorDiedError:
+                    self._actors[index] = self._actor_class.options(**self._actor_options).remote()
+                    continue
+                except LOST_ERRORS:
+                    await asyncio.sleep(0.2)
+                    continue
+                self._down.discard(index)
+                self._probe_locks.pop(index, None)
+
+    async def _cancel(self, ref: Any) -> None:
+        """Cancel the actor task and wait (bounded) until its node reports it ended."""
+        ray.cancel(ref)
+        done = asyncio.wrap_future(ref.future())
+        try:
+            await asyncio.wait({done}, timeout=self.cancel_timeout)
+        except asyncio.CancelledError:
+            pass  # cancelled again while waiting: stop waiting, the caller re-raises
+        if done.done() and not done.cancelled():
+            done.exception()  # retrieved, so asyncio does not log it
+        else:
+            done.cancel()
+
+    def _function_ref(self, function: Any) -> tuple[str, list[Any]]:
+        entry = self._functions.get(id(function))
+        if entry is None or entry[0] is not function:
+            entry = (function, uuid.uuid4().hex, [ray.put(function)])
+            self._functions[id(function)] = entry
+            while len(self._functions) > _CACHED_PUTS:
+                self._functions.popitem(last=False)
+        return entry[1], entry[2]
+
+    def _model_ref(self, model: Any) -> tuple[str, list[Any]]:
+        view = ModelView.of(model)
+        fingerprint = view.fingerprint()
+        entry = self._models.get(fingerprint)
+        if entry is None:
+            # The view (and so the config whose id is in the fingerprint) stays referenced by
+            # its object until the entry is evicted.
+            entry = (uuid.uuid4().hex, [ray.put(view), view])
+            self._models[fingerprint] = entry
+            while len(self._models) > _CACHED_PUTS:
+                self._models.popitem(last=False)
+        else:
+            self._models.move_to_end(fingerprint)
+        return entry[0], entry[1][:1]
+
+
+def _scenario_text(scenario: Any) -> str:
+    found = scenario_id(scenario)
+    return "" if found is None else f" of scenario {found!r}"
+
+
+def _with_context(error: rex.RayTaskError, scenario: Any) -> BaseException:
+    """The rollout's own exception type (Ray's dual `RayTaskError(<type>)`), its message naming
+    the scenario and carrying the remote traceback."""
+    header = f"rollout{_scenario_text(scenario)} failed on a Ray worker:"
+    cause = error.cause
+    if not isinstance(cause, BaseException):
+        error.add_note(header)
+        return error
+    # str(error) is Ray's rendering of the remote traceback (internal frames dropped); the new
+    # error keeps it verbatim under the header and holds the same cause.
+    annotated = rex.RayTaskError("rollout", f"{header}\n{error}", cause, proctitle="rollout")
+    result: BaseException = annotated.as_instanceof_cause()
+    return result
+
+
+__all__ = ["LOST_ERRORS", "RayRolloutExecutor"]
