@@ -104,7 +104,7 @@ class RayCluster:
 
     def stop(self) -> None:
         """Stop every process of this cluster: SIGTERM, then SIGKILL what is left."""
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         sig = signal.SIGTERM
         while pids := self.pids():
             for pid in pids:

@@ -308,9 +308,23 @@ def test_kill_9_of_the_worker_process_mid_rollout_is_a_lost_rollout(
     assert isinstance(lost.__cause__, ray.exceptions.RayActorError)
     assert "'hour'" in str(lost)
     assert not (marks / "finally").exists()  # it never finished: nothing ran its finally
-    # Ray restarts the actor; the next rollout on that worker waits for it and succeeds.
-    group = run(executor.run(3, ray_rollouts.where_rollout, model, {"id": 10}, None), 90)
+    # The next rollouts of that worker go to a live actor while Ray restarts this one...
+    group = run(executor.run(3, ray_rollouts.where_rollout, model, {"id": 10}, None), 10)
     assert group.trajectories[0].metadata["pid"] != (marks / "started").read_text()
+
+    # ...and once it answers again the worker is back on its own actor, in a new process.
+    async def back() -> dict[str, Any]:
+        while True:
+            group = await executor.run(3, ray_rollouts.where_rollout, model, {"id": 11}, None)
+            metadata: dict[str, Any] = group.trajectories[0].metadata
+            if not executor._down:
+                return metadata
+            await asyncio.sleep(0.5)
+
+    restarted = run(back(), 90)
+    places = run(executor.where())
+    assert restarted["pid"] in {str(p["pid"]) for p in places}
+    assert str(places[executor._assigned[3]]["pid"]) not in {(marks / "started").read_text()}
 
 
 def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor) -> None:
@@ -321,3 +335,50 @@ def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor)
     assert all(executor._assigned[w] == first[w] for w in range(8))
     executor.set_workers((2, 3))
     assert executor._assigned == {2: first[2], 3: first[3]}
+
+
+def test_losing_a_node_mid_rollout_loses_only_its_rollouts(cluster, executor, model, tmp_path):
+    """Last in the module: kill -9 every process of the second node (raylet, agents, workers)."""
+    places = run(executor.where())
+    node1 = cluster.session_pids(1)
+    on_node1 = [i for i, p in enumerate(places) if p["pid"] in node1]
+    on_head = [i for i, p in enumerate(places) if p["pid"] not in node1]
+    assert on_node1 and on_head, places
+    executor.set_workers(tuple(range(len(places))))
+    workers = {i: next(w for w, a in executor._assigned.items() if a == i) for i in range(4)}
+    for i in range(4):
+        (tmp_path / str(i)).mkdir()
+    scenarios = {i: _hour_scenario(tmp_path / str(i)) for i in range(4)}
+
+    async def main() -> dict[int, BaseException | None]:
+        tasks = {
+            i: asyncio.create_task(
+                executor.run(workers[i], ray_rollouts.hour_rollout, model, scenarios[i], 0)
+            )
+            for i in range(4)
+        }
+        for i in range(4):
+            await _until_started(Path(scenarios[i]["marks"]))
+        for pid in cluster.session_pids(1):
+            os.kill(pid, signal.SIGKILL)
+        lost = {}
+        for i in on_node1:
+            with pytest.raises(RolloutLost) as caught:
+                await asyncio.wait_for(tasks[i], 30)
+            lost[i] = caught.value
+        # The head's rollouts were untouched: still running, then cancelled as usual.
+        for i in on_head:
+            assert not tasks[i].done()
+            tasks[i].cancel()
+        for i in on_head:
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[i]
+            assert (Path(scenarios[i]["marks"]) / "finally").exists()
+        return lost
+
+    lost = run(main(), 120)
+    assert all(isinstance(e.__cause__, ray.exceptions.RayError) for e in lost.values())
+    # The lost node's workers go on at once on the head's actors.
+    for i in on_node1:
+        group = run(executor.run(workers[i], ray_rollouts.where_rollout, model, {"id": i}, 0), 10)
+        assert group.trajectories[0].metadata["pid"] in {str(places[j]["pid"]) for j in on_head}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -159,9 +160,11 @@ class RayRolloutExecutor:
         self._closed = False
         self._actor_class = actor_class
         self._actor_options = options
-        #: Actors that lost a rollout and are not known to be back yet; their probe locks.
+        #: Actors that lost a rollout and have not answered a probe since. Probes complete on
+        #: Ray's thread, hence the plain sets (single operations under the GIL).
         self._down: set[int] = set()
-        self._probe_locks: dict[int, asyncio.Lock] = {}
+        self._dead: set[int] = set()
+        self._probing: dict[int, float] = {}
 
     # -- the RolloutExecutor protocol ---------------------------------------------------------
 
@@ -208,9 +211,10 @@ class RayRolloutExecutor:
     ) -> Any:
         if self._closed:
             raise RuntimeError("this RayRolloutExecutor is shut down")
-        index = self._assigned.get(worker_id, worker_id % len(self._actors))
-        if index in self._down:
-            await self._wait_until_up(index)
+        index = self._actor_for(worker_id)
+        while index is None:  # every actor is down: wait for one to come back
+            await asyncio.sleep(0.2)
+            index = self._actor_for(worker_id)
         actor = self._actors[index]
         function_key, function_box = self._function_ref(rollout_fn)
         model_key, model_box = self._model_ref(model)
@@ -224,7 +228,7 @@ class RayRolloutExecutor:
             raise _with_context(error, scenario) from None
         except LOST_ERRORS as error:
             if isinstance(error, rex.RayActorError):
-                self._down.add(index)  # the next call on this actor waits until it is back
+                self._down.add(index)  # calls go to the other actors until it is back
             raise RolloutLost(
                 f"the Ray worker running the rollout{_scenario_text(scenario)} was lost: "
                 f"{type(error).__name__}: {error}"
@@ -250,28 +254,43 @@ class RayRolloutExecutor:
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
 
-    async def _wait_until_up(self, index: int) -> None:
-        """Wait until Ray has restarted actor `index` (one caller probes, the others queue).
+    def _actor_for(self, worker_id: int) -> int | None:
+        """The worker's actor; while it is down, another live one (None if all are down).
 
-        Calls made while Ray restarts an actor fail at once with `ActorUnavailableError`;
-        without this wait each would come back as a lost rollout in a tight loop. An actor
-        Ray reports permanently dead is replaced by a new one.
+        Calls made while Ray restarts an actor fail at once (`ActorUnavailableError`), and an
+        actor whose node is gone may wait for a place to restart for as long as the cluster
+        lacks one. Until a probe answers, its workers' rollouts go to the other actors.
         """
-        lock = self._probe_locks.setdefault(index, asyncio.Lock())
-        while index in self._down and not self._closed:
-            async with lock:
-                if index not in self._down:
-                    break
-                try:
-                    await self._actors[index].where.remote()
-                except rex.ActorDiedError:
-                    self._actors[index] = self._actor_class.options(**self._actor_options).remote()
-                    continue
-                except LOST_ERRORS:
-                    await asyncio.sleep(0.2)
-                    continue
+        n = len(self._actors)
+        index = self._assigned.get(worker_id, worker_id % n)
+        if index not in self._down:
+            return index
+        for down in tuple(self._down):
+            self._probe(down)
+        live = [i for i in range(n) if i not in self._down]
+        return live[worker_id % len(live)] if live else None
+
+    def _probe(self, index: int) -> None:
+        """Ask actor `index` where it is, at most twice a second; an answer marks it up."""
+        if index in self._dead:  # Ray gave up on it: a new actor takes its place
+            self._dead.discard(index)
+            self._actors[index] = self._actor_class.options(**self._actor_options).remote()
+        now = time.monotonic()
+        if now - self._probing.get(index, -1.0) < 0.5:
+            return
+        self._probing[index] = now
+        actor = self._actors[index]
+
+        def probed(future: Any) -> None:
+            if actor is not self._actors[index]:
+                return
+            error = future.exception()
+            if error is None:
                 self._down.discard(index)
-                self._probe_locks.pop(index, None)
+            elif isinstance(error, rex.ActorDiedError):
+                self._dead.add(index)
+
+        actor.where.remote().future().add_done_callback(probed)
 
     async def _cancel(self, ref: Any) -> None:
         """Cancel the actor task and wait (bounded) until its node reports it ended."""
