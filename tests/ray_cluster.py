@@ -20,6 +20,9 @@ from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
 REPO = str(Path(__file__).resolve().parents[1])
+#: A cluster on 127.0.0.1 for one test module: no token auth (the `ray start` default), said
+#: explicitly so a token some other Ray left in ~/.ray cannot half-enable it.
+AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
 
 
 class RayCluster:
@@ -37,6 +40,7 @@ class RayCluster:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
         env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env.update(AUTH_ENV)
         command = [
             RAY, "start", *args,
             f"--num-cpus={self.cpus_per_node}",
@@ -82,7 +86,7 @@ class RayCluster:
 
     def env(self) -> dict[str, str]:
         """The environment a driver process needs to join this cluster with plain ray.init()."""
-        return {"RAY_ADDRESS": self.address, "PYTHONPATH": REPO}
+        return {"RAY_ADDRESS": self.address, "PYTHONPATH": REPO, **AUTH_ENV}
 
     def pids(self) -> set[int]:
         """This cluster's live processes: in its sessions or naming its temp dir (no zombies)."""

@@ -29,7 +29,7 @@ from tests import ray_rollouts
 ray = pytest.importorskip("ray")
 
 from art_trio.ray_executor import RayRolloutExecutor  # noqa: E402
-from tests.ray_cluster import RayCluster  # noqa: E402
+from tests.ray_cluster import AUTH_ENV, RayCluster  # noqa: E402
 
 # -- without a cluster ------------------------------------------------------------------------
 
@@ -71,8 +71,9 @@ def test_in_process_executor_awaits_the_rollout(model: art.TrainableModel) -> No
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
     cluster = RayCluster(nodes=2, cpus_per_node=2, timeout=120).start()
-    saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS",)}
-    os.environ["RAY_ADDRESS"] = cluster.address
+    added = {"RAY_ADDRESS": cluster.address, **AUTH_ENV}
+    saved = {key: os.environ.get(key) for key in added}
+    os.environ.update(added)
     try:
         yield cluster
     finally:

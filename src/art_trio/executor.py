@@ -109,18 +109,22 @@ class ModelView:
     @classmethod
     def of(cls, model: Any) -> ModelView:
         model_class = type(model)
+        # A pydantic model keeps its fields in __dict__ and its private attributes in
+        # __pydantic_private__: read there, not through its (slow) __getattr__.
+        values = vars(model)
         fields = {
-            name: getattr(model, name)
+            name: values[name]
             for name in model_class.model_fields
-            if name != "config" and hasattr(model, name)
+            if name != "config" and name in values
         }
         fields["inference_model_name"] = model.get_inference_name()
-        private = {}
-        for name in _SERVING_PRIVATE:
-            value = getattr(model, name, None)
-            if value is not None:
-                private[name] = value
-        return cls(model_class, fields, getattr(model, "config", None), private)
+        private_values = getattr(model, "__pydantic_private__", None) or {}
+        private = {
+            name: private_values[name]
+            for name in _SERVING_PRIVATE
+            if private_values.get(name) is not None
+        }
+        return cls(model_class, fields, values.get("config"), private)
 
     def fingerprint(self) -> str:
         """Equal for views that build equal models (`config` compared by identity)."""

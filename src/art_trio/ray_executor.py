@@ -49,7 +49,11 @@ LOST_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 _MODELS_PER_ACTOR = 8
-_CACHED_PUTS = 32
+_CACHED_KEYS = 32
+
+
+#: What an actor answers when it lacks the function or model of a call.
+_MISSING = "__art_trio_ray_executor_missing__"
 
 
 def _rebuild(cls: type, state: Any) -> Any:
@@ -81,29 +85,22 @@ class _RolloutActor:
         self._functions: dict[str, Callable[..., Awaitable[Any]]] = {}
         self._models: OrderedDict[str, Any] = OrderedDict()
 
-    async def run(
-        self,
-        function_key: str,
-        function_box: list[Any],
-        model_key: str,
-        model_box: list[Any],
-        scenario: Any,
-        config: Any,
-    ) -> Any:
-        # The boxes hold ObjectRefs Ray does not resolve on the way in: fetched on a miss only.
-        function = self._functions.get(function_key)
-        if function is None:
-            function = await function_box[0]
+    async def run(self, call: tuple[Any, ...]) -> Any:
+        """`call` is (function key, model key, scenario, config, function, model view); the
+        last two are None unless the caller thinks this actor lacks them (first use)."""
+        function_key, model_key, scenario, config, function, view = call
+        if function is not None:
             self._functions[function_key] = function
-        model = self._models.get(model_key)
-        if model is None:
-            view: ModelView = await model_box[0]
-            model = self._models[model_key] = view.build()
+        if view is not None and model_key not in self._models:
+            self._models[model_key] = view.build()
             while len(self._models) > _MODELS_PER_ACTOR:
                 self._models.popitem(last=False)
-        else:
-            self._models.move_to_end(model_key)
-        result = await function(model, scenario, config)
+        found = self._functions.get(function_key)
+        model = self._models.get(model_key)
+        if found is None or model is None:  # restarted or evicted since: ask for them again
+            return _MISSING
+        self._models.move_to_end(model_key)
+        result = await found(model, scenario, config)
         return _ByState(result) if isinstance(result, TrajectoryGroup) else result
 
     async def where(self) -> dict[str, Any]:
@@ -154,9 +151,11 @@ class RayRolloutExecutor:
         self._max_concurrency = max_concurrency
         self.cancel_timeout = cancel_timeout
         self._assigned: dict[int, int] = {}
-        # id(obj) -> (obj, key, [ref]); obj kept alive so its id is not reused.
-        self._functions: OrderedDict[int, tuple[Any, str, list[Any]]] = OrderedDict()
-        self._models: OrderedDict[str, tuple[str, list[Any]]] = OrderedDict()
+        # id(function) -> (function, key): the function kept alive so its id is not reused;
+        # model fingerprint -> (key, view); per actor, the keys it was sent.
+        self._functions: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+        self._models: OrderedDict[str, tuple[str, ModelView]] = OrderedDict()
+        self._known: list[set[str]] = [set() for _ in range(num_actors)]
         self._closed = False
         self._actor_class = actor_class
         self._actor_options = options
@@ -216,11 +215,30 @@ class RayRolloutExecutor:
             await asyncio.sleep(0.2)
             index = self._actor_for(worker_id)
         actor = self._actors[index]
-        function_key, function_box = self._function_ref(rollout_fn)
-        model_key, model_box = self._model_ref(model)
-        ref = actor.run.remote(function_key, function_box, model_key, model_box, scenario, config)
+        function_key = self._function_key(rollout_fn)
+        model_key, view = self._model_view(model)
+        known = self._known[index]
+        ship = function_key not in known or model_key not in known
+        ref = actor.run.remote(
+            (
+                function_key,
+                model_key,
+                scenario,
+                config,
+                rollout_fn if ship else None,
+                view if ship else None,
+            )
+        )
         try:
-            return await ref
+            result = await ref
+            if isinstance(result, str) and result == _MISSING:
+                call = (function_key, model_key, scenario, config, rollout_fn, view)
+                ref = actor.run.remote(call)
+                result = await ref
+            if len(known) > 4 * _CACHED_KEYS:
+                known.clear()
+            known.update((function_key, model_key))
+            return result
         except asyncio.CancelledError:
             await self._cancel(ref)
             raise
@@ -228,6 +246,7 @@ class RayRolloutExecutor:
             raise _with_context(error, scenario) from None
         except LOST_ERRORS as error:
             if isinstance(error, rex.RayActorError):
+                known.clear()  # a restarted actor starts empty
                 self._down.add(index)  # calls go to the other actors until it is back
             raise RolloutLost(
                 f"the Ray worker running the rollout{_scenario_text(scenario)} was lost: "
@@ -275,6 +294,7 @@ class RayRolloutExecutor:
         if index in self._dead:  # Ray gave up on it: a new actor takes its place
             self._dead.discard(index)
             self._actors[index] = self._actor_class.options(**self._actor_options).remote()
+            self._known[index].clear()
         now = time.monotonic()
         if now - self._probing.get(index, -1.0) < 0.5:
             return
@@ -305,29 +325,27 @@ class RayRolloutExecutor:
         else:
             done.cancel()
 
-    def _function_ref(self, function: Any) -> tuple[str, list[Any]]:
+    def _function_key(self, function: Any) -> str:
         entry = self._functions.get(id(function))
         if entry is None or entry[0] is not function:
-            entry = (function, uuid.uuid4().hex, [ray.put(function)])
+            entry = (function, uuid.uuid4().hex)
             self._functions[id(function)] = entry
-            while len(self._functions) > _CACHED_PUTS:
+            while len(self._functions) > _CACHED_KEYS:
                 self._functions.popitem(last=False)
-        return entry[1], entry[2]
+        return entry[1]
 
-    def _model_ref(self, model: Any) -> tuple[str, list[Any]]:
+    def _model_view(self, model: Any) -> tuple[str, ModelView]:
         view = ModelView.of(model)
         fingerprint = view.fingerprint()
         entry = self._models.get(fingerprint)
         if entry is None:
-            # The view (and so the config whose id is in the fingerprint) stays referenced by
-            # its object until the entry is evicted.
-            entry = (uuid.uuid4().hex, [ray.put(view), view])
-            self._models[fingerprint] = entry
-            while len(self._models) > _CACHED_PUTS:
+            # The entry keeps the view, so the config whose id is in the fingerprint, alive.
+            entry = self._models[fingerprint] = (uuid.uuid4().hex, view)
+            while len(self._models) > _CACHED_KEYS:
                 self._models.popitem(last=False)
         else:
             self._models.move_to_end(fingerprint)
-        return entry[0], entry[1][:1]
+        return entry
 
 
 def _scenario_text(scenario: Any) -> str:
