@@ -42,6 +42,21 @@ async def sleep_rollout(model: Any, scenario: Any, config: Any) -> art.Trajector
     return await noop_rollout(model, scenario, config)
 
 
+class BareActor:
+    """Ray's own floor: an async actor method doing nothing, called with the same scenario."""
+
+    async def run(self, scenario: Any) -> None:
+        return None
+
+
+class BareExecutor:
+    def __init__(self) -> None:
+        self.actor = ray.remote(BareActor).options(num_cpus=0, max_concurrency=2000).remote()
+
+    async def run(self, worker: int, fn: Any, model: Any, scenario: Any, config: Any) -> Any:
+        return await self.actor.run.remote(scenario)
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as status:
         for line in status:
@@ -97,18 +112,31 @@ async def main(args: argparse.Namespace) -> None:
     await latency(remote, model, 50)  # warm-up: function and model cached on every actor
     remote.set_workers(tuple(range(max(args.workers, max(args.concurrency)))))
 
+    bare = BareExecutor()
+    await latency(bare, model, 50)
+
     in_us = await latency(local, model, args.latency_n)
     ray_us = await latency(remote, model, args.latency_n)
-    print(f"latency, one at a time: in-process {in_us:.1f} us, Ray {ray_us:.0f} us per rollout")
+    bare_us = await latency(bare, model, args.latency_n)
+    print(
+        f"latency, one at a time: in-process {in_us:.1f} us, Ray executor {ray_us:.0f} us "
+        f"per rollout (a bare Ray actor call: {bare_us:.0f} us)"
+    )
     in_rate, in_cpu = await throughput(local, model, args.throughput_n, args.workers)
     rate, cpu = await throughput(remote, model, args.throughput_n, args.workers)
+    bare_rate, bare_cpu = await throughput(bare, model, args.throughput_n, args.workers)
     print(
         f"throughput, {args.workers} workers: in-process {in_rate:,.0f}/s ({in_cpu:.0f} us "
-        f"CPU each), Ray {rate:,.0f}/s ({cpu:.0f} us CPU each in the calling process)"
+        f"CPU each), Ray executor {rate:,.0f}/s ({cpu:.0f} us CPU each in the calling "
+        f"process; a bare Ray actor call: {bare_rate:,.0f}/s, {bare_cpu:.0f} us)"
     )
+    ray.kill(bare.actor)
     for n in args.concurrency:
-        wall = await concurrent_sleeps(remote, model, n)
-        print(f"concurrency: {n} concurrent 1 s rollouts finished in {wall:.2f} s")
+        walls = [await concurrent_sleeps(remote, model, n) for _ in range(3)]
+        print(
+            f"concurrency: {n} concurrent 1 s rollouts finished in "
+            f"{statistics.median(walls):.2f} s (median of {', '.join(f'{w:.2f}' for w in walls)})"
+        )
 
     before = rss_mb()
     done = 0
