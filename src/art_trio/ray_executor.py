@@ -7,10 +7,12 @@ per running rollout: a thousand concurrent rollouts would be a thousand processe
 
 - The trainer's rollout workers are spread over the actors (sticky: worker `i` always uses
   the same actor), and actors over nodes (`SPREAD`, one CPU each by default).
-- The model travels as a `ModelView` (fields, config, inference name), put in the object
-  store once per change and rebuilt once per actor, so a rollout's `model.openai_client()` is
-  shared by the actor's rollouts like the trainer's one is. The rollout function is put once
-  and cached by each actor. Per call, only the scenario and config are shipped.
+- The model travels as a `ModelView` (fields, config, inference name), sent to an actor the
+  first time it needs that version and rebuilt there once, so `model.openai_client()` is shared
+  by the actor's rollouts as the trainer's one is. The rollout function (by reference if it is
+  importable on the workers, else by value: closures work) is sent once per actor too. Per
+  call only the keys, the scenario and the config travel; an actor that lost its cache
+  (restarted) answers "missing" and gets them again.
 - Cancelling the asyncio task awaiting `run` cancels the actor task (an `asyncio.CancelledError`
   in the rollout on its node, so its `finally` runs there), waits up to `cancel_timeout`
   seconds for the node to confirm, and re-raises `CancelledError`.
@@ -212,6 +214,8 @@ class RayRolloutExecutor:
             raise RuntimeError("this RayRolloutExecutor is shut down")
         index = self._actor_for(worker_id)
         while index is None:  # every actor is down: wait for one to come back
+            if self._closed:
+                raise RuntimeError("this RayRolloutExecutor is shut down")
             await asyncio.sleep(0.2)
             index = self._actor_for(worker_id)
         actor = self._actors[index]
@@ -260,7 +264,8 @@ class RayRolloutExecutor:
         return list(await asyncio.gather(*(actor.where.remote() for actor in self._actors)))
 
     def shutdown(self) -> None:
-        """Kill the actors (running rollouts end with them). Leaves Ray itself initialised."""
+        """Kill the actors: rollouts still running end at once, without their `finally`.
+        Cancel them first for a clean end. Leaves Ray itself initialised."""
         self._closed = True
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
