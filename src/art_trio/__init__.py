@@ -5,6 +5,7 @@ bound on how stale the trained data may be. The public names are re-exported her
 """
 
 import os
+from typing import Any
 
 # Importing ART fetches a model price table from the network unless told to use the copy it
 # ships; a library import should not reach for the network. An explicit setting wins.
@@ -27,6 +28,21 @@ from .settings import PipelineSettings
 from .status import StatusReporter
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use only: `import art_trio` must not import ray (extra `art-trio[ray]`).
+    # Not in __all__, so `from art_trio import *` works without ray installed.
+    if name == "RayRolloutExecutor":
+        from .ray_executor import RayRolloutExecutor
+
+        return RayRolloutExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"RayRolloutExecutor"})
+
 
 __all__ = [
     "AsyncioTaskCancelled",

@@ -1,44 +1,39 @@
-"""Where a rollout runs: ART 0.5.20's `RolloutExecutor` protocol, and what a lost rollout is.
+"""Where a rollout runs: the executor protocol the trainer calls, and the in-process default.
 
-The trainer keeps admission, batching and the ledger; an executor only decides where
-`rollout_fn(model, scenario, config)` runs (this process, a Ray cluster, ...). Its `run` is
-asyncio code, awaited through the bridge inside an asyncio task, so:
-
-- cancelling that task (a doomed rollout, a stop past its grace) must cancel the remote work
-  and re-raise `asyncio.CancelledError` promptly, leaving nothing running;
-- a worker that dies mid-rollout raises `RolloutLost`: the trainer gives the scenario back
-  and rolls it again (neither an error nor resolved), so nothing is lost or trained twice;
-- any other failure is that rollout's error, as if `rollout_fn` had raised it.
+The protocol is ART 0.5.20's `art.distributed.rollout.RolloutExecutor`, same names, so an
+executor written for ART's trainer fits here. `run` is asyncio code: the trainer awaits it
+through its asyncio bridge, inside an asyncio task. Cancelling that task must cancel the work
+wherever it runs and re-raise `asyncio.CancelledError` promptly. A worker that dies under a
+rollout raises `RolloutLost`; any other failure raises the rollout's own exception.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
 class RolloutLost(Exception):
-    """The rollout's worker (process or node) died; the scenario was not rolled out.
-
-    The trainer gives the scenario back to be rolled again: not an error, not resolved.
-    """
+    """The rollout's worker (process or node) died; the scenario was not rolled out. The trainer
+    gives the scenario back to be rolled again (not an error, not resolved)."""
 
 
 @runtime_checkable
 class RolloutExecutor(Protocol):
-    """ART 0.5.20's rollout executor protocol (`art.distributed.rollout.RolloutExecutor`)."""
+    """Runs one rollout for the trainer's rollout worker `worker_id` (ART 0.5.20's protocol)."""
 
     @property
     def max_workers(self) -> int | None:
-        """How many rollouts it can run at once (None: no limit)."""
+        """The most rollout workers this executor can serve at once, or None for no limit."""
         ...
 
     def set_target(self, target_workers: int) -> None:
-        """How many rollout workers the trainer will run."""
+        """The trainer means to run `target_workers` rollout workers."""
         ...
 
     def set_workers(self, worker_ids: tuple[int, ...]) -> None:
-        """The ids of the trainer's rollout workers (passed back to `run`)."""
+        """The ids of the trainer's rollout workers from now on."""
         ...
 
     async def run(
@@ -49,14 +44,16 @@ class RolloutExecutor(Protocol):
         scenario: Any,
         config: Any,
     ) -> Any:
-        """Run `rollout_fn(model, scenario, config)` and return its group."""
+        """`await rollout_fn(model, scenario, config)`, wherever this executor runs it."""
         ...
 
 
 class InProcessExecutor:
-    """Runs each rollout in the trainer's own process (what the trainer does by default)."""
+    """Runs the rollout in the trainer's own process and asyncio loop: the trainer's default."""
 
-    max_workers: int | None = None
+    @property
+    def max_workers(self) -> int | None:
+        return None
 
     def set_target(self, target_workers: int) -> None:
         if target_workers < 1:
@@ -77,4 +74,96 @@ class InProcessExecutor:
         return await rollout_fn(model, scenario, config)
 
 
-__all__ = ["InProcessExecutor", "RolloutExecutor", "RolloutLost"]
+#: Fields set after construction, as `model.register()` sets them on the trainer's side.
+_INFERENCE_FIELDS = ("inference_api_key", "inference_base_url", "inference_model_name")
+
+#: Private serving state `model.openai_client()` reads on the lines that have it (0.5.20+ adds
+#: the binary routes and serving capabilities); copied when the model has it, else skipped.
+_SERVING_PRIVATE = (
+    "_internal_config",
+    "_art_binary_routes_base_url",
+    "_serving_capabilities",
+    "_inference_connection_errors_are_fatal",
+)
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """An inference-only, picklable view of an ART model, rebuilt as the same class elsewhere.
+
+    Holds the model's public fields (so `name`, `project`, `base_model`, `run_name` on 0.5.20+
+    and so on), its `config`, the serving state `openai_client()` needs, and the inference name
+    the trainer's backend gives the current step (`get_inference_name()`), since the rebuilt
+    model has no backend to ask. Not carried: the backend, W&B run, metrics builder, and any
+    client already made. `get_inference_name(step=k)` on the rebuilt model therefore answers
+    `f"{current_name}@{k}"`, as ART's own `RolloutModelSpec` does.
+
+    Works on both ART lines: it asks the model's class for its fields instead of knowing them.
+    """
+
+    model_class: type
+    fields: Mapping[str, Any]
+    config: Any
+    private: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: Any) -> ModelView:
+        model_class = type(model)
+        # A pydantic model keeps its fields in __dict__ and its private attributes in
+        # __pydantic_private__: read there, not through its (slow) __getattr__.
+        values = vars(model)
+        fields = {
+            name: values[name]
+            for name in model_class.model_fields
+            if name != "config" and name in values
+        }
+        fields["inference_model_name"] = model.get_inference_name()
+        private_values = getattr(model, "__pydantic_private__", None) or {}
+        private = {
+            name: private_values[name]
+            for name in _SERVING_PRIVATE
+            if private_values.get(name) is not None
+        }
+        return cls(model_class, fields, values.get("config"), private)
+
+    def fingerprint(self) -> str:
+        """Equal for views that build equal models (`config` compared by identity)."""
+        return repr(
+            (
+                f"{self.model_class.__module__}.{self.model_class.__qualname__}",
+                sorted(self.fields.items()),
+                id(self.config),
+                sorted((k, repr(v)) for k, v in self.private.items()),
+            )
+        )
+
+    def build(self) -> Any:
+        """A new model of the same class, ready for `openai_client()` (no backend)."""
+        init = {k: v for k, v in self.fields.items() if k not in _INFERENCE_FIELDS}
+        init.pop("trainable", None)
+        model = self.model_class(**init, config=self.config)
+        for name in _INFERENCE_FIELDS:
+            if name in self.fields:
+                setattr(model, name, self.fields[name])
+        for name, value in self.private.items():
+            object.__setattr__(model, name, value)
+        return model
+
+
+def scenario_id(scenario: Any) -> Any | None:
+    """The scenario's id for an error message: `metadata.scenario_id`, else `id`, else None."""
+    metadata = _get(scenario, "metadata")
+    found = _get(metadata, "scenario_id") if metadata is not None else None
+    return found if found is not None else _get(scenario, "id")
+
+
+def _get(obj: Any, key: str) -> Any | None:
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    try:
+        return getattr(obj, key, None)
+    except Exception:
+        return None
+
+
+__all__ = ["InProcessExecutor", "ModelView", "RolloutExecutor", "RolloutLost", "scenario_id"]
