@@ -102,3 +102,11 @@ async def marked_rollout(model: Any, scenario: Any, config: Any) -> art.Trajecto
     (marks / f"{scenario['metadata']['scenario_id']}.pid").write_text(str(os.getpid()))
     await asyncio.sleep(scenario["sleep"])
     return small_group()
+
+
+async def varied_rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+    """A few tens of milliseconds, then three different rewards (never zero variance)."""
+    await asyncio.sleep(0.02 + 0.01 * (scenario["i"] % 5))
+    return art.TrajectoryGroup(
+        [art.Trajectory(messages_and_choices=[], reward=r) for r in (0.0, 0.5, 1.0)]
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -414,3 +415,38 @@ async def test_a_training_run_through_ray_rolls_a_killed_workers_scenario_again(
     assert sorted(trained) == list(range(16))  # none lost, none twice
     counters = trainer.last_counters
     assert counters is not None and counters.rollouts_lost >= 1 and counters.errored == 0
+
+
+def test_kill_9_of_the_trainer_then_resume_trains_each_scenario_once(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    """The trainer process itself dies mid-run (its Ray rollouts with it); a new process
+    resumes from the directory with a new executor. Nothing trained twice, nothing skipped."""
+    from art_trio.ledger import PipelineState
+    from tests.crash_harness import TRAINED_LOG, read_trained
+
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "tests.ray_crash_child", str(tmp_path), "12"]
+    child = subprocess.Popen(
+        command, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = child.stdout
+    assert stdout is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+    try:
+        # Waits on the child's own report of its 4th durable step (120 s: it never came).
+        while not lines.get(timeout=120).startswith("@ step 4"):
+            pass
+    finally:
+        child.kill()
+        child.wait(30)
+    resumed = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = read_trained(tmp_path / TRAINED_LOG)
+    assert [r["step"] for r in records] == list(range(1, 13))
+    trained = [i for r in records for i in r["ids"]]
+    assert len(trained) == len(set(trained)), "a scenario was trained twice"
+    state = json.loads((tmp_path / ".art/p/models/ray-crash/state.json").read_text())
+    watermark = PipelineState.from_json(state["_pipeline_trainer"]).ledger.watermark
+    assert set(range(watermark)) <= set(trained), "a scenario below the watermark was skipped"

@@ -238,9 +238,8 @@ def test_pipeline_runtime_config_sets_the_runtime_settings(model: Any, backend: 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"limit_mean_steps_off_policy": 1.5},
-        {"max_steps_off_policy": None},
         {"autotune": PipelineAutotuneConfig(mode="online")},
+        {"autotune": PipelineAutotuneConfig(mode="profile")},
     ],
 )
 def test_art_0520_features_not_built_yet_are_refused_not_ignored(
