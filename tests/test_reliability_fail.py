@@ -38,6 +38,7 @@ from art_trio import PipelineTrainer
 from art_trio.ledger import SIDECAR_FILE, StateStore
 from art_trio.types import EvalResult
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.errors import find_leaf
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -66,19 +67,6 @@ def _trainer(
     )
 
 
-def _find(exc: BaseException, kind: type[BaseException]) -> tuple[BaseException, list[str]]:
-    """The first `kind` leaf inside `exc`'s groups, with every note on the way to it."""
-    notes = list(getattr(exc, "__notes__", []))
-    if isinstance(exc, kind):
-        return exc, notes
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            try:
-                leaf, more = _find(sub, kind)
-            except LookupError:
-                continue
-            return leaf, notes + more
-    raise LookupError(f"no {kind.__name__} in {exc!r}")
 
 
 def _sidecar(model: art.TrainableModel) -> dict[str, Any]:
@@ -140,7 +128,7 @@ async def test_a_failing_stage_cancels_the_others_and_leaves_nothing_behind(
         await trainer.train(handle_signals=False)
 
     assert trio.current_time() - started_at < 10.0
-    leaf, notes = _find(excinfo.value, RuntimeError)
+    leaf, notes = find_leaf(excinfo.value, RuntimeError)
     assert "backend exploded at step 1" in str(leaf)
     assert any("training stage" in note for note in notes), notes
     assert started, "the test needs rollouts in flight when the stage fails"
@@ -162,7 +150,7 @@ async def test_backend_train_failure_is_retrained_on_resume_none_skipped(
     backend.fail_on_step = 3
     with pytest.raises(BaseExceptionGroup) as excinfo:
         await _trainer(model, backend, asyncio_rollout).train(handle_signals=False)
-    leaf, notes = _find(excinfo.value, RuntimeError)
+    leaf, notes = find_leaf(excinfo.value, RuntimeError)
     assert "backend exploded at step 3" in str(leaf)
     assert any("training stage" in note for note in notes), notes
     state = _sidecar(model)
@@ -210,7 +198,7 @@ async def test_a_scenario_iterator_that_raises_stops_the_run_with_its_error(
     )
     with trio.fail_after(600), pytest.raises(BaseExceptionGroup) as excinfo:
         await trainer.train(handle_signals=False)
-    leaf, notes = _find(excinfo.value, LookupError)
+    leaf, notes = find_leaf(excinfo.value, LookupError)
     assert "scenario store went away" in str(leaf)
     assert any("rollout stage" in note for note in notes), notes
     # Persisted: once resume settles the pending batch against the backend's step (the
@@ -242,7 +230,7 @@ async def test_model_log_raising_in_the_training_stage_ends_the_run(
     threads_before = set(threading.enumerate())
     with trio.fail_after(600), pytest.raises(BaseExceptionGroup) as excinfo:
         await trainer.train(handle_signals=False)
-    leaf, notes = _find(excinfo.value, OSError)
+    leaf, notes = find_leaf(excinfo.value, OSError)
     assert "disk full" in str(leaf)
     assert any("training stage" in note for note in notes), notes
     assert _live_tasks() == tasks_before
@@ -268,7 +256,7 @@ async def test_model_log_raising_ends_the_run_on_the_real_clock(
     trainer = _trainer(model, backend, asyncio_rollout, max_steps_off_policy=1)
     with trio.fail_after(60), pytest.raises(BaseExceptionGroup) as excinfo:
         await trainer.train(handle_signals=False)
-    assert "disk full" in str(_find(excinfo.value, OSError)[0])
+    assert "disk full" in str(find_leaf(excinfo.value, OSError)[0])
 
 
 # -- bad input -------------------------------------------------------------------------------

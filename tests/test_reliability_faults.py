@@ -52,6 +52,7 @@ from art_trio.stages.training import BackendStepError
 from art_trio.types import EvalResult
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.errors import find_leaf
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -78,19 +79,6 @@ def _trainer(
     )
 
 
-def _find(exc: BaseException, kind: type[BaseException]) -> tuple[BaseException, list[str]]:
-    """The first `kind` leaf inside `exc`'s groups, with every note on the way to it."""
-    notes = list(getattr(exc, "__notes__", []))
-    if isinstance(exc, kind):
-        return exc, notes
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            try:
-                leaf, more = _find(sub, kind)
-            except LookupError:
-                continue
-            return leaf, notes + more
-    raise LookupError(f"no {kind.__name__} in {exc!r}")
 
 
 def _out(model: art.TrainableModel) -> Path:
@@ -328,7 +316,7 @@ async def test_a_journal_write_that_fails_part_way_stops_before_backend_train(
         BaseExceptionGroup
     ) as excinfo:
         await _trainer(model, backend).train(handle_signals=False)
-    leaf, notes = _find(excinfo.value, StateWriteError)
+    leaf, notes = find_leaf(excinfo.value, StateWriteError)
     assert isinstance(leaf, StateWriteError) and leaf.errno == errno.ENOSPC
     assert f"wrote {written} of {fault.failed_sizes[0]} bytes" in str(leaf)
     assert any("training stage" in n for n in notes), notes
@@ -409,7 +397,7 @@ async def test_a_full_tmpfs_during_a_journal_append_stops_before_training_and_re
         warnings.simplefilter("ignore", RuntimeWarning)  # the final snapshot: disk full too
         await _trainer(model, backend, max_steps=200).train(handle_signals=False)
     assert backend.filled_at is not None, "the journal never reached a block boundary"
-    leaf, notes = _find(excinfo.value, StateWriteError)
+    leaf, notes = find_leaf(excinfo.value, StateWriteError)
     assert isinstance(leaf, StateWriteError) and leaf.errno == errno.ENOSPC, leaf
     assert "wrote 0 of" not in str(leaf), f"not a short write: {leaf}"  # a real short count
     # The step after the fill never reached backend.train.
@@ -529,12 +517,12 @@ async def test_a_stage_failure_wins_over_a_failing_final_snapshot(
         BaseExceptionGroup
     ) as excinfo:
         await _trainer(model, backend).train(handle_signals=False)
-    leaf, notes = _find(excinfo.value, RuntimeError)
+    leaf, notes = find_leaf(excinfo.value, RuntimeError)
     assert "backend exploded at step 3" in str(leaf)
     assert any("raised in art_trio's training stage" in n for n in notes), notes
     assert any("No space left on device" in n for n in notes), notes
     with pytest.raises(LookupError):
-        _find(excinfo.value, OSError)  # attached as a note, not added or substituted
+        find_leaf(excinfo.value, OSError)  # attached as a note, not added or substituted
     assert not _journal_open(model)
     monkeypatch.undo()
     # The journal alone still resumes correctly.
@@ -574,7 +562,7 @@ async def test_a_backend_step_that_does_not_advance_or_jumps_is_a_clear_error(
         await _trainer(model, backend, max_steps=5, source=scenarios(1000)).train(
             handle_signals=False
         )
-    leaf, notes = _find(excinfo.value, BackendStepError)
+    leaf, notes = find_leaf(excinfo.value, BackendStepError)
     assert what in str(leaf) and "exactly one" in str(leaf)
     assert backend.train_started == 1
 
