@@ -13,6 +13,7 @@ from typing import NoReturn
 from .harness import ERROR_KINDS, Case, CaseResult, RunRecord, is_resolved
 
 OFF_POLICY = "off-policy bound"
+MEAN_BOUND = "mean policy-age bound"
 BATCH_BOUNDS = "batch bounds"
 CONSERVATION = "conservation"
 VERSIONS = "versions"
@@ -51,6 +52,8 @@ def check_ran_cleanly(result: CaseResult, tag: str = TERMINATION) -> None:
 def check_off_policy(result: CaseResult) -> None:
     """Every group in the batch producing step s+1 started at version >= s - M."""
     m = result.case.config.max_steps_off_policy
+    if m is None:
+        return  # the hard bound is off (ART 0.5.20+); check_mean_bound covers the mean one
     for call in result.backend.calls:
         floor = call.step - 1 - m
         for sid, version in zip(call.scenario_ids, call.initial_versions, strict=True):
@@ -60,6 +63,23 @@ def check_off_policy(result: CaseResult) -> None:
                 f"step {call.step} trained scenario {sid} started at version {version}; "
                 f"the batch producing step {call.step} accepts versions >= {floor} "
                 f"(max_steps_off_policy={m})",
+            )
+
+
+def check_mean_bound(result: CaseResult) -> None:
+    """No group in the batch producing step s+1 has a mean policy age (s - version) above
+    `limit_mean_steps_off_policy` (every trajectory of a group here shares its version)."""
+    limit = result.case.config.limit_mean_steps_off_policy
+    if limit is None:
+        return
+    for call in result.backend.calls:
+        for sid, version in zip(call.scenario_ids, call.initial_versions, strict=True):
+            age = None if version is None else call.step - 1 - version
+            expect(
+                age is not None and age <= limit,
+                MEAN_BOUND,
+                f"step {call.step} trained scenario {sid} whose mean policy age is {age} "
+                f"(limit_mean_steps_off_policy={limit})",
             )
 
 
@@ -111,7 +131,6 @@ def replay_receives(case: Case, run: RunRecord) -> tuple[int, int, int | None]:
     group is held. Held groups are logged and released after each step; `collapse_at` is
     the index of the received group that made the held count reach the discard limit.
     """
-    m = case.config.max_steps_off_policy
     limit = case.config.discard_limit
     held = zero_variance = stale = 0
     steps_seen = 0
@@ -121,7 +140,7 @@ def replay_receives(case: Case, run: RunRecord) -> tuple[int, int, int | None]:
         if received.all_failed:
             break
         current = run.start_step + received.steps_done
-        if received.version is not None and received.version < current - m:
+        if case.config.too_old(received.version, current):
             stale += 1
             continue
         if received.zero_variance:
@@ -512,6 +531,7 @@ def check_resume(result: CaseResult) -> None:
             "resolved",
         )
     check_off_policy(result)
+    check_mean_bound(result)
     check_batch_bounds(result)
     check_conservation(result)
     check_versions(result)
@@ -575,6 +595,7 @@ __all__ = [
     "COLLAPSE",
     "CONSERVATION",
     "EVAL",
+    "MEAN_BOUND",
     "OFF_POLICY",
     "RESUME",
     "TERMINATION",
@@ -586,6 +607,7 @@ __all__ = [
     "check_conservation",
     "check_evals",
     "check_max_steps",
+    "check_mean_bound",
     "check_off_policy",
     "check_ran_cleanly",
     "check_resume",

@@ -94,7 +94,9 @@ class Config:
     num_rollout_workers: int = 2
     min_batch_size: int = 1
     max_batch_size: int = 2
-    max_steps_off_policy: int = 1
+    max_steps_off_policy: int | None = 1
+    #: ART 0.5.20's mean policy-age bound (None: off).
+    limit_mean_steps_off_policy: float | None = None
     queue_maxsize: int | None = None
     max_steps: int | None = None
     eval_every_n_steps: int = 0
@@ -110,6 +112,7 @@ class Config:
             "min_batch_size": self.min_batch_size,
             "max_batch_size": self.max_batch_size,
             "max_steps_off_policy": self.max_steps_off_policy,
+            "limit_mean_steps_off_policy": self.limit_mean_steps_off_policy,
             "queue_maxsize": self.queue_maxsize,
             "max_steps": self.max_steps,
             "eval_every_n_steps": self.eval_every_n_steps,
@@ -125,7 +128,20 @@ class Config:
         """The reference's groups-queue size, restated independently of art_trio's settings."""
         if self.queue_maxsize is not None:
             return self.queue_maxsize
-        return max(1, self.max_steps_off_policy * self.max_batch_size)
+        # ART 0.5.20: the hard bound, else the mean bound rounded up, else one step.
+        m, mean = self.max_steps_off_policy, self.limit_mean_steps_off_policy
+        window = m if m is not None else math.ceil(mean) if mean is not None else 1
+        return max(1, window * self.max_batch_size)
+
+    def too_old(self, version: int | None, step: int) -> bool:
+        """The reference's staleness rule, restated: a group started at `version` is too old
+        for the batch trained from `step` (its trajectories all share that version here, so
+        their token-weighted mean age is `step - version`)."""
+        if version is None:
+            return False
+        m, mean = self.max_steps_off_policy, self.limit_mean_steps_off_policy
+        hard_stale = m is not None and version < step - m
+        return hard_stale or (mean is not None and step - version > mean)
 
     @property
     def discard_limit(self) -> int:

@@ -7,6 +7,8 @@ small cases shrink to readable counterexamples.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 
 from .harness import Case, Config, RolloutPlan
@@ -42,6 +44,18 @@ COMMON_FAILURES = ("raise", "wrong_type", "nan", "partial")
 
 
 @st.composite
+def staleness_bounds(draw: st.DrawFn) -> dict[str, Any]:
+    """The hard bound alone (as the reference), or with ART 0.5.20's mean bound, or the mean
+    bound alone (`max_steps_off_policy=None`)."""
+    mean = draw(st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.5])))
+    hard = st.integers(0, 3)
+    return {
+        "max_steps_off_policy": draw(hard if mean is None else st.one_of(st.none(), hard)),
+        "limit_mean_steps_off_policy": mean,
+    }
+
+
+@st.composite
 def configs(
     draw: st.DrawFn,
     *,
@@ -56,7 +70,7 @@ def configs(
         num_rollout_workers=draw(st.integers(1, 6)),
         min_batch_size=min_batch,
         max_batch_size=max_batch,
-        max_steps_off_policy=draw(st.integers(0, 3)),
+        **draw(staleness_bounds()),
         queue_maxsize=draw(st.one_of(st.none(), st.integers(1, 6))),
         max_steps=draw(st.one_of(st.none(), st.integers(0, 8))) if max_steps else None,
         eval_every_n_steps=draw(st.integers(0, 4)) if evals else 0,

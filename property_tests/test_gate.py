@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from art_trio.batching import (
+    Freshness,
     group_initial_version,
     is_stale,
     is_zero_variance,
@@ -329,12 +330,15 @@ def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: 
 @given(st.integers(0, 20), st.integers(0, 5), st.booleans())
 def test_min_fresh_version_is_the_next_batch_floor(step: int, m: int, training: bool) -> None:
     """The batch producing s+1 accepts versions >= s - M; the next batch to be taken is the
-    one producing next_training_step + 1."""
+    one producing next_training_step + 1, and the gate's floor is the collector's rule there."""
     gate = PolicyGate(start_step=step, max_steps_off_policy=m, max_batch_size=1, clock=float)
-    assert gate.batch_min_version(step) == step - m
+    fresh = Freshness(m)
+    assert not fresh.is_stale(step - m, None, step) and fresh.is_stale(step - m - 1, None, step)
     if training:
         gate.begin_training(step + 1, batch_size=0)
-    assert gate.min_fresh_version == gate.next_training_step - m
+    floor, next_step = gate.min_fresh_version, gate.next_training_step
+    assert floor == next_step - m
+    assert not fresh.is_stale(floor, None, next_step) and fresh.is_stale(floor - 1, None, next_step)
 
 
 def _group(versions: list[int | None], rewards: list[float]) -> TrajectoryGroup:

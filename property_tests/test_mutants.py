@@ -30,6 +30,7 @@ import art_trio.stages.evaluation
 import art_trio.stages.rollout
 import art_trio.stages.training
 import art_trio.trainer
+from art_trio.batching import Freshness
 from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
 
@@ -97,15 +98,36 @@ def test_off_policy_bound_catches_gate_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(art_trio.gate, "reference_gate_allows", _gate_one_version_too_old)
-    monkeypatch.setattr(
-        PolicyGate, "batch_min_version", lambda self, step: step - self.max_steps_off_policy - 1
-    )
+    real_is_stale = Freshness.is_stale
+
+    def one_version_too_old(self: Freshness, version: Any, mean: Any, step: int) -> bool:
+        return real_is_stale(self, version, mean, step - 1)
+
+    monkeypatch.setattr(Freshness, "is_stale", one_version_too_old)
     monkeypatch.setattr(
         PolicyGate,
         "min_fresh_version",
         property(lambda self: self.next_training_step - self.max_steps_off_policy - 1),
     )
     counterexample(prop_off_policy_bound, STRATEGIES[prop_off_policy_bound], checks.OFF_POLICY)
+
+
+def test_mean_bound_catches_a_trainer_that_ignores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission and batching that honour only the hard bound, as ART 0.5.18 would."""
+    real_is_stale, real_window = Freshness.is_stale, Freshness.window
+
+    def hard_only(self: Freshness) -> Freshness:
+        return Freshness(self.max_steps_off_policy, None)
+
+    monkeypatch.setattr(
+        Freshness,
+        "is_stale",
+        lambda self, version, mean, step: real_is_stale(hard_only(self), version, mean, step),
+    )
+    monkeypatch.setattr(
+        Freshness, "window", property(lambda self: real_window.fget(hard_only(self)))
+    )
+    counterexample(prop_off_policy_bound, STRATEGIES[prop_off_policy_bound], checks.MEAN_BOUND)
 
 
 # 2 ------------------------------------------------------------------------------------------

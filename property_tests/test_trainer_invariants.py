@@ -18,6 +18,7 @@ def prop_off_policy_bound(case: Case) -> None:
     result = run_case(case)
     checks.check_ran_cleanly(result)
     checks.check_off_policy(result)
+    checks.check_mean_bound(result)
 
 
 def prop_batch_bounds(case: Case) -> None:

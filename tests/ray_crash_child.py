@@ -36,7 +36,8 @@ async def main(directory: Path, total_steps: int) -> None:
     await trio_asyncio_call(model.register, backend)
     if backend.step >= total_steps:
         return
-    executor = RayRolloutExecutor()
+    # CPU-free actors: the test module's own executor may hold every CPU of the cluster.
+    executor = RayRolloutExecutor(num_actors=2, actor_options={"num_cpus": 0})
     try:
         trainer = PipelineTrainer(
             model, backend, ray_rollouts.varied_rollout, scenarios(1_000), None,

@@ -353,7 +353,7 @@ def test_cli_parsing_and_tables() -> None:
             "off",
         ]
     )
-    assert args.workloads[-1] == "memory" and len(args.workloads) == 7
+    assert args.workloads[-1] == "memory" and len(args.workloads) == 8
     assert args.sweep == [] and args.seeds == [0, 1]
     report = measure(_hand_made())
     art_cell = Cell("art", "plenty-off1", {}, [report])

@@ -30,7 +30,7 @@ import trio
 from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
 
 import art_trio
-from art_trio.compat import art_trainer_kwargs
+from art_trio.compat import ART_0520, art_trainer_kwargs
 from art_trio.ledger import TALLY_FIELDS
 from art_trio.metrics import HISTORY_KEYS
 from tests.doubles import served_trajectory, trajectory
@@ -259,6 +259,24 @@ def test_same_steps_evals_checkpoints_and_metric_keys_as_art(
     for name in art_outcome.state:
         assert ours.state[name] == art_outcome.state[name], name
     assert ART_TRIO_STATE_FIELDS <= set(ours.state)
+
+
+@pytest.mark.skipif(not ART_0520, reason="ART 0.5.18's trainer has none of these kwargs")
+def test_the_0520_training_kwargs_reach_backend_train_as_art_passes_them(tmp_path: Path) -> None:
+    """kl_penalty_step_lag, grad_accumulation_sequences and optimizer_save_interval, set."""
+    settings: dict[str, Any] = dict(
+        kl_penalty_coef=0.05,
+        kl_penalty_step_lag=3,
+        grad_accumulation_sequences=4,
+        optimizer_save_interval=2,
+        learning_rate=3e-5,
+    )
+    theirs = run_art(tmp_path / "art", **settings)
+    ours = run_art_trio(tmp_path / "trio", "trio", **settings)
+    assert ours.steps == theirs.steps
+    assert ours.train_kwargs == theirs.train_kwargs
+    lags = [kwargs["kl_penalty_reference_step"] for kwargs in ours.train_kwargs]
+    assert lags == [max(0, step - 1 - 3) for step in ours.steps]  # the lag is really applied
 
 
 def test_staleness_aware_admission_trains_the_same_steps(

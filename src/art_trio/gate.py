@@ -320,10 +320,6 @@ class PolicyGate:
         """Groups older than this can no longer be trained by any batch not yet taken."""
         return self.next_training_step - self.max_steps_off_policy
 
-    def batch_min_version(self, current_step: int) -> int:
-        """Oldest version the batch that produces `current_step + 1` accepts."""
-        return current_step - self.max_steps_off_policy
-
     def may_start(self) -> bool:
         return not self._closed and admission_allows(
             self.snapshot(), self.admission, self.beyond_bound

@@ -488,9 +488,6 @@ class PipelineRun:
     def stale_for(self, step: int) -> Callable[[Delivered], bool]:
         """Whether a group is too old for the batch trained from `step`."""
         fresh = self.freshness
-        if fresh.limit_mean_steps_off_policy is None and fresh.max_steps_off_policy is not None:
-            oldest = step - fresh.max_steps_off_policy  # the hard bound alone: one comparison
-            return lambda item: item.version is not None and item.version < oldest
         return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def sync_tallies(self) -> None:

@@ -144,6 +144,9 @@ def trainer_kwargs(cls: type[Any], workload: Workload, extra: dict[str, Any]) ->
         log_interval_seconds=_LOG_INTERVAL_S,
         resume=False,
     )
+    if workload.limit_mean_steps_off_policy is not None:
+        # ART 0.5.20+ and art_trio only: an older ART's row reports UnsupportedKnob.
+        extra = {"limit_mean_steps_off_policy": workload.limit_mean_steps_off_policy, **extra}
     if workload.eval_time is not None:
         # ART calls it eval_at_start; art_trio may call it eval_step_0.
         for name in ("eval_at_start", "eval_step_0"):

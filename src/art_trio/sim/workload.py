@@ -234,7 +234,8 @@ class Workload:
     train_time: LatencyDist
     min_batch: int
     max_batch: int
-    max_steps_off_policy: int
+    #: The hard staleness bound (None: off, ART 0.5.20+).
+    max_steps_off_policy: int | None
     #: Train steps (``max_steps``); ``None`` runs until the scenarios run out.
     steps: int | None = 20
     seed: int = 0
@@ -252,6 +253,8 @@ class Workload:
     #: Trained-group counts at which peak RSS is sampled.
     rss_checkpoints: tuple[int, ...] = ()
     description: str = ""
+    #: ART 0.5.20's mean policy-age bound (None: off); trainers without it cannot run this.
+    limit_mean_steps_off_policy: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers <= 0 or self.min_batch <= 0 or self.max_batch < self.min_batch:
@@ -271,6 +274,11 @@ class Workload:
             f"{self.workers} workers, rollout {self.rollout_latency.describe()}, "
             f"train {self.train_time.describe()}, batch {self.min_batch}..{self.max_batch}, "
             f"off-policy {self.max_steps_off_policy}, "
+            + (
+                f"mean age <= {self.limit_mean_steps_off_policy}, "
+                if self.limit_mean_steps_off_policy is not None
+                else ""
+            )
             + (f"{self.steps} steps" if self.steps is not None else f"{self.scenarios} scenarios")
         )
 
@@ -333,6 +341,12 @@ PRESETS: dict[str, Workload] = {
             description="rollout capacity only ~2x training demand",
         ),
         _scheduling(
+            "mean-bound",
+            max_steps_off_policy=None,
+            limit_mean_steps_off_policy=1.0,
+            description="plenty-off1 under ART 0.5.20's mean policy-age bound (1.0) alone",
+        ),
+        _scheduling(
             "defaults",
             workers=16,
             min_batch=4,
@@ -361,6 +375,7 @@ PRESETS: dict[str, Workload] = {
 
 SCHEDULING_WORKLOADS: tuple[str, ...] = (
     "plenty-off1",
+    "mean-bound",
     "plenty-off2",
     "on-policy",
     "heavy-tail",
