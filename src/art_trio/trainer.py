@@ -45,8 +45,13 @@ from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """ART's `PipelineTrainer` on structured concurrency; runs under trio and asyncio.
 
-    Takes every parameter of ART's trainer with the same name and default, and raises the
-    same ValueError for the same bad value. art_trio's own parameters:
+    Takes every parameter of the installed ART's trainer (0.5.17-0.5.18 or 0.5.20+) with the
+    same name and default, and raises ART's ValueError text for the same bad value. Both
+    lines' spellings work on either: the runtime settings as keyword arguments or as
+    `pipeline=PipelineRuntimeConfig(...)`; ART 0.5.20's `limit_mean_steps_off_policy`,
+    `rollout_executor` (ART's `RolloutExecutor` protocol; a worker that dies raises
+    `RolloutLost` and its scenario is rolled again) and training kwargs. art_trio's own
+    parameters:
 
     - `shutdown_grace_seconds`: after a stop, how long in-flight rollouts and a running eval
       may take to finish before they are cancelled (`None`: as long as they take).
