@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import art
+import trio
 from art.types import TrainResult
 from openai.types.chat.chat_completion import Choice
 
@@ -189,3 +190,17 @@ async def asyncio_rollout(model: Any, scenario: dict[str, Any], config: Any) -> 
         return trajectory(float((i + k) % 3) / 2)
 
     return art.TrajectoryGroup(await asyncio.gather(*(one(k) for k in range(3))))
+
+
+def announce_training(backend: RecordingBackend) -> trio.Event:
+    """A trio Event set when `backend.train` is entered (its asyncio code still runs in a
+    trio task under trio-asyncio, so setting a trio Event there is allowed)."""
+    running = trio.Event()
+    original_train = backend.train
+
+    async def train(*args: Any, **kwargs: Any) -> Any:
+        running.set()
+        return await original_train(*args, **kwargs)
+
+    backend.train = train  # type: ignore[method-assign]
+    return running

@@ -51,7 +51,13 @@ from art_trio.lock import LOCK_FILE, RunLock, RunLockedError
 from art_trio.stages.training import BackendStepError
 from art_trio.types import EvalResult
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.doubles import (
+    RecordingBackend,
+    announce_training,
+    asyncio_rollout,
+    scenarios,
+    trajectory,
+)
 from tests.errors import find_leaf
 
 # -- helpers -------------------------------------------------------------------------------
@@ -627,14 +633,8 @@ async def test_request_stop_force_cancels_a_running_backend_train(
 ) -> None:
     """What a second signal does, from code: a running backend.train is cancelled."""
     backend.train_seconds = 1000.0
-    train_running = trio.Event()
     original_train = backend.train
-
-    async def train(*args: Any, **kwargs: Any) -> Any:
-        train_running.set()
-        return await original_train(*args, **kwargs)
-
-    backend.train = train  # type: ignore[method-assign]
+    train_running = announce_training(backend)
     trainer = _trainer(model, backend, shutdown_grace_seconds=None)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(trainer.train, handle_signals=False))

@@ -35,7 +35,13 @@ import trio.testing
 
 from art_trio import PipelineTrainer
 from art_trio.ledger import SIDECAR_FILE, StateStore
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.doubles import (
+    RecordingBackend,
+    announce_training,
+    asyncio_rollout,
+    scenarios,
+    trajectory,
+)
 
 HOUR = 3600.0
 
@@ -174,14 +180,7 @@ async def test_a_running_backend_train_finishes_and_no_new_one_starts(
         model, backend, asyncio_rollout, shutdown_grace_seconds=0.5, num_rollout_workers=2,
         max_batch_size=2,
     )
-    train_running = trio.Event()
-    original_train = backend.train
-
-    async def train(*args: Any, **kwargs: Any) -> Any:
-        train_running.set()  # asyncio code under trio-asyncio still runs in a trio task
-        return await original_train(*args, **kwargs)
-
-    backend.train = train  # type: ignore[method-assign]
+    train_running = announce_training(backend)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(trainer.train, handle_signals=False))
         await train_running.wait()
@@ -324,14 +323,7 @@ async def test_second_signal_cancels_a_running_backend_train(
 ) -> None:
     """The first signal lets backend.train finish; the second does not wait for it."""
     backend.train_seconds = 1000.0
-    train_running = trio.Event()
-    original_train = backend.train
-
-    async def train(*args: Any, **kwargs: Any) -> Any:
-        train_running.set()
-        return await original_train(*args, **kwargs)
-
-    backend.train = train  # type: ignore[method-assign]
+    train_running = announce_training(backend)
     trainer = _trainer(
         model, backend, asyncio_rollout, num_rollout_workers=2, max_batch_size=2,
         shutdown_grace_seconds=None,
