@@ -254,14 +254,14 @@ def _run_ready_handles_back_to_back(loop: Any) -> None:
     here, that is most of the ~40 us a rollout pays to cross into asyncio. This takes a handle
     that is already queued at once (unless a timer is due, which the stock path handles
     first), and falls back to the stock, blocking path when the queue is empty or after
-    `_HANDLES_PER_YIELD` handles in a row, so trio tasks and timers are never starved.
+    `_HANDLES_PER_YIELD` handles in a row, so trio tasks and timers are never starved. (Its
+    shutdown drain, `no_wait=True`, still ends on the stock path's WouldBlock.)
     Applied only to the loop `open_bridge()` opens itself, never to a host's loop, and only
     when the loop has the internals it relies on (else the stock loop runs unchanged).
     """
     import heapq
 
     import trio
-    import trio_asyncio
     from trio_asyncio._handles import AsyncHandle
 
     stock = loop._main_loop_one
@@ -313,7 +313,6 @@ def _run_ready_handles_back_to_back(loop: Any) -> None:
         if not hasattr(callback, "__dict__"):
             plain_types.add(kind)
 
-    del trio_asyncio
     loop._main_loop_one = main_loop_one
     loop._check_callback = check_callback
 
