@@ -314,13 +314,18 @@ async def test_leases_are_released_when_a_stop_cancels_rollouts_and_eval(
 
 
 async def test_prune_model_adapters_keeps_the_steps_rollouts_may_still_sample(
-    leasing_model: Any, leasing: LeasingBackend
+    leasing_model: Any, leasing: LeasingBackend, autojump_clock: trio.abc.Clock
 ) -> None:
+    """After each step s, the adapters of steps s-2 .. s stay (max_steps_off_policy=2).
+
+    Virtual time: on the real clock a loaded machine could make a group stale, and then
+    fewer steps train."""
     model, backend = leasing_model, leasing
     await PipelineTrainer(
         model, backend, two_rewards, scenarios(12), None,
         num_rollout_workers=2, min_batch_size=2, max_batch_size=2, max_steps_off_policy=2,
     ).train(handle_signals=False)
+    assert len(backend.calls) == 6
     assert backend.prune_calls == [
         set(range(max(0, step - 2), step + 1)) for step in range(1, 7)
     ]
