@@ -28,7 +28,6 @@ from hypothesis.stateful import (
 from art_trio.batching import (
     Freshness,
     group_initial_version,
-    is_stale,
     is_zero_variance,
     stamp_policy_versions,
 )
@@ -366,14 +365,16 @@ versions_and_rewards = st.integers(0, 5).flatmap(
 def test_stale_and_zero_variance_rules(
     vr: tuple[list[int | None], list[float]], floor: int
 ) -> None:
-    """Stale: the oldest known version is below the floor (unversioned never is). Zero
-    variance: at most one trajectory, or all rewards equal."""
+    """Stale (for the batch trained from `floor` with max_steps_off_policy=0): the oldest known
+    version is below the floor (unversioned never is). Zero variance: at most one trajectory,
+    or all rewards equal."""
     versions, rewards = vr
     group = _group(versions, rewards)
     known = [v for v in versions if v is not None]
     oldest = min(known) if known else None
     assert group_initial_version(group) == oldest
-    assert is_stale(group, floor) == (oldest is not None and oldest < floor)
+    stale = Freshness(0).is_stale(group_initial_version(group), None, floor)
+    assert stale == (oldest is not None and oldest < floor)
     assert is_zero_variance(group) == (len(rewards) <= 1 or len(set(rewards)) == 1)
 
 

@@ -91,19 +91,6 @@ class Freshness:
         return mean_version is not None and step - mean_version > limit
 
 
-def version_is_stale(version: int | None, min_version: int) -> bool:
-    """A group of this initial version is too old for a batch accepting >= `min_version`.
-
-    Unversioned groups (no trajectory says which policy it started from) never are.
-    """
-    return version is not None and version < min_version
-
-
-def is_stale(group: TrajectoryGroup, min_version: int) -> bool:
-    """Too old for a batch that accepts versions >= `min_version` (unversioned never is)."""
-    return version_is_stale(group_initial_version(group), min_version)
-
-
 def is_zero_variance(group: TrajectoryGroup) -> bool:
     """No learning signal: one trajectory or fewer, or every reward the same."""
     rewards = [t.reward for t in group.trajectories]
@@ -224,12 +211,10 @@ __all__ = [
     "copy_scenario_metadata",
     "eval_splits",
     "group_initial_version",
-    "is_stale",
     "is_zero_variance",
     "non_finite_reward_error",
     "reward_stats",
     "scenario_context",
     "split_eval_items",
     "stamp_policy_versions",
-    "version_is_stale",
 ]
