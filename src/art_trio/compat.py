@@ -176,9 +176,7 @@ def eval_lease(backend: object) -> Any | None:
     """
     if ART_0520 and getattr(type(backend), "exact_adapter_lease", None) is not None:
         return backend.exact_adapter_lease  # type: ignore[attr-defined]
-    if getattr(type(backend), "adapter_lease", None) is not None:
-        return backend.adapter_lease  # type: ignore[attr-defined]
-    return None
+    return rollout_lease(backend)
 
 
 def rollout_lease(backend: object) -> Any | None:

@@ -321,7 +321,7 @@ class PipelineRun:
         self._clock = loop_clock()
         self.gate = PolicyGate(
             start_step=start_step,
-            max_steps_off_policy=settings.freshness.window,
+            max_steps_off_policy=self.freshness.window,
             max_batch_size=settings.max_batch_size,
             admission=settings.admission,
             beyond_bound=settings.rollouts_beyond_bound,
