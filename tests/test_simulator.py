@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from art_trio.sim.distributions import Constant, Empirical, Exponential, LogNormal
 from art_trio.sim.report import plot_sweep, run_table, sweep_summary, sweep_table
 from art_trio.sim.simulate import (
     SimReport,
@@ -28,7 +29,6 @@ from art_trio.sim.simulate import (
     simulate,
     sweep,
 )
-from art_trio.sim.workload import Constant, Empirical, Exponential, LogNormal
 
 # --- parsing ---------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def install_bare_package() -> None:
 def run_spec(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every point of ``spec`` in this process; errors become entries, not exceptions."""
     from art_trio.bench.trainers import Kind, UnsupportedKnob, run_one
-    from art_trio.sim.workload import PRESETS
+    from art_trio.sim.workloads import PRESETS
 
     kind = cast(Kind, spec["kind"])
     overrides = dict(spec.get("overrides", {}))

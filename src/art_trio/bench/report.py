@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from art_trio.sim.workload import RunReport
+from art_trio.sim.measures import RunReport, format_staleness
 
 
 @dataclass
@@ -65,18 +65,6 @@ def _ratio(value: float | None, base: float | None) -> str:
     if value is None or base is None or math.isnan(value) or math.isnan(base) or base == 0:
         return ""
     return f" ({value / base:.2f}x)"
-
-
-def format_staleness(hist: dict[int, int]) -> str:
-    """``0:11% 1:89%``: share of trained groups at each staleness."""
-    n = sum(hist.values())
-    if not n:
-        return "-"
-    parts = []
-    for k, v in sorted(hist.items()):
-        share = 100 * v / n
-        parts.append(f"{k}:{share:.0f}%" if share >= 1 else f"{k}:<1%")
-    return " ".join(parts)
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:

@@ -52,12 +52,12 @@ from art_trio.bench.trainers import (
     KINDS,
     KNOB,
 )
-from art_trio.sim.workload import (
+from art_trio.sim.measures import RunReport
+from art_trio.sim.workloads import (
     MEMORY_WORKLOADS,
     OVERHEAD_WORKLOADS,
     PRESETS,
     SCHEDULING_WORKLOADS,
-    RunReport,
 )
 
 #: Knob values swept by default (0 = admit only what the staleness bound says is trainable).

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from art_trio.sim.measures import format_staleness
 from art_trio.sim.simulate import SimReport, SweepResult, combinations
 
 __all__ = [
@@ -42,11 +43,6 @@ def _num(value: float, spec: str = ".3f") -> str:
 
 def _pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.1f}%"
-
-
-def format_staleness(hist: dict[int, int]) -> str:
-    """``0:27 1:773`` (steps off-policy : trained groups)."""
-    return " ".join(f"{k}:{v}" for k, v in sorted(hist.items())) or "-"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:

@@ -2,7 +2,7 @@
 
 The trainer reads time only from the running event loop, so under trio's
 ``MockClock(autojump_threshold=0)`` every sleep of the synthetic backend and rollouts
-(:mod:`art_trio.sim.workload`) completes the instant nothing else can run: hours of a run
+(:mod:`art_trio.sim.doubles`) completes the instant nothing else can run: hours of a run
 take seconds. Nothing of the scheduler is modelled; the very code a real run executes makes
 every decision (admission, batching, staleness, cancellation).
 
@@ -14,7 +14,11 @@ What a user may rely on:
 - :func:`sweep` runs the cartesian product of a grid of trainer settings and names the
   cheapest setting that keeps the trainer busy (:func:`cheapest`).
 - The same spec and seed give the same report (latencies are drawn per scenario index).
-- Metric definitions are in :class:`SimReport`'s field comments.
+- Metric definitions are in :mod:`art_trio.sim.measures` and :class:`SimReport`'s field
+  comments.
+- ``SimSpec.inference_capacity`` models an inference server of limited capacity (rollouts
+  slow down when more are in flight), ``SimSpec.latency_shift`` a latency that changes at a
+  given step (:mod:`art_trio.sim.inference`).
 """
 
 from __future__ import annotations
@@ -24,44 +28,44 @@ import functools
 import inspect
 import io
 import itertools
-import json
 import math
 import os
-import re
 import sys
 import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, TextIO
 
-# Before ART is imported (workload.py sets it too): keep litellm off the network.
+# Before ART is imported (art_trio.testing sets it too): keep litellm off the network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import anyio  # noqa: E402
-import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
-from art.types import TrainResult  # noqa: E402
 
 from art_trio.bridge import trio_native  # noqa: E402
 from art_trio.gate import PolicyGate  # noqa: E402
 from art_trio.run import PipelineRun, RunCounters  # noqa: E402
-from art_trio.sim.workload import (  # noqa: E402
-    Constant,
-    Empirical,
-    Exponential,
-    IndexedDraws,
+from art_trio.sim.distributions import (  # noqa: E402
     LatencyDist,
-    LogNormal,
-    Recorder,
-    SyntheticBackend,
-    Workload,
-    make_rollout_fn,
-    scenarios,
+    describe_distribution,
+    parse_distribution,
+    parse_seconds,
+    read_seconds,
 )
+from art_trio.sim.doubles import SyntheticBackend, eval_double, make_rollout_fn  # noqa: E402
+from art_trio.sim.inference import LatencyShift  # noqa: E402
+from art_trio.sim.measures import (  # noqa: E402
+    RolloutTally,
+    mean_staleness,
+    ratio,
+    tally_rollouts,
+    train_window,
+)
+from art_trio.sim.recorder import Recorder  # noqa: E402
+from art_trio.sim.workloads import Workload, scenarios  # noqa: E402
 from art_trio.trainer import PipelineTrainer  # noqa: E402
 
 from ..compat import trainable_model
@@ -138,8 +142,16 @@ class SimSpec:
     scenarios: int | None = None
     seed: int = 0
     trainer: Mapping[str, Any] = field(default_factory=dict)
+    #: Rollouts the inference server serves at full speed; beyond it, the rollouts in flight
+    #: share its throughput (processor sharing: with n > capacity in flight, each progresses
+    #: at capacity / n of full speed; see :mod:`art_trio.sim.inference`). None: no contention.
+    inference_capacity: int | None = None
+    #: Rollouts started after ``after_steps`` train steps take ``factor`` x their draw.
+    latency_shift: LatencyShift | None = None
 
     def __post_init__(self) -> None:
+        if self.inference_capacity is not None and self.inference_capacity <= 0:
+            raise ValueError("inference_capacity must be > 0")
         if self.steps is None and self.scenarios is None:
             raise ValueError("a simulation needs steps or scenarios (or both) to end")
         if self.steps is not None and self.steps < 0:
@@ -176,6 +188,10 @@ class SimSpec:
             parts.append(f"zero-variance {self.zero_variance_prob:g}")
         if self.failure_prob:
             parts.append(f"failures {self.failure_prob:g}")
+        if self.inference_capacity is not None:
+            parts.append(f"inference capacity {self.inference_capacity}")
+        if self.latency_shift is not None:
+            parts.append(self.latency_shift.describe())
         if self.steps is not None:
             parts.append(f"{self.steps} steps")
         if self.scenarios is not None:
@@ -195,82 +211,11 @@ class SimSpec:
             "scenarios": self.scenarios,
             "seed": self.seed,
             "trainer": {k: _jsonable(v) for k, v in self.trainer.items()},
+            "inference_capacity": self.inference_capacity,
+            "latency_shift": (
+                None if self.latency_shift is None else asdict(self.latency_shift)
+            ),
         }
-
-
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*$")
-
-
-def parse_seconds(text: str) -> float:
-    """``"30"``, ``"30s"``, ``"500ms"``, ``"2m"``/``"2min"``, ``"1.5h"`` -> seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 500ms, 2m, 1.5h)")
-    return float(match.group(1)) * _UNITS[match.group(2) or ""]
-
-
-def read_seconds(path: str | Path) -> tuple[float, ...]:
-    """Durations in seconds from a file: a JSON list, or numbers separated by whitespace or
-    commas (``#`` starts a comment). Each entry may carry a unit (``500ms``, ``2m``)."""
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        values = json.loads(text)
-        if not isinstance(values, list):
-            raise ValueError(f"{path}: expected a JSON list of seconds")
-        samples = tuple(float(v) for v in values)
-    else:
-        tokens = [
-            token
-            for line in text.splitlines()
-            for token in re.split(r"[,\s]+", line.split("#", 1)[0])
-            if token
-        ]
-        samples = tuple(parse_seconds(token) for token in tokens)
-    if not samples:
-        raise ValueError(f"{path}: no durations found")
-    return samples
-
-
-def parse_distribution(text: str) -> LatencyDist:
-    """A duration distribution from its short form (all durations in seconds unless suffixed).
-
-    - ``30`` or ``const:30``: always 30 s;
-    - ``exp:30``: exponential with mean 30 s;
-    - ``lognormal:30:1.5``: log-normal with mean 30 s and log-space sigma 1.5;
-    - ``file:PATH`` (or ``empirical:PATH``): resample the durations listed in PATH
-      (see :func:`read_seconds`).
-    """
-    kind, sep, rest = text.partition(":")
-    if not sep:
-        return Constant(parse_seconds(text))
-    kind = kind.strip().lower()
-    if kind in ("file", "empirical"):
-        return Empirical(read_seconds(rest))
-    args = [a for a in re.split(r"[:,]", rest) if a.strip()]
-    if kind in ("const", "constant") and len(args) == 1:
-        return Constant(parse_seconds(args[0]))
-    if kind in ("exp", "exponential") and len(args) == 1:
-        return Exponential(parse_seconds(args[0]))
-    if kind in ("lognormal", "lognorm") and len(args) == 2:
-        return LogNormal(parse_seconds(args[0]), float(args[1]))
-    raise ValueError(
-        f"not a distribution: {text!r} (forms: 30, const:30, exp:30, lognormal:30:1.5, "
-        "file:latencies.txt)"
-    )
-
-
-def describe_distribution(dist: LatencyDist) -> str:
-    """Short form in seconds (``exp(30s)``); workload.py's ``describe`` speaks milliseconds."""
-    if isinstance(dist, Constant):
-        return f"{dist.seconds:g}s"
-    if isinstance(dist, Exponential):
-        return f"exp({dist.mean_s:g}s)"
-    if isinstance(dist, LogNormal):
-        return f"lognormal({dist.mean_s:g}s, sigma {dist.sigma:g})"
-    if isinstance(dist, Empirical):
-        return f"empirical({len(dist.samples)} samples, mean {dist.mean:.4g}s)"
-    return dist.describe()
 
 
 def parse_value(text: str) -> Any:
@@ -322,7 +267,8 @@ class SimReport:
     rollouts_started: int
     #: Rollouts that completed with a trainable group that was discarded as stale.
     wasted_rollouts: int
-    #: `wasted_rollouts` over `rollouts_started`.
+    #: `wasted_rollouts` over the rollouts started before the last train step began (the
+    #: benchmark's `waste`; definitions in :mod:`art_trio.sim.measures`).
     wasted_share: float
     #: Rollouts cancelled by the trainer because no batch could train them any more
     #: (RunCounters.stale_cancelled).
@@ -355,8 +301,7 @@ class SimReport:
 
     @property
     def mean_staleness(self) -> float:
-        n = sum(self.staleness.values())
-        return sum(k * v for k, v in self.staleness.items()) / n if n else math.nan
+        return mean_staleness(self.staleness)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (NaN becomes None)."""
@@ -383,37 +328,8 @@ def _jsonable(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-class _SimBackend(SyntheticBackend):
-    """The workload's synthetic backend, telling a progress callback about every step."""
-
-    def __init__(self, *args: Any, on_step: Callable[[], None] | None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._on_step = on_step
-
-    async def train(self, model: Any, trajectory_groups: Any, **kwargs: Any) -> TrainResult:
-        result = await super().train(model, trajectory_groups, **kwargs)
-        if self._on_step is not None:
-            self._on_step()
-        return result
-
-
 async def _noop_log(*args: Any, **kwargs: Any) -> None:
     """Stands in for `model.log`: writing metrics is not what is simulated."""
-
-
-def _make_eval_fn(dist: LatencyDist, seed: int, recorder: Recorder) -> Callable[..., Any]:
-    # workload.make_eval_fn takes a fixed eval time; this one draws it from a distribution.
-    draws = IndexedDraws(dist.sample_n, (seed, 4))
-    count = itertools.count()
-
-    @trio_native
-    async def evaluate(model: Any, step: int, config: Any) -> list[art.Trajectory]:
-        started = anyio.current_time()
-        await anyio.sleep(draws[next(count)])
-        recorder.evals.append((step, started, anyio.current_time()))
-        return [art.Trajectory(messages_and_choices=[], reward=1.0)]
-
-    return evaluate
 
 
 async def _unbound_rollout(model: Any, scenario: Any, config: Any) -> Any:
@@ -499,11 +415,15 @@ async def _drive(
     model: Any = trainable_model(
         name="sim", project="art-trio-sim", base_model="sim", base_path=base_path
     )
-    backend = _SimBackend(spec.train_time, recorder, seed=spec.seed, on_step=on_step)
+    backend = SyntheticBackend(spec.train_time, recorder, seed=spec.seed, on_step=on_step)
     await model.register(backend)
     # TrainableModel is pydantic; object.__setattr__ puts the stub in the instance dict.
     object.__setattr__(model, "log", _noop_log)
-    eval_fn = None if spec.eval_time is None else _make_eval_fn(spec.eval_time, spec.seed, recorder)
+    eval_fn = (
+        None
+        if spec.eval_time is None
+        else trio_native(eval_double(spec.eval_time, recorder, seed=spec.seed))
+    )
     trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
         model,
         backend,
@@ -529,6 +449,8 @@ async def _drive(
         # Two trajectories are enough for reward variance and cheapest to build.
         trajectories_per_group=2,
         scenarios=spec.scenarios,
+        inference_capacity=spec.inference_capacity,
+        latency_shift=spec.latency_shift,
     )
     trainer.rollout_fn = trio_native(make_rollout_fn(workload, recorder))
 
@@ -560,84 +482,66 @@ async def _drive(
     )
 
 
+_COUNTER_NAMES = (
+    "taken",
+    "trained",
+    "stale",
+    "stale_cancelled",
+    "zero_variance",
+    "errored",
+    "dropped_at_stop",
+    "rollouts_started",
+    "steps",
+)
+
+
+def _tally(outcome: _Outcome) -> RolloutTally:
+    """The shared rollout accounting, with art_trio's ledger saying exactly which rollouts
+    the run's end left behind (still running, queued or ready)."""
+    ledger = outcome.run.state.ledger
+    return tally_rollouts(
+        outcome.recorder,
+        train_window(outcome.recorder.steps),
+        left_at_end=lambda sid: not ledger.is_resolved(sid),
+    )
+
+
 def _report(spec: SimSpec, outcome: _Outcome, *, real_s: float, virtual: bool) -> SimReport:
     rec, counters = outcome.recorder, outcome.counters
-    ledger = outcome.run.state.ledger
     assert rec.train_called_at is not None and rec.train_returned_at is not None
     wall = rec.train_returned_at - rec.train_called_at
-
-    steps = rec.steps
-    busy = sum(s.end - s.start for s in steps)
-    window = (max(s.end for s in steps) - min(s.start for s in steps)) if steps else 0.0
-    trained_ids = {sid for s in steps for sid in s.scenario_ids}
-    groups = sum(s.n_groups for s in steps)
-
-    rollout_s = wasted_s = tail_s = 0.0
-    wasted = tail = 0
-    for sid, started in rec.rollout_start.items():
-        ended = rec.rollout_end.get(sid, rec.train_returned_at)
-        seconds = max(0.0, ended - started)
-        rollout_s += seconds
-        if sid in trained_ids:
-            continue
-        if not ledger.is_resolved(sid):
-            # Still running, queued or ready when the run ended: the end of a finite run.
-            tail_s += seconds
-            tail += 1
-            continue
-        result = rec.rollout_outcome.get(sid)
-        if result in ("failed", "zero_variance"):
-            # Discarded for the workload's reasons; the schedule could not have saved them.
-            continue
-        # Resolved, trainable, never trained: discarded as stale or cancelled as doomed.
-        wasted_s += seconds
-        wasted += result == "ok"
-
-    staleness: Counter[int] = Counter(counters.staleness)
-    workers = outcome.workers
+    window = train_window(rec.steps)
+    tally = _tally(outcome)
     return SimReport(
         spec=spec.to_dict(),
         settings={k: _jsonable(v) for k, v in spec.trainer.items()},
-        num_rollout_workers=workers,
+        num_rollout_workers=outcome.workers,
         sim_wall_s=wall,
-        steps=len(steps),
-        groups_trained=groups,
-        steps_per_hour=len(steps) / wall * 3600 if wall > 0 else math.nan,
-        trainer_utilization=busy / window if window > 0 else math.nan,
-        rollout_slot_utilization=rollout_s / (workers * wall) if wall > 0 else math.nan,
+        steps=window.steps,
+        groups_trained=window.groups,
+        steps_per_hour=ratio(window.steps * 3600, wall),
+        trainer_utilization=window.utilization,
+        rollout_slot_utilization=ratio(tally.paid_s, outcome.workers * wall),
         rollouts_started=rec.started,
-        wasted_rollouts=wasted,
-        wasted_share=wasted / rec.started if rec.started else math.nan,
+        wasted_rollouts=tally.wasted,
+        wasted_share=tally.waste,
         cancelled_rollouts=counters.stale_cancelled,
-        wasted_rollout_s=wasted_s,
-        wasted_rollout_s_share=wasted_s / rollout_s if rollout_s > 0 else math.nan,
-        rollout_s=rollout_s,
-        rollout_s_per_trained_group=rollout_s / groups if groups else math.nan,
-        end_of_run_rollouts=tail,
-        end_of_run_rollout_s=tail_s,
+        wasted_rollout_s=tally.wasted_s,
+        wasted_rollout_s_share=ratio(tally.wasted_s, tally.paid_s),
+        rollout_s=tally.paid_s,
+        rollout_s_per_trained_group=ratio(tally.paid_s, window.groups),
+        end_of_run_rollouts=tally.left_at_end,
+        end_of_run_rollout_s=tally.left_at_end_s,
         failed_rollouts=rec.failed,
         zero_variance_groups=rec.zero_variance,
-        staleness=dict(sorted(staleness.items())),
-        mean_queue_depth=outcome.queue_area / wall if wall > 0 else math.nan,
+        staleness=dict(sorted(Counter(counters.staleness).items())),
+        mean_queue_depth=ratio(outcome.queue_area, wall),
         max_queue_depth=counters.max_queued,
         evals=len(rec.evals),
         stalled=outcome.stalled,
         real_s=real_s,
         virtual=virtual,
-        counters={
-            name: getattr(counters, name)
-            for name in (
-                "taken",
-                "trained",
-                "stale",
-                "stale_cancelled",
-                "zero_variance",
-                "errored",
-                "dropped_at_stop",
-                "rollouts_started",
-                "steps",
-            )
-        },
+        counters={name: getattr(counters, name) for name in _COUNTER_NAMES},
     )
 
 
