@@ -1,23 +1,24 @@
-"""Test doubles for what cannot run here (GPUs), implementing ART's real Backend protocol.
+"""Test doubles for what cannot run here (GPUs), on `art_trio.testing`'s ART Backend double.
 
-`RecordingBackend` is deliberately asyncio-only: every method asserts it runs inside an
-asyncio event loop and uses asyncio primitives, so a test passes only if art_trio really
-reaches it through asyncio (trio-asyncio under trio).
+`RecordingBackend` is deliberately asyncio-only (the shared double's asyncio flavor): every
+method asserts it runs inside an asyncio event loop and uses asyncio primitives, so a test
+passes only if art_trio really reaches it through asyncio (trio-asyncio under trio).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import art
 import trio
-from art.types import TrainResult
 from openai.types.chat.chat_completion import Choice
+
+from art_trio.testing.doubles import BackendDouble, TrainBatch, group_initial_version
+from art_trio.testing.doubles import trajectory as shared_trajectory
 
 
 def _require_asyncio() -> asyncio.AbstractEventLoop:
@@ -35,8 +36,9 @@ class TrainCall:
 
 
 @dataclass
-class RecordingBackend:
-    """ART Backend double: counts steps, records every train call, optional train delay."""
+class RecordingBackend(BackendDouble):
+    """The shared ART Backend double, asyncio flavor: records every train call, optional
+    train delay, can hold train() until released, writes and deletes checkpoint files."""
 
     train_seconds: float = 0.0
     fail_on_step: int | None = None
@@ -49,23 +51,46 @@ class RecordingBackend:
     _release: asyncio.Event | None = None
     train_started: int = 0
 
-    # -- ART's Backend protocol ----------------------------------------------------------
+    def __post_init__(self) -> None:
+        BackendDouble.__init__(
+            self,
+            flavor="asyncio",
+            initial_step=self.step,
+            fail_on_step=self.fail_on_step,
+            # Do the "work" in an asyncio task, as real backends do.
+            work_in_task=True,
+        )
 
-    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
-        return f"{model.name}@{self.step if step is None else step}"
+    def train_seconds_for(self, index: int) -> float:
+        return self.train_seconds
 
-    async def close(self) -> None:
-        _require_asyncio()
+    async def before_train(self, groups: list[art.TrajectoryGroup]) -> None:
+        if self.hold_train:
+            if self._release is None:
+                self._release = asyncio.Event()
+            await self._release.wait()
 
-    async def register(self, model: Any) -> None:
-        _require_asyncio()
+    def record(self, batch: TrainBatch) -> None:
+        groups = batch.groups
+        self.calls.append(
+            TrainCall(
+                step=batch.step,
+                kwargs=batch.kwargs,
+                scenario_ids=[g.metadata.get("scenario_id") for g in groups],
+                initial_versions=[group_initial_version(g) for g in groups],
+                rewards=[[t.reward for t in g.trajectories] for g in groups],
+            )
+        )
+        if self.write_checkpoints and batch.kwargs.get("save_checkpoint"):
+            path = Path(batch.model._get_output_dir()) / "checkpoints" / f"{batch.step:04d}"
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "weights.txt").write_text(str(batch.step))
 
-    async def _get_step(self, model: Any) -> int:
-        _require_asyncio()
-        return self.step
+    def train_metrics(self, batch: TrainBatch) -> dict[str, float]:
+        loss = sum(sum(r) for r in self.calls[-1].rewards) / max(1, len(batch.groups))
+        return {"loss": loss if math.isfinite(loss) else 0.0}
 
-    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
-        _require_asyncio()
+    def delete_checkpoints(self, model: Any, steps_to_keep: list[int]) -> None:
         self.deleted_keep_lists.append(list(steps_to_keep))
         directory = Path(model._get_output_dir()) / "checkpoints"
         if directory.is_dir():
@@ -75,56 +100,6 @@ class RecordingBackend:
                         f.unlink()
                     path.rmdir()
 
-    async def _prepare_backend_for_training(self, model: Any, config: Any) -> tuple[str, str]:
-        _require_asyncio()
-        return "http://127.0.0.1:9/v1", "test-key"
-
-    async def train(
-        self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
-    ) -> TrainResult:
-        loop = _require_asyncio()
-        groups = list(trajectory_groups)
-        self.train_started += 1
-        if self.hold_train:
-            if self._release is None:
-                self._release = asyncio.Event()
-            await self._release.wait()
-        # Do the "work" in an asyncio task, as real backends do.
-        done = asyncio.Event()
-
-        async def work() -> None:
-            await asyncio.sleep(self.train_seconds)
-            done.set()
-
-        task = loop.create_task(work())
-        await done.wait()
-        await task
-        if self.fail_on_step is not None and self.step + 1 == self.fail_on_step:
-            raise RuntimeError(f"backend exploded at step {self.step + 1}")
-        self.step += 1
-        self.calls.append(
-            TrainCall(
-                step=self.step,
-                kwargs=dict(kwargs),
-                scenario_ids=[g.metadata.get("scenario_id") for g in groups],
-                initial_versions=[
-                    min(
-                        (t.initial_policy_version for t in g.trajectories
-                         if t.initial_policy_version is not None),
-                        default=None,
-                    )
-                    for g in groups
-                ],
-                rewards=[[t.reward for t in g.trajectories] for g in groups],
-            )
-        )
-        if self.write_checkpoints and kwargs.get("save_checkpoint"):
-            path = Path(model._get_output_dir()) / "checkpoints" / f"{self.step:04d}"
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "weights.txt").write_text(str(self.step))
-        loss = sum(sum(r) for r in self.calls[-1].rewards) / max(1, len(groups))
-        return TrainResult(step=self.step, metrics={"loss": loss if math.isfinite(loss) else 0.0})
-
     def release(self) -> None:
         """Let held train() calls proceed (call from asyncio or trio-asyncio context)."""
         self.hold_train = False
@@ -133,16 +108,8 @@ class RecordingBackend:
 
 
 def trajectory(reward: float, **kwargs: Any) -> art.Trajectory:
-    # The serving response's usage, which ART 0.5.20+'s trainer requires of every trajectory.
-    kwargs["metrics"] = {"completion_tokens": 1, **kwargs.get("metrics", {})}
-    return art.Trajectory(
-        messages_and_choices=[
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "a"},
-        ],
-        reward=reward,
-        **kwargs,
-    )
+    """A one-exchange trajectory with the serving usage ART 0.5.20+'s trainer requires."""
+    return shared_trajectory(reward, **kwargs)
 
 
 def served_trajectory(reward: float, step: int) -> art.Trajectory:

@@ -120,6 +120,8 @@ class TrainBatch:
     end: float
     groups: list[art.TrajectoryGroup]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The model it trained.
+    model: Any = None
 
 
 class BackendDouble:
@@ -261,6 +263,7 @@ class BackendDouble:
             end=self._now(),
             groups=groups,
             kwargs=dict(kwargs),
+            model=model,
         )
         self.record(batch)
         return TrainResult(step=self.step, metrics=self.train_metrics(batch))
