@@ -43,12 +43,19 @@ import anyio  # noqa: E402
 import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
-from art.types import TrainResult  # noqa: E402
 
 import art_trio.trainer  # noqa: E402
 from art_trio import PipelineTrainer, trio_native  # noqa: E402
 from art_trio.compat import trainable_model
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
+from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
+from art_trio.testing.doubles import (  # noqa: E402
+    EvalCall,
+    EvalDouble,
+    TrainBatch,
+    group_initial_version,
+    trajectory,
+)
 
 #: Failure kinds a rollout plan can ask for.
 #: - "raise": the rollout raises; "wrong_type": it returns a dict, not a TrajectoryGroup;
@@ -278,7 +285,6 @@ class Observer:
 
     case: Case
     run: RunRecord
-    eval_active: int = 0
     ended: int = 0
     #: Which scenario a group object came from (by identity), set by the rollout double.
     owners: dict[int, int] = field(default_factory=dict)
@@ -288,13 +294,7 @@ class Observer:
 
 
 def _trajectory(reward: float) -> art.Trajectory:
-    return art.Trajectory(
-        messages_and_choices=[
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "a"},
-        ],
-        reward=reward,
-    )
+    return trajectory(reward, usage=False)
 
 
 def make_rollout_fn(observer: Observer) -> Any:
@@ -341,101 +341,55 @@ def make_rollout_fn(observer: Observer) -> Any:
 
 
 def make_eval_fn(observer: Observer) -> Any:
-    """A trio-native eval_fn that sleeps the planned duration and records start and end."""
+    """A trio-native eval double that works the planned durations and records start and end."""
+    run = observer.run
 
-    @trio_native
-    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
-        run = observer.run
-        durations = observer.case.eval_seconds or (0.0,)
-        record = EvalRecord(step=step, started_at=trio.current_time())
-        duration = durations[len(run.evals) % len(durations)]
+    def started(call: EvalCall) -> EvalRecord:
+        record = EvalRecord(step=call.step, started_at=call.started_at)
         run.evals.append(record)
-        observer.eval_active += 1
-        run.max_concurrent_evals = max(run.max_concurrent_evals, observer.eval_active)
-        try:
-            await anyio.sleep(duration)
-        finally:
-            observer.eval_active -= 1
-            record.ended_at = trio.current_time()
-        return [_trajectory(1.0)]
+        run.max_concurrent_evals = max(run.max_concurrent_evals, evaluate.active + 1)
+        return record
 
-    return eval_fn
+    def ended(call: EvalCall) -> None:
+        call.token.ended_at = call.ended_at
+
+    evaluate = EvalDouble(
+        observer.case.eval_seconds or (0.0,), usage=False, on_start=started, on_end=ended
+    )
+    return trio_native(evaluate)
 
 
-class BackendDouble:
-    """ART Backend double (asyncio code): its step persists across trainers, like a server's.
+class BackendDouble(SharedBackendDouble):
+    """The shared ART Backend double, asyncio flavor (reached through trio-asyncio like a real
+    ART backend): its step persists across trainers, like a server's.
 
     `train` sleeps the planned training time (virtual under trio-asyncio + MockClock) and
     records the batch by scenario identity, not by what the trainer wrote on the groups.
     """
 
     def __init__(self, observer: Observer) -> None:
+        super().__init__(train_time=observer.case.train_seconds or (0.0,), flavor="asyncio")
         self.observer = observer
-        self.step = 0
         self.calls: list[TrainCall] = []
-        self.training = 0
-        self.max_concurrent_training = 0
 
-    # ART's Backend protocol.
-    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
-        return f"{model.name}@{self.step if step is None else step}"
-
-    async def close(self) -> None:
-        return None
-
-    async def register(self, model: Any) -> None:
-        return None
-
-    async def _get_step(self, model: Any) -> int:
-        return self.step
-
-    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
-        return None
-
-    async def _prepare_backend_for_training(self, model: Any, config: Any) -> tuple[str, str]:
-        return "http://127.0.0.1:9/v1", "test-key"
-
-    async def train(
-        self, model: Any, trajectory_groups: Any, **kwargs: Any
-    ) -> TrainResult:
-        loop = asyncio.get_running_loop()
-        groups = list(trajectory_groups)
-        started = loop.time()
-        durations = self.observer.case.train_seconds or (0.0,)
-        self.training += 1
-        self.max_concurrent_training = max(self.max_concurrent_training, self.training)
-        try:
-            await asyncio.sleep(durations[len(self.calls) % len(durations)])
-        finally:
-            self.training -= 1
-        self.step += 1
+    def record(self, batch: TrainBatch) -> None:
         owners = self.observer.owners
+        groups = batch.groups
         call = TrainCall(
             run=self.observer.run.index,
-            step=self.step,
+            step=batch.step,
             scenario_ids=[owners.get(id(g), -1) for g in groups],
-            initial_versions=[
-                min(
-                    (
-                        t.initial_policy_version
-                        for t in g.trajectories
-                        if t.initial_policy_version is not None
-                    ),
-                    default=None,
-                )
-                for g in groups
-            ],
+            initial_versions=[group_initial_version(g) for g in groups],
             version_pairs=[
                 (t.initial_policy_version, t.final_policy_version)
                 for g in groups
                 for t in g.trajectories
             ],
-            started_at=started,
-            ended_at=loop.time(),
+            started_at=batch.start,
+            ended_at=batch.end,
         )
         self.calls.append(call)
         self.observer.run.calls.append(call)
-        return TrainResult(step=self.step, metrics={})
 
 
 # -- observation points inside the trainer ----------------------------------------------------
