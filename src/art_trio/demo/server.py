@@ -127,72 +127,96 @@ def _is_number(value: object) -> bool:
     )
 
 
-def parse_request(body: object) -> CompletionRequest:
-    """Validate a decoded JSON body as OpenAI does, raising ``OpenAIError`` (400)."""
-    if not isinstance(body, dict):
-        raise _bad("body", "The request body must be a JSON object.")
+def _default(body: dict[str, Any], key: str, default: Any) -> Any:
+    value = body.get(key)
+    return default if value is None else value
 
+
+def _parse_model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "you must provide a model parameter")
+    return model
 
+
+def _parse_messages(body: dict[str, Any]) -> list[Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "'messages' must be a non-empty array of message objects.")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with a 'role'.")
+    return messages
 
-    n = body.get("n")
-    if n is None:
-        n = 1
+
+def _parse_n(body: dict[str, Any]) -> int:
+    n = _default(body, "n", 1)
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise _bad("n", f"{n!r} is not a valid value for 'n': it must be between 1 and {MAX_N}.")
+    return int(n)
 
+
+def _check_token_limits(body: dict[str, Any]) -> None:
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is not None and (not _is_int(value) or value < 1):
             raise _bad(key, f"{value!r} is not a valid value for '{key}': it must be >= 1.")
 
-    temperature = body.get("temperature")
-    if temperature is None:
-        temperature = 1.0
+
+def _parse_sampling(body: dict[str, Any]) -> tuple[float, float]:
+    """``(temperature, top_p)``."""
+    temperature = _default(body, "temperature", 1.0)
     if not _is_number(temperature) or not 0.0 <= float(temperature) <= 2.0:
         raise _bad("temperature", f"{temperature!r} is not between 0 and 2 - 'temperature'.")
-
-    top_p = body.get("top_p")
-    if top_p is None:
-        top_p = 1.0
+    top_p = _default(body, "top_p", 1.0)
     if not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0:
         raise _bad("top_p", f"{top_p!r} is not in (0, 1] - 'top_p'.")
+    return float(temperature), float(top_p)
 
-    logprobs = body.get("logprobs")
-    if logprobs is None:
-        logprobs = False
+
+def _parse_logprobs(body: dict[str, Any]) -> tuple[bool, int]:
+    """``(logprobs, top_logprobs)``."""
+    logprobs = _default(body, "logprobs", False)
     if not isinstance(logprobs, bool):
         raise _bad("logprobs", f"{logprobs!r} is not a boolean - 'logprobs'.")
-
-    top_logprobs = body.get("top_logprobs")
-    if top_logprobs is None:
-        top_logprobs = 0
+    top_logprobs = _default(body, "top_logprobs", 0)
     if not _is_int(top_logprobs) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
         raise _bad("top_logprobs", f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.")
     if top_logprobs and not logprobs:
         raise _bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.")
+    return logprobs, int(top_logprobs)
 
+
+def _parse_seed(body: dict[str, Any]) -> int | None:
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _bad("seed", f"{seed!r} is not an integer - 'seed'.")
+    return seed
 
+
+def parse_request(body: object) -> CompletionRequest:
+    """Validate a decoded JSON body as OpenAI does, raising ``OpenAIError`` (400).
+
+    Fields are checked in a fixed order (model, messages, n, token limits, temperature, top_p,
+    logprobs, top_logprobs, seed, stream); the first bad one is reported.
+    """
+    if not isinstance(body, dict):
+        raise _bad("body", "The request body must be a JSON object.")
+    model = _parse_model(body)
+    messages = _parse_messages(body)
+    n = _parse_n(body)
+    _check_token_limits(body)
+    temperature, top_p = _parse_sampling(body)
+    logprobs, top_logprobs = _parse_logprobs(body)
+    seed = _parse_seed(body)
     if body.get("stream"):
         raise _bad("stream", "This server does not stream; send 'stream': false.")
-
     return CompletionRequest(
         model=model,
         messages=messages,
         n=n,
-        temperature=float(temperature),
-        top_p=float(top_p),
+        temperature=temperature,
+        top_p=top_p,
         logprobs=logprobs,
         top_logprobs=min(top_logprobs, len(VOCAB)),
         seed=seed,
