@@ -12,6 +12,10 @@ Examples::
     art-trio simulate --rollout-latency lognormal:30:1.5 --train-time 60 --min-batch-size 8 \\
         --max-batch-size 8 --sweep num_rollout_workers=8,16,32,64 max_steps_off_policy=0,1,2 \\
         --plot sweep.png
+    # an inference server that serves 16 rollouts at full speed and slows down beyond that,
+    # and rollouts that take twice as long from step 250 on
+    art-trio simulate --rollout-latency exp:30 --train-time 60 --inference-capacity 16 \\
+        --latency-shift 250:2 --sweep num_rollout_workers=8,16,32,64
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
     SimSpec,
@@ -62,6 +67,28 @@ def _distribution(text: str) -> Any:
         return parse_distribution(text)
     except (ValueError, OSError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _latency_shift(text: str) -> LatencyShift:
+    steps, sep, factor = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return LatencyShift(after_steps=int(steps), factor=float(factor))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected STEP:FACTOR (e.g. 100:2), got {text!r}"
+        ) from exc
 
 
 def _assignment(text: str) -> tuple[str, str]:
@@ -128,6 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenarios", type=int, default=None, help="size of the scenario source (default: endless)"
     )
     w.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    w.add_argument(
+        "--inference-capacity",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="rollouts the inference server serves at full speed; with more in flight they "
+        "share it (processor sharing: each runs at N/in-flight speed, so the rollout latency "
+        "grows with the number in flight). Default: unlimited",
+    )
+    w.add_argument(
+        "--latency-shift",
+        type=_latency_shift,
+        default=None,
+        metavar="STEP:FACTOR",
+        help="rollouts started after STEP train steps take FACTOR x their drawn latency "
+        "(e.g. 100:2: latency doubles from step 100 on)",
+    )
 
     t = parser.add_argument_group("trainer settings (unset: PipelineTrainer's defaults)")
     for flag, dest, kind, text in _SETTING_FLAGS:
@@ -206,6 +250,8 @@ def _spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SimSpec:
             scenarios=args.scenarios,
             seed=args.seed,
             trainer=trainer,
+            inference_capacity=args.inference_capacity,
+            latency_shift=args.latency_shift,
         )
     except ValueError as exc:
         parser.error(str(exc))
