@@ -15,10 +15,11 @@ count independently of the trainer's own counters:
 - the backend double (asyncio code, reached through trio-asyncio like a real ART backend)
   logs each `train` call: step produced, scenario ids, initial and final policy versions;
 - the eval double logs start and end of each eval (to see two at once);
-- two observation points wrap trainer objects without changing behaviour: the receive end
-  of the groups channel (occupancy just before each receive and at close is the channel's
-  exact maximum, since only sends grow the buffer; and the sequence of groups the trainer
-  received), and the gate's `publish` (the sequence of published policy versions).
+- the trainer's public events (`trainer.add_observer`): the groups the trainer took out of
+  the channel, with the channel's occupancy just before each receive and what was left at
+  close (together its exact maximum, since only sends grow the buffer), and each published
+  policy version; `trainer.statistics()` after the run gives the channel's capacity and
+  whether the run stopped as collapsed. Nothing inside the trainer is patched.
 
 `model.log` stays ART's real one (parquet + history.jsonl + state.json writes): it costs about
 2 ms a step here, and keeping it means the trainer's state mirror in ART's `state.json` is
@@ -31,8 +32,6 @@ import asyncio
 import math
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -44,9 +43,9 @@ import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
-import art_trio.trainer  # noqa: E402
 from art_trio import PipelineTrainer, trio_native  # noqa: E402
 from art_trio.compat import trainable_model
+from art_trio.events import ChannelClosed, GroupReceived, PolicyPublished, RunEvent
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
@@ -288,6 +287,8 @@ class Observer:
     ended: int = 0
     #: Which scenario a group object came from (by identity), set by the rollout double.
     owners: dict[int, int] = field(default_factory=dict)
+    #: Per scenario, what its last group was: (zero variance, all rollouts failed).
+    groups: dict[int, tuple[bool, bool]] = field(default_factory=dict)
 
 
 # -- doubles --------------------------------------------------------------------------------
@@ -335,6 +336,11 @@ def make_rollout_fn(observer: Observer) -> Any:
         group = art.TrajectoryGroup(items)
         attempt.group = group
         observer.owners[id(group)] = sid
+        rewards = [t.reward for t in group.trajectories]
+        observer.groups[sid] = (
+            len(rewards) <= 1 or len(set(rewards)) == 1,
+            not group.trajectories and bool(group.exceptions),
+        )
         return group
 
     return rollout
@@ -392,98 +398,35 @@ class BackendDouble(SharedBackendDouble):
         self.observer.run.calls.append(call)
 
 
-# -- observation points inside the trainer ----------------------------------------------------
+# -- observation: the trainer's public events ---------------------------------------------
 
 
-class ObservedReceive:
-    """The training stage's end of the groups channel, observed.
+def observe(observer: Observer, trainer: PipelineTrainer[Any, Any]) -> None:
+    """Record what the trainer reports through `add_observer`: the groups it took out of the
+    channel (with the channel's occupancy just before, and what was left at close: together
+    the channel's exact maximum, since only sends grow it) and each published version."""
 
-    The buffer grows only by sends made while no receiver waits, and shrinks only by
-    receives, so its occupancy sampled just before each receive and once at close is its
-    exact maximum over the run.
-    """
-
-    def __init__(self, inner: Any, observer: Observer) -> None:
-        self._inner = inner
-        self._observer = observer
-
-    def _sample(self) -> None:
-        stats = self._inner.statistics()
-        run = self._observer.run
-        run.max_channel_used = max(run.max_channel_used, stats.current_buffer_used)
-        run.channel_max_buffer_size = stats.max_buffer_size
-
-    def _note(self, item: Any) -> Any:
-        group = item.group
-        rewards = [t.reward for t in group.trajectories]
-        versions = [
-            t.initial_policy_version
-            for t in group.trajectories
-            if t.initial_policy_version is not None
-        ]
-        run = self._observer.run
-        run.received.append(
-            Received(
-                scenario_id=self._observer.owners.get(id(group), -1),
-                version=min(versions) if versions else None,
-                zero_variance=len(rewards) <= 1 or len(set(rewards)) == 1,
-                all_failed=not group.trajectories and bool(group.exceptions),
-                steps_done=len(run.calls),
-                at=trio.current_time(),
+    def on_event(event: RunEvent) -> None:
+        run = observer.run
+        if isinstance(event, GroupReceived):
+            run.max_channel_used = max(run.max_channel_used, event.groups_in_channel)
+            received = observer.groups.get(event.scenario_index)
+            run.received.append(
+                Received(
+                    scenario_id=event.scenario_index,
+                    version=event.policy_version,
+                    zero_variance=received is not None and received[0],
+                    all_failed=received is not None and received[1],
+                    steps_done=len(run.calls),
+                    at=trio.current_time(),
+                )
             )
-        )
-        return item
+        elif isinstance(event, ChannelClosed):
+            run.max_channel_used = max(run.max_channel_used, event.groups_left)
+        elif isinstance(event, PolicyPublished):
+            run.publishes.append(event.version)
 
-    def receive_nowait(self) -> Any:
-        self._sample()
-        return self._note(self._inner.receive_nowait())
-
-    async def receive(self) -> Any:
-        self._sample()
-        return self._note(await self._inner.receive())
-
-    def statistics(self) -> Any:
-        return self._inner.statistics()
-
-    def close(self) -> None:
-        self._sample()
-        self._inner.close()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    async def __aenter__(self) -> ObservedReceive:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-
-@contextmanager
-def observe_trainer(observer: Observer) -> Iterator[None]:
-    """Wrap the training stage so its channel end and the gate's `publish` are observed."""
-    real_stage = art_trio.trainer.training_stage
-
-    async def observed_stage(run: Any, receive: Any, eval_send: Any) -> None:
-        gate = run.gate
-        publish = gate.publish
-
-        def observed_publish(version: int) -> None:
-            publish(version)
-            # What the gate now serves, whatever `publish` did with its argument.
-            observer.run.publishes.append(gate.policy_version)
-
-        gate.publish = observed_publish
-        try:
-            await real_stage(run, cast(Any, ObservedReceive(receive, observer)), eval_send)
-        finally:
-            observer.run.collapsed = bool(run.collapsed)
-
-    art_trio.trainer.training_stage = observed_stage
-    try:
-        yield
-    finally:
-        art_trio.trainer.training_stage = real_stage
+    trainer.add_observer(on_event)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -567,16 +510,19 @@ def _run_once(
         fsync_state=False,
         **case.config.kwargs(),
     )
-    with observe_trainer(observer):
-        trio.run(
-            _drive,
-            trainer,
-            record,
-            stop_at,
-            case.virtual_time_bound(),
-            clock=trio.testing.MockClock(autojump_threshold=0),
-        )
+    observe(observer, trainer)
+    trio.run(
+        _drive,
+        trainer,
+        record,
+        stop_at,
+        case.virtual_time_bound(),
+        clock=trio.testing.MockClock(autojump_threshold=0),
+    )
     record.counters = trainer.last_counters
+    stats = trainer.statistics()
+    record.collapsed = stats.collapsed
+    record.channel_max_buffer_size = stats.queue_capacity
     record.state_after = read_state(model)
     return record
 

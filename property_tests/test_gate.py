@@ -25,13 +25,14 @@ from hypothesis.stateful import (
     rule,
 )
 
+from art_trio.admission import admission_allows, admission_headroom, admission_policy
 from art_trio.batching import (
     Freshness,
     group_initial_version,
     is_zero_variance,
     stamp_policy_versions,
 )
-from art_trio.gate import GateSnapshot, PolicyGate, admission_allows, admission_headroom
+from art_trio.gate import GateSnapshot, PolicyGate
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
 IN_FLIGHT = "in-flight counts never negative, and match the rollouts admitted"
@@ -86,8 +87,7 @@ class GateMachine(RuleBasedStateMachine):
             start_step=start,
             max_steps_off_policy=m,
             max_batch_size=b,
-            admission="eager" if admission == "eager" else "staleness_aware",
-            beyond_bound=beyond,
+            policy=admission_policy("eager" if admission == "eager" else "staleness_aware", beyond),
             clock=lambda: self.now,
         )
         self.eager = admission == "eager"

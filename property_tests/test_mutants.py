@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import art_trio.admission
 import art_trio.gate
 import art_trio.ledger
 import art_trio.settings
@@ -33,6 +34,8 @@ import art_trio.trainer
 from art_trio.batching import Freshness
 from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
+from art_trio.stages.rollout import RolloutStage
+from art_trio.stages.training import TrainingStage
 
 from . import checks
 from .harness import Case
@@ -97,7 +100,7 @@ def counterexample(
 def test_off_policy_bound_catches_gate_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", _gate_one_version_too_old)
+    monkeypatch.setattr(art_trio.admission, "reference_gate_allows", _gate_one_version_too_old)
     real_is_stale = Freshness.is_stale
 
     def one_version_too_old(self: Freshness, version: Any, mean: Any, step: int) -> bool:
@@ -135,17 +138,18 @@ def test_mean_bound_catches_a_trainer_that_ignores_it(monkeypatch: pytest.Monkey
 
 def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.MonkeyPatch) -> None:
     # A collector that takes one group more than max_batch_size when it can.
-    real = art_trio.stages.training.collect_batch
+    real = TrainingStage.collect_batch
 
-    async def overfilling(run: Any, receive: Any, current_step: int) -> Any:
+    async def overfilling(self: TrainingStage, current_step: int) -> Any:
+        run = self.run
         settings_ = run.settings
         run.settings = dataclasses.replace(settings_, max_batch_size=settings_.max_batch_size + 1)
         try:
-            return await real(run, receive, current_step)
+            return await real(self, current_step)
         finally:
             run.settings = settings_
 
-    monkeypatch.setattr(art_trio.stages.training, "collect_batch", overfilling)
+    monkeypatch.setattr(TrainingStage, "collect_batch", overfilling)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
 
 
@@ -153,17 +157,18 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A collector that trains whatever single group is ready (min_batch_size ignored).
-    real = art_trio.stages.training.collect_batch
+    real = TrainingStage.collect_batch
 
-    async def impatient(run: Any, receive: Any, current_step: int) -> Any:
+    async def impatient(self: TrainingStage, current_step: int) -> Any:
+        run = self.run
         settings_ = run.settings
         run.settings = dataclasses.replace(settings_, min_batch_size=1)
         try:
-            return await real(run, receive, current_step)
+            return await real(self, current_step)
         finally:
             run.settings = settings_
 
-    monkeypatch.setattr(art_trio.stages.training, "collect_batch", impatient)
+    monkeypatch.setattr(TrainingStage, "collect_batch", impatient)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
 
 
@@ -171,24 +176,24 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
 
 
 def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.stages.training._accept
+    real = TrainingStage._accept
 
-    def losing(run: Any, item: Any, min_version: int, batch: Any) -> bool:
+    def losing(self: TrainingStage, item: Any, stale: Any, in_channel: int) -> bool:
         if item.scenario_index % 3 == 2:
             # Taken out of the channel, then forgotten: counted nowhere, never resolved.
-            run.counters.received += 1
-            run.gate.group_discarded()
+            self.run.counters.received += 1
+            self.run.gate.group_discarded()
             return True
-        return bool(real(run, item, min_version, batch))
+        return bool(real(self, item, stale, in_channel))
 
-    monkeypatch.setattr(art_trio.stages.training, "_accept", losing)
+    monkeypatch.setattr(TrainingStage, "_accept", losing)
     counterexample(
         prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
     )
 
 
 def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.trainer.rollout_stage
+    real_init = RolloutStage.__init__
 
     class DroppingSend:
         """A worker's end of the channel that silently loses every third group."""
@@ -214,10 +219,10 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
         async def __aexit__(self, *exc: Any) -> None:
             await self._inner.__aexit__(*exc)
 
-    async def dropping(run: Any, send: Any) -> None:
-        await real(run, cast(Any, DroppingSend(send)))
+    def dropping(self: RolloutStage, run: Any, send: Any) -> None:
+        real_init(self, run, cast(Any, DroppingSend(send)))
 
-    monkeypatch.setattr(art_trio.trainer, "rollout_stage", dropping)
+    monkeypatch.setattr(RolloutStage, "__init__", dropping)
     counterexample(
         prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
     )
@@ -267,15 +272,15 @@ def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) ->
 def test_termination_catches_trainer_waiting_past_end_of_source(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = art_trio.stages.training.collect_batch
+    real = TrainingStage.collect_batch
 
-    async def waiting(run: Any, receive: Any, current_step: int) -> Any:
-        batch = await real(run, receive, current_step)
+    async def waiting(self: TrainingStage, current_step: int) -> Any:
+        batch = await real(self, current_step)
         if batch is not None and batch.source_ended:
             await anyio.sleep_forever()  # expects more groups after the end: a deadlock
         return batch
 
-    monkeypatch.setattr(art_trio.stages.training, "collect_batch", waiting)
+    monkeypatch.setattr(TrainingStage, "collect_batch", waiting)
     counterexample(
         prop_max_steps_and_termination,
         cases(stop=False, max_steps=False),
@@ -392,7 +397,7 @@ def machine_counterexample(tag: str) -> None:
 def test_gate_machine_catches_admission_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(art_trio.gate, "reference_gate_allows", _gate_one_version_too_old)
+    monkeypatch.setattr(art_trio.admission, "reference_gate_allows", _gate_one_version_too_old)
     from .test_gate import ADMISSION_BOUND
 
     machine_counterexample(ADMISSION_BOUND)

@@ -183,7 +183,7 @@ async def test_a_stop_with_no_grace_cancels_an_asyncio_rollout_and_its_finally_r
 
 
 async def test_asyncio_code_cancelling_itself_is_an_errored_rollout_not_a_crash(
-    model: Any, backend: RecordingBackend, capsys: pytest.CaptureFixture[str]
+    model: Any, backend: RecordingBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
         if scenario["i"] == 0:
@@ -196,7 +196,7 @@ async def test_asyncio_code_cancelling_itself_is_an_errored_rollout_not_a_crash(
     trainer = small_trainer(model, backend, rollout, num_rollout_workers=1)
     await trainer.train(handle_signals=False)
     assert trainer.last_counters.errored == 1
-    assert "AsyncioTaskCancelled" in capsys.readouterr().out
+    assert "AsyncioTaskCancelled" in caplog.text
     assert backend.step == 2
 
 

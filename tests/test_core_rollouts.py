@@ -147,7 +147,7 @@ async def test_rollout_wall_and_actor_idle_time_reach_the_step_metrics(model, au
 
 
 async def test_a_rollout_that_raises_or_returns_junk_is_errored_and_the_run_goes_on(
-    model, backend, capsys
+    model, backend, caplog
 ):
     async def rollout(model: Any, scenario: Any, config: Any) -> Any:
         if scenario["i"] == 1:
@@ -161,7 +161,7 @@ async def test_a_rollout_that_raises_or_returns_junk_is_errored_and_the_run_goes
         num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
     )
     await trainer.train(handle_signals=False)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "rollout failed (builtins.KeyError): KeyError('no such tool') [scenario_id=1]" in out
     assert "returned str, not an art.TrajectoryGroup" in out
     assert trainer.last_counters is not None
@@ -183,7 +183,7 @@ async def test_a_group_whose_every_rollout_failed_stops_the_run(model, backend):
         await trainer.train(handle_signals=False)
 
 
-async def test_non_finite_rewards_are_errored_never_trained(model, backend, capsys):
+async def test_non_finite_rewards_are_errored_never_trained(model, backend, caplog):
     async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
         bad = float("nan") if scenario["i"] == 0 else float("inf") if scenario["i"] == 1 else 1.0
         return art.TrajectoryGroup([trajectory(0.0), trajectory(bad)])
@@ -193,7 +193,7 @@ async def test_non_finite_rewards_are_errored_never_trained(model, backend, caps
         num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
     ).train(handle_signals=False)
     assert sorted(i for c in backend.calls for i in c.scenario_ids) == [2, 3]
-    assert "non-finite rewards" in capsys.readouterr().out
+    assert "non-finite rewards" in caplog.text
 
 
 async def test_native_group_rollout_via_make_group_rollout_fn(model, backend):

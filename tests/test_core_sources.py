@@ -81,7 +81,7 @@ async def test_max_steps_zero_trains_nothing(model, backend):
 
 
 async def test_resume_skips_resolved_scenarios_and_warns_when_the_source_is_short(
-    model, backend, capsys
+    model, backend, caplog
 ):
     first = PipelineTrainer(
         model, backend, asyncio_rollout, scenarios(8), None,
@@ -94,7 +94,7 @@ async def test_resume_skips_resolved_scenarios_and_warns_when_the_source_is_shor
         num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
     )
     await second.train(handle_signals=False)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "scenario iterator exhausted early while skipping (skipped 5/8)" in out
     assert backend.step == 4  # nothing new trained
 

@@ -78,7 +78,7 @@ async def test_zero_variance_groups_are_held_then_logged_as_discarded(model, bac
     assert [p.name for p in discarded.iterdir()] == ["0001.parquet"]
 
 
-async def test_collapse_stops_training_exactly_at_the_limit(model, backend, capsys):
+async def test_collapse_stops_training_exactly_at_the_limit(model, backend, caplog):
     async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
         return art.TrajectoryGroup([trajectory(1.0), trajectory(1.0)])
 
@@ -90,7 +90,7 @@ async def test_collapse_stops_training_exactly_at_the_limit(model, backend, caps
     assert backend.calls == []
     assert trainer.last_counters is not None
     assert trainer.last_counters.zero_variance == 6  # 3 * min_batch_size, not one fewer or more
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "MODEL COLLAPSE DETECTED - Training stopped" in out
     assert "discard_queue_multiplier" in out
 

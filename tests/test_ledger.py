@@ -267,7 +267,7 @@ def test_fsync_makes_the_file_and_its_rename_durable(
 
 
 def test_a_torn_state_json_is_repaired_from_the_sidecar(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = StateStore(tmp_path)
     store.write(_state(5))
@@ -278,7 +278,7 @@ def test_a_torn_state_json_is_repaired_from_the_sidecar(
     assert state is not None and state.ledger.watermark == 5
     repaired = json.loads(art_state.read_text())
     assert repaired[PIPELINE_STATE_KEY]["scenario_offset"] == 5
-    assert "unreadable" in capsys.readouterr().out
+    assert "unreadable" in caplog.text
 
 
 def test_an_unreadable_sidecar_is_a_clear_error(tmp_path: Path) -> None:

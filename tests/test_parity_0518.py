@@ -521,7 +521,7 @@ async def test_the_discarded_split_logs_at_most_50_groups_per_step(
 
 
 async def test_a_rollout_failure_line_names_the_exception_type_and_the_scenario(
-    model: Any, backend: Any, capsys: pytest.CaptureFixture[str]
+    model: Any, backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
         if scenario.get("fail"):
@@ -539,7 +539,7 @@ async def test_a_rollout_failure_line_names_the_exception_type_and_the_scenario(
         model, backend, rollout, work, None,
         num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
     ).train(handle_signals=False)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "rollout failed" in line]
+    lines = [r.getMessage() for r in caplog.records if "rollout failed" in r.getMessage()]
     assert lines == [
         "Worker 0: rollout failed (builtins.KeyError): KeyError('no such tool')"
         " [scenario_id='q-7' epoch=2 scenario_index=7]",
@@ -549,7 +549,7 @@ async def test_a_rollout_failure_line_names_the_exception_type_and_the_scenario(
 
 
 async def test_a_failing_trio_native_rollout_reports_its_own_exception_under_a_lease(
-    leasing_model: Any, leasing: LeasingBackend, capsys: pytest.CaptureFixture[str]
+    leasing_model: Any, leasing: LeasingBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The lease holder's task group must not turn the rollout's error into a group."""
 
@@ -563,7 +563,7 @@ async def test_a_failing_trio_native_rollout_reports_its_own_exception_under_a_l
         leasing_model, leasing, rollout, scenarios(3), None,
         num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
     ).train(handle_signals=False)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "rollout failed (builtins.KeyError): KeyError('boom') [scenario_id=0]" in out
     assert len(leasing.calls) == 1
     assert not leasing.active_leases

@@ -293,7 +293,7 @@ async def test_a_rollout_that_raises_is_counted_as_errored_and_the_run_goes_on(
     model: art.TrainableModel,
     backend: RecordingBackend,
     autojump_clock: trio.abc.Clock,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
         if scenario["i"] == 3:
@@ -305,7 +305,7 @@ async def test_a_rollout_that_raises_is_counted_as_errored_and_the_run_goes_on(
     assert backend.step == 3
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
     assert 3 not in _trained_ids(backend)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "KeyError" in line]
+    lines = [line for line in caplog.text.splitlines() if "KeyError" in line]
     assert len(lines) == 1, lines
     assert "scenario_id=3" in lines[0]
     # Errored counts as resolved: a resumed run does not roll it again.
@@ -317,7 +317,7 @@ async def test_a_rollout_returning_a_non_group_is_counted_as_errored(
     model: art.TrainableModel,
     backend: RecordingBackend,
     autojump_clock: trio.abc.Clock,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
     returned: Any,
 ) -> None:
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
@@ -330,7 +330,7 @@ async def test_a_rollout_returning_a_non_group_is_counted_as_errored(
     assert backend.step == 3
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
     assert 5 not in _trained_ids(backend)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "scenario_id=5" in line]
+    lines = [line for line in caplog.text.splitlines() if "scenario_id=5" in line]
     assert len(lines) == 1, lines
     assert type(returned).__name__ in lines[0] and "TrajectoryGroup" in lines[0]
 
@@ -340,7 +340,7 @@ async def test_a_group_with_a_non_finite_reward_is_errored_and_never_trained(
     model: art.TrainableModel,
     backend: RecordingBackend,
     autojump_clock: trio.abc.Clock,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
     bad: float,
 ) -> None:
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
@@ -355,7 +355,7 @@ async def test_a_group_with_a_non_finite_reward_is_errored_and_never_trained(
     trained_rewards = [r for call in backend.calls for group in call.rewards for r in group]
     assert all(abs(r) < float("inf") for r in trained_rewards)  # no NaN/inf reached train()
     assert not {2, 7} & set(_trained_ids(backend))
-    out = capsys.readouterr().out
+    out = caplog.text
     for scenario_id in (2, 7):
         lines = [line for line in out.splitlines() if f"scenario_id={scenario_id}" in line]
         assert len(lines) == 1, lines
@@ -366,7 +366,7 @@ async def test_an_eval_fn_that_raises_warns_and_training_goes_on(
     model: art.TrainableModel,
     backend: RecordingBackend,
     autojump_clock: trio.abc.Clock,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls: list[int] = []
 
@@ -382,10 +382,10 @@ async def test_an_eval_fn_that_raises_warns_and_training_goes_on(
     await trainer.train(handle_signals=False)
     assert backend.step == 4
     assert 0 in calls and len(calls) >= 2
-    out = capsys.readouterr().out
+    out = caplog.text
     warnings = [line for line in out.splitlines() if "ConnectionError" in line]
     assert len(warnings) == len(calls), warnings
-    assert all(line.startswith("Warning") for line in warnings), warnings
+    assert all(line.startswith("WARNING") for line in warnings), warnings
 
 
 async def test_a_trainer_whose_run_failed_can_train_again(

@@ -475,7 +475,7 @@ def test_keyboard_interrupt_or_system_exit_in_asyncio_code_ends_train(
 @pytest.mark.parametrize("how", ["trio", "asyncio"])
 def test_a_rollout_raising_cancelled_error_is_that_rollouts_error(
     model: art.TrainableModel, backend: RecordingBackend, how: str,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Under asyncio the run used to end silently after 0-2 of 20 steps."""
 
@@ -494,7 +494,7 @@ def test_a_rollout_raising_cancelled_error_is_that_rollouts_error(
     assert backend.step == 20
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
     assert 3 not in _trained_ids(backend)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "scenario_id=3" in line]
+    lines = [line for line in caplog.text.splitlines() if "scenario_id=3" in line]
     assert len(lines) == 1 and AsyncioTaskCancelled.__name__ in lines[0], lines
 
 
@@ -760,7 +760,7 @@ async def test_groups_with_no_trajectories_are_not_discarded_without_a_word(
 
 def test_sigint_during_the_initial_state_load_is_a_clean_stop(
     model: art.TrainableModel, backend: RecordingBackend, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """It printed a KeyboardInterrupt nested in two exception groups."""
     real_read = StateStore.read
@@ -774,7 +774,7 @@ def test_sigint_during_the_initial_state_load_is_a_clean_stop(
     trainer = _trainer(model, backend, max_steps=3)
     trio.run(functools.partial(trainer.train, handle_signals=True))
     assert backend.train_started == 0
-    assert "during start-up" in capsys.readouterr().out
+    assert "during start-up" in caplog.text
     assert signal.getsignal(signal.SIGINT) is before
     # Without signal handling the host gets the KeyboardInterrupt itself, not a group.
     with pytest.raises(KeyboardInterrupt):

@@ -186,9 +186,10 @@ def stand_in_run(
         settings=SimpleNamespace(
             checkpoint_retention_strategy=recording, checkpoint_retention_interval=interval
         ),
-        state=SimpleNamespace(completed_eval_steps=completed or set()),
+        state=SimpleNamespace(
+            completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
+        ),
         leased_steps=leased or {},
-        scheduled_eval_steps=scheduled or set(),
         seen=seen,
     )
     return run

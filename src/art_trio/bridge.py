@@ -25,7 +25,7 @@ import functools
 import inspect
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -161,6 +161,23 @@ class Bridge:
             raise replacement from exc
         return result
 
+    async def callback_holding(
+        self,
+        hold: Callable[[], AbstractAsyncContextManager[Any]],
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+    ) -> R:
+        """Await the user callback `fn(*args)` while the asyncio context manager `hold()` is
+        entered, in the asyncio task that runs the callback, as ART does: what it sets in
+        context reaches the callback and is reset in the task that set it."""
+
+        async def held() -> R:
+            async with hold():
+                result: R = await await_callback(fn, *args)
+                return result
+
+        return await self.call(held)
+
     def _replacement(self, fn: object, exc: BaseException) -> BaseException | None:
         """The error to raise instead of `exc` (module docstring), or None to re-raise it."""
         if isinstance(exc, asyncio.CancelledError):
@@ -203,6 +220,48 @@ class _TrioAsyncioBridge(Bridge):
             return await super().callback(fn, *args, **kwargs)
         # await_callback guards KeyboardInterrupt/SystemExit inside the asyncio task.
         return await self._run(await_callback(fn, *args, **kwargs), fn)
+
+    async def callback_holding(
+        self,
+        hold: Callable[[], AbstractAsyncContextManager[Any]],
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+    ) -> R:
+        if not is_native(fn):
+            return await super().callback_holding(hold, fn, *args)
+        # A trio-native callback cannot run inside an asyncio task, so `hold()` is entered
+        # and left by an asyncio task of its own for the callback's duration. Context it
+        # sets does not reach trio code.
+        entered = anyio.Event()
+        failed: list[BaseException] = []
+
+        async def keep() -> None:
+            async with hold():
+                entered.set()
+                await anyio.sleep_forever()
+
+        async def holder() -> None:
+            try:
+                await self.call(keep)
+            except Exception as exc:
+                failed.append(exc)
+                entered.set()
+
+        outcome: list[R] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder)
+            await entered.wait()
+            try:
+                if not failed:
+                    outcome.append(await await_callback(fn, *args))
+            except Exception as exc:
+                failed.append(exc)
+            finally:
+                tg.cancel_scope.cancel()
+        # Raised here, outside the task group, so callers see the callback's own exception.
+        if failed:
+            raise failed[0]
+        return outcome[0]
 
     async def _run(self, coro: Coroutine[Any, Any, R], fn: object) -> R:
         # The loop's own entry point, one asyncio task per call: trio_asyncio.aio_as_trio

@@ -10,7 +10,8 @@ Vocabulary (the reference's):
 
 Admission and freshness are decided here and nowhere else, so the rollout side (may a
 rollout start?) and the training side (is this group still fresh?) can never drift apart.
-The decisions are pure functions of a `GateSnapshot`, so property tests can hammer them.
+Whether a rollout may start is the admission policy's decision (see admission.py), a pure
+function of the `GateSnapshot` the gate takes; the gate keeps the counts it is made from.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.lowlevel
 
-from .settings import Admission
+from .admission import AdmissionPolicy, StalenessAwareAdmission
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,56 +138,6 @@ class GateSnapshot:
         return max(MIN_ON_TIME_PROBABILITY, on_time)
 
 
-def reference_gate_allows(s: GateSnapshot) -> bool:
-    """The reference's gate: `policy_version >= next_training_step - max_steps_off_policy`."""
-    return s.policy_version >= s.next_training_step - s.max_steps_off_policy
-
-
-def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int) -> float:
-    """How many more rollouts may start now: `math.inf` if occupancy does not bound it.
-
-    "eager" is the reference's gate alone. "staleness_aware" admits a rollout only if a batch
-    still to be taken can train it, plus `beyond_bound`: every group queued and every fresh
-    rollout in flight takes a slot before a rollout started now does, so a new rollout is
-    useful only while they leave one free, in the freshness window and in what the trainer
-    can consume (`pipeline_target`, from measured rollout latency and step period: more in
-    the pipe only ages it). `beyond_bound` extra rollouts buy trainer utilization (the
-    slowest rollouts of a batch no longer keep the trainer waiting) at the price of some
-    stale ones.
-
-    With `max_steps_off_policy == 0` only the batch being collected can use a rollout, and
-    the trainer is waiting on it: until that batch is ready, admission is as eager as the
-    reference's, and the gate cancels the losers of the race the moment the batch is taken.
-
-    Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
-    other is the same as asking `admission_allows` `n` times; the gate asks this once.
-    """
-    if not reference_gate_allows(s):
-        return 0
-    if admission == "eager":
-        return math.inf
-    if s.max_steps_off_policy == 0:
-        # Starting a rollout does not change `queued`: eager until the batch is covered.
-        return math.inf if s.queued < s.window_slots else 0
-    slots = s.window_slots
-    target = s.pipeline_target
-    if target is not None:
-        slots = min(slots, target)
-    budget = slots + s.straggler_slack(beyond_bound) - s.queued
-    if budget <= 0:
-        return 0
-    # Queued groups are sure to be trained; a rollout in flight makes its window only with
-    # `on_time_probability` (the gate cancels it when the window closes). So rollouts may
-    # start while the expected trainable groups leave a slot free: in flight < budget / p.
-    expected_room = budget / s.on_time_probability
-    return max(0, math.ceil(expected_room) - s.fresh_in_flight)
-
-
-def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -> bool:
-    """The admission decision for a configured mode (see `PipelineSettings.admission`)."""
-    return admission_headroom(s, admission, beyond_bound) > 0
-
-
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
 #: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
@@ -240,8 +191,7 @@ class PolicyGate:
         start_step: int,
         max_steps_off_policy: int,
         max_batch_size: int,
-        admission: Admission = "staleness_aware",
-        beyond_bound: int = 0,
+        policy: AdmissionPolicy | None = None,
         clock: Callable[[], float] = anyio.current_time,
         new_event: Callable[[], LoopEvent] = anyio.Event,
     ) -> None:
@@ -249,8 +199,7 @@ class PolicyGate:
         self.next_training_step = start_step
         self.max_steps_off_policy = max_steps_off_policy
         self.max_batch_size = max_batch_size
-        self.admission: Admission = admission
-        self.beyond_bound = beyond_bound
+        self.policy: AdmissionPolicy = policy or StalenessAwareAdmission()
         self.queued = 0
         self._in_flight: Counter[int] = Counter()
         self._waiters: deque[_Waiter] = deque()
@@ -260,10 +209,6 @@ class PolicyGate:
         # (Dicts, not sets, so cancellation order is the admission order, not memory order:
         # runs in virtual time replay exactly.)
         self._rollout_scopes: dict[int, dict[anyio.CancelScope, None]] = {}
-        # "eager" reproduces the reference as a whole, for comparison: its gate, and stale
-        # groups that run to completion and queue until the trainer discards them.
-        self.cancels_doomed_rollouts = admission == "staleness_aware"
-        self.drops_stale_early = admission == "staleness_aware"
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
         self._new_event = new_event
@@ -303,6 +248,11 @@ class PolicyGate:
             return None
         return self._latency_time / self._latency_completions
 
+    @property
+    def step_period(self) -> float | None:
+        """Mean time between two steps starting (exponentially weighted; None until two)."""
+        return self._step_period_ewa
+
     def note_rollout_time(self, seconds: float, *, completed: bool) -> None:
         """A rollout ran `seconds`, and either completed or was cancelled before it could."""
         self._latency_time = self._latency_time * LATENCY_DECAY + seconds
@@ -321,9 +271,7 @@ class PolicyGate:
         return self.next_training_step - self.max_steps_off_policy
 
     def may_start(self) -> bool:
-        return not self._closed and admission_allows(
-            self.snapshot(), self.admission, self.beyond_bound
-        )
+        return not self._closed and self.policy.headroom(self.snapshot()) > 0
 
     @property
     def in_flight(self) -> int:
@@ -401,7 +349,7 @@ class PolicyGate:
             self._step_period_ewa = _ewa(self._step_period_ewa, now - self._last_step_began)
         self._last_step_began = now
         self.next_training_step = step
-        if self.cancels_doomed_rollouts:
+        if self.policy.cancels_doomed_rollouts:
             floor = self.min_fresh_version
             for version in [v for v in self._rollout_scopes if v < floor]:
                 for scope in self._rollout_scopes.pop(version):
@@ -410,7 +358,7 @@ class PolicyGate:
 
     def track(self, version: int, scope: anyio.CancelScope) -> None:
         """Register a running rollout's scope: it is cancelled once no batch can train it."""
-        if self.cancels_doomed_rollouts and version < self.min_fresh_version:
+        if self.policy.cancels_doomed_rollouts and version < self.min_fresh_version:
             scope.cancel()
             return
         self._rollout_scopes.setdefault(version, {})[scope] = None
@@ -427,6 +375,20 @@ class PolicyGate:
         self.policy_version = version
         self.next_training_step = version
         self._pump()
+
+    def admissions_changed(self) -> None:
+        """Something admission depends on changed outside the gate (a resize): re-decide."""
+        self._pump()
+
+    def dismiss(self, count: int) -> int:
+        """Send up to `count` waiting workers away: their `admit` raises GateClosed (the
+        worker ends). Returns how many were waiting to be sent (a resize retires them)."""
+        dismissed = 0
+        while self._waiters and dismissed < count:
+            # The latest to arrive first: the longest-waiting keep their turn.
+            self._waiters.pop().event.set()
+            dismissed += 1
+        return dismissed
 
     def close(self) -> None:
         """Stop admitting: every waiting and future `admit` raises GateClosed."""
@@ -446,7 +408,7 @@ class PolicyGate:
         if not self._waiters or self._closed:
             return
         # One decision for the whole wake-up, not one per waiter (each needs a snapshot).
-        headroom = admission_headroom(self.snapshot(), self.admission, self.beyond_bound)
+        headroom = self.policy.headroom(self.snapshot())
         while self._waiters and headroom >= 1:
             headroom -= 1
             waiter = self._waiters.popleft()
@@ -472,7 +434,4 @@ __all__ = [
     "GateClosed",
     "GateSnapshot",
     "PolicyGate",
-    "admission_allows",
-    "admission_headroom",
-    "reference_gate_allows",
 ]

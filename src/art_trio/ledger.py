@@ -43,6 +43,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import logging
 import os
 import secrets
 import tempfile
@@ -50,6 +51,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger("art_trio")
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
 """Key of the pipeline state inside ART's `state.json` (the reference's, so ART can read it)."""
@@ -467,10 +470,12 @@ class StateStore:
         try:
             art_state = _read_json(self.art_state_path)
         except ValueError as exc:
-            print(
-                f"Warning: {self.art_state_path} is unreadable ({exc}); rewriting it with the "
-                f"pipeline state from {self.sidecar_path.name}. ART's cumulative metric "
-                "counters restart from zero."
+            logger.warning(
+                "%s is unreadable (%s); rewriting it with the pipeline state from %s. ART's "
+                "cumulative metric counters restart from zero.",
+                self.art_state_path,
+                exc,
+                self.sidecar_path.name,
             )
             art_state = {}
             repaired = {} if sidecar is None else {PIPELINE_STATE_KEY: sidecar}

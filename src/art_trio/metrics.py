@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -66,7 +66,8 @@ from art import Trajectory
 
 from .batching import average_steps_off_policy
 from .compat import TRAIN_METRIC_NAMES, record_completion_tokens
-from .run import Delivered, PipelineRun, RunCounters
+from .fates import RunCounters
+from .run import Delivered, PipelineRun
 
 #: ART 0.5.23's freshness time constant (steps) and critical rollout batch size.
 FRESHNESS_TAU_STEPS = 8.0
@@ -252,9 +253,17 @@ def batch_factor(
 class TrainMetrics:
     """Builds each train row's metrics; remembers the run totals the previous row saw."""
 
-    def __init__(self, run: PipelineRun, receive: Any, ready_capacity: int) -> None:
+    def __init__(
+        self,
+        run: PipelineRun,
+        receive: Any,
+        ready: list[Delivered],
+        ready_capacity: Callable[[], int],
+    ) -> None:
         self._run = run
         self._receive = receive
+        #: The training stage's ready pool (its groups wait for a batch too).
+        self._ready = ready
         self._ready_capacity = ready_capacity
         self._seen = _Totals()
 
@@ -348,9 +357,9 @@ class TrainMetrics:
     def _queue(self, new_step: int) -> dict[str, float]:
         run = self._run
         stats = self._receive.statistics()
-        waiting = list(run.ready) + _buffered(self._receive)
-        depth = float(len(run.ready) + stats.current_buffer_used)
-        capacity = float(stats.max_buffer_size + self._ready_capacity)
+        waiting = list(self._ready) + _buffered(self._receive)
+        depth = float(len(self._ready) + stats.current_buffer_used)
+        capacity = float(stats.max_buffer_size + self._ready_capacity())
         fresh = run.freshness
         # As ART: against the mean bound where set (with mean ages), else the hard bound.
         mean_bound = fresh.limit_mean_steps_off_policy

@@ -116,6 +116,11 @@ class StatusReporter:
         self._last_log = now
         self._write(self.full_line())
 
+    def set_workers(self, num_workers: int) -> None:
+        """The run was resized: the status shows the live worker count."""
+        self._workers = num_workers
+        self._refresh()
+
     def set_step(self, step: int) -> None:
         self.step = step
         self._refresh()

@@ -8,10 +8,12 @@ still running.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any, Generic, NoReturn
 
 import anyio
@@ -21,11 +23,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
+from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
+from .fates import RunCounters
 from .ledger import PipelineState, StateStore
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
-from .run import Delivered, PipelineRun, RunCounters, ScenarioSource
+from .run import Delivered, PipelineRun
 from .settings import (
     DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
@@ -33,13 +37,16 @@ from .settings import (
     build_settings,
     resolve_runtime,
 )
+from .source import ScenarioSource
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
-from .stages.rollout import rollout_stage
+from .stages.rollout import RolloutStage
 from .stages.status import status_stage
-from .stages.training import training_stage
+from .stages.training import TrainingStage
 from .status import StatusReporter
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
+
+logger = logging.getLogger("art_trio")
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
@@ -200,6 +207,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._active = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
         self.last_counters: RunCounters | None = None
+        self._observers = Observers()
+        self._rollouts: RolloutStage | None = None
+        self._last_statistics: RunStatistics | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
         if rollout_executor is not None and is_native(rollout_fn):
             raise TypeError(
@@ -289,7 +299,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 # with handle_signals, a first SIGINT is a stop, and nothing has started yet.
                 if not handle_signals:
                     raise
-                print("Shutdown requested (SIGINT) during start-up: nothing was started.")
+                logger.warning("Shutdown requested (SIGINT) during start-up: nothing was started.")
             finally:
                 self._prepare_scope = None
         if prepared is None:
@@ -320,11 +330,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         raised (the run's state on disk is then the last journal record).
         """
         self._run = None
+        self._rollouts = None
         self.last_counters = run.counters
-        # Groups still in the channel or ready were never trained; they roll again on resume.
-        run.counters.dropped_at_stop += (
-            run.counters.delivered - run.counters.received + len(run.ready)
-        )
+        self._last_statistics = run.statistics(running=False)
         counters = run.counters
         if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
             warnings.warn(
@@ -360,17 +368,98 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         task_status: TaskStatus[None],
     ) -> None:
         send, receive = anyio.create_memory_object_stream[Delivered](
-            self.settings.groups_capacity
+            run.settings.groups_capacity
         )
+        run.resize_queue = _channel_resizer(send)
+        rollouts = RolloutStage(run, send)
+        self._rollouts = rollouts
         with anyio.CancelScope() as run_scope:
-            run.run_scope = run_scope
+            run.stop.run_scope = run_scope
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stage, "rollout", rollout_stage, run, send)
-                tg.start_soon(_stage, "training", training_stage, run, receive, eval_send)
+                tg.start_soon(_stage, "rollout", rollouts)
+                tg.start_soon(_stage, "training", TrainingStage(run, receive, eval_send))
                 tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
                 tg.start_soon(_stage, "status", status_stage, run)
                 tg.start_soon(_stage, "control", _control(handle_signals), run)
                 task_status.started()
+
+    def statistics(self) -> RunStatistics:
+        """The run as it is now: an immutable snapshot, cheap enough to take every step.
+
+        During `train()` it is live; afterwards it is the finished run's last view; before
+        the first `train()` it shows the configured sizes and zero counts.
+        """
+        if self._run is not None:
+            return self._run.statistics(running=True)
+        if self._last_statistics is not None:
+            return self._last_statistics
+        s = self.settings
+        return RunStatistics(
+            running=False, collapsed=False, policy_version=0, steps=0,
+            num_rollout_workers=s.num_rollout_workers, min_batch_size=s.min_batch_size,
+            max_batch_size=s.max_batch_size, queue_capacity=s.groups_capacity,
+            rollouts_in_flight=0, groups_queued=0, taken=0, trained=0, stale=0,
+            stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
+            rollouts_started=0, rollouts_lost=0, elapsed_s=0.0, train_s=0.0,
+            since_first_step_s=0.0, trainer_utilization=None, rollout_s_spent=0.0,
+            rollout_latency_s=None, step_period_s=None, staleness={},
+        )
+
+    def add_observer(self, observer: Observer) -> Callable[[], None]:
+        """Call `observer(event)` for each event of every run from now on (see events.py:
+        `ScenarioSettled`, `GroupReceived`, `StepTrained`, `PolicyPublished`, `Resized`,
+        `ChannelClosed`). Returns a function that removes it.
+
+        The observer runs in the trainer's own task, synchronously, the moment the event
+        happens: it must return quickly and never block; an exception it raises ends the run
+        as a failure of the stage it was called from.
+        """
+        return self._observers.add(observer)
+
+    def resize(
+        self,
+        *,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        queue_maxsize: int | None = None,
+        reason: str = "resize",
+    ) -> RunStatistics:
+        """Change the run's sizes while `train()` runs; the new values hold from now on.
+
+        New rollout workers start at once in the rollout stage's task group; extra ones
+        leave after the rollout they hold (one waiting at the gate leaves at once), so no
+        scenario is lost or trained twice. Batch sizes apply from the next batch collected.
+        A larger `queue_maxsize` lets blocked rollout workers hand over as the trainer takes
+        groups; a smaller one leaves what is queued in place. Values given are checked as
+        the constructor checks them (ValueError); before `train()` they change the settings
+        the next run starts with. Returns the statistics after the change.
+        """
+        s = self._run.settings if self._run is not None else self.settings
+        workers = s.num_rollout_workers if num_rollout_workers is None else num_rollout_workers
+        min_batch = s.min_batch_size if min_batch_size is None else min_batch_size
+        max_batch = s.max_batch_size if max_batch_size is None else max_batch_size
+        queue = s.groups_capacity if queue_maxsize is None else queue_maxsize
+        _check_sizes(workers, min_batch, max_batch, queue)
+        workers = _fit_executor(
+            self.rollout_executor, workers, explicit=num_rollout_workers is not None
+        ) or workers
+        run = self._run
+        if run is None:
+            self.settings = replace(
+                s, num_rollout_workers=workers, min_batch_size=min_batch,
+                max_batch_size=max_batch,
+                queue_maxsize=s.queue_maxsize if queue_maxsize is None else queue_maxsize,
+            )
+            return self.statistics()
+        run.resize(
+            num_rollout_workers=workers, min_batch_size=min_batch, max_batch_size=max_batch,
+            queue_maxsize=queue,
+        )
+        if self._rollouts is not None:
+            self._rollouts.resize(workers)
+        run.emit(Resized(workers, min_batch, max_batch, queue, reason))
+        return self.statistics()
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.
@@ -413,10 +502,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if state.ledger.settle_pending(start_step) and pending is not None:
             state.training_step = pending.step
         if state.training_step is not None and state.training_step != start_step:
-            print(
-                "Warning: the pipeline state was saved at step "
-                f"{state.training_step} but the backend is at step {start_step}; "
-                "continuing from the backend's step."
+            logger.warning(
+                "the pipeline state was saved at step %d but the backend is at step %d; "
+                "continuing from the backend's step.",
+                state.training_step,
+                start_step,
             )
         state.training_step = start_step
 
@@ -445,6 +535,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             eval_fn=self.eval_fn,
             config=self.config,
             executor=self.rollout_executor,
+            observers=self._observers,
         )
         if self.rollout_executor is not None:
             self.rollout_executor.set_target(settings.num_rollout_workers)
@@ -507,6 +598,44 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             raise ValueError(
                 "PipelineTrainer + LocalBackend(dedicated) requires adam_params=None."
             )
+
+
+def _channel_resizer(send: MemoryObjectSendStream[Any]) -> Callable[[int], None]:
+    """Changes a memory channel's capacity in place.
+
+    anyio has no public setter; its channel state keeps the capacity and the blocked senders'
+    items (anyio 4.x), and the change below is what a receive does to them.
+    """
+    state = getattr(send, "_state", None)
+
+    def resize(capacity: int) -> None:
+        if state is None or not hasattr(state, "waiting_senders"):
+            raise NotImplementedError(
+                "this anyio version's memory channels cannot be resized; resize without "
+                "queue_maxsize"
+            )
+        state.max_buffer_size = capacity
+        # Senders blocked on the full channel: as many as now fit hand their groups over.
+        while state.waiting_senders and len(state.buffer) < capacity:
+            event, item = state.waiting_senders.popitem(last=False)
+            state.buffer.append(item)
+            event.set()
+
+    return resize
+
+
+def _check_sizes(workers: int, min_batch: int, max_batch: int, queue: int) -> None:
+    if workers <= 0:
+        raise ValueError("num_rollout_workers must be > 0")
+    if min_batch <= 0:
+        raise ValueError("min_batch_size must be > 0")
+    if max_batch < min_batch:
+        raise ValueError(
+            f"max_batch_size must be >= min_batch_size (got {max_batch} < {min_batch}); "
+            "resize both together"
+        )
+    if queue <= 0:
+        raise ValueError("queue_maxsize must be > 0")
 
 
 def _fit_executor(executor: object | None, workers: int | None, *, explicit: bool) -> int | None:
@@ -577,9 +706,9 @@ async def _stage(
     except Exception as exc:
         exc.add_note(f"raised in art_trio's {name} stage")
         if isinstance(exc, BaseExceptionEscaped):
-            print(f"Pipeline stage ended: {name}: {exc}; stopping the run.")
+            logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)
         else:
-            print(f"Pipeline stage failed: {name}: {type(exc).__name__}: {exc}")
+            logger.error("Pipeline stage failed: %s: %s: %s", name, type(exc).__name__, exc)
         raise
 
 

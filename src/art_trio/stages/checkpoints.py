@@ -136,7 +136,7 @@ def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
 
 def protected_steps(run: PipelineRun, current_step: int) -> set[int]:
     """Checkpoints retention must keep: current, leased by a rollout or eval, awaiting eval."""
-    return {current_step} | set(run.leased_steps) | set(run.scheduled_eval_steps)
+    return {current_step} | set(run.leased_steps) | set(run.state.pending_eval_steps)
 
 
 async def apply_retention(run: PipelineRun, step: int) -> None:

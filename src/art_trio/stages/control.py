@@ -13,6 +13,7 @@ Signal handlers are installed only from the main thread and restored afterwards.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import warnings
@@ -22,6 +23,7 @@ import anyio
 from ..run import PipelineRun
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+logger = logging.getLogger("art_trio")
 
 
 async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
@@ -37,18 +39,19 @@ async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        await run.finished.wait()
+        await run.stop.finished.wait()
         tg.cancel_scope.cancel()
 
 
 async def _enforce_grace(run: PipelineRun) -> None:
-    await run.stop_requested.wait()
-    with anyio.move_on_after(run.grace_seconds):
-        await run.rollouts_done.wait()
-        await run.eval_idle.wait()
-    run.rollout_scope.cancel()
-    if run.eval_scope is not None:
-        run.eval_scope.cancel()
+    stop = run.stop
+    await stop.requested.wait()
+    with anyio.move_on_after(stop.grace_seconds):
+        await stop.rollouts_done.wait()
+        await stop.eval_idle.wait()
+    stop.rollout_scope.cancel()
+    if stop.eval_scope is not None:
+        stop.eval_scope.cancel()
 
 
 async def _receive_signals(run: PipelineRun) -> None:
@@ -60,15 +63,15 @@ async def _receive_signals(run: PipelineRun) -> None:
                 if not run.stopping:
                     grace = run.settings.shutdown_grace_seconds
                     within = "as long as it takes" if grace is None else f"up to {grace:g}s"
-                    print(
-                        f"Shutdown requested ({name}): finishing in-flight work ({within}); "
-                        f"send {name} again to stop at once."
+                    logger.warning(
+                        "Shutdown requested (%s): finishing in-flight work (%s); send %s "
+                        "again to stop at once.", name, within, name,
                     )
                     run.request_stop()
                 else:
-                    print(
-                        f"Second {name}: cancelling everything now (a third {name} gets the "
-                        "program's own handler)."
+                    logger.warning(
+                        "Second %s: cancelling everything now (a third %s gets the program's "
+                        "own handler).", name, name,
                     )
                     run.cancel_everything()
                     return  # leaving restores the host's handlers (see the docstring)

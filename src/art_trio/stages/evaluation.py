@@ -9,6 +9,8 @@ does them first. A finished eval is persisted at once in `completed_eval_steps`.
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -17,24 +19,27 @@ from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
+logger = logging.getLogger("art_trio")
+
 
 async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
+    stop = run.stop
     try:
         async with receive:
             async for step in receive:
                 if run.stopping:
                     # Not started before the stop: resume evaluates it (it stays scheduled).
                     continue
-                run.eval_idle = anyio.Event()
+                stop.eval_idle = anyio.Event()
                 try:
                     with anyio.CancelScope() as scope:
-                        run.eval_scope = scope
+                        stop.eval_scope = scope
                         await run_eval(run, step)
                 finally:
-                    run.eval_scope = None
-                    run.eval_idle.set()
+                    stop.eval_scope = None
+                    stop.eval_idle.set()
     finally:
-        run.stage_done("eval")
+        stop.stage_done("eval")
 
 
 async def run_eval(run: PipelineRun, step: int) -> None:
@@ -77,14 +82,14 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         raise
     except Exception as exc:
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
-        print(f"Warning: eval at step {step} failed ({kind}): {exc}; training goes on.")
+        logger.warning("eval at step %d failed (%s): %s; training goes on.", step, kind, exc)
         # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
-        run.scheduled_eval_steps.discard(step)
+        run.state.pending_eval_steps.discard(step)
     finally:
         status.note_val_finished(step, reward)
         if completed:
             run.counters.evals_finished += 1
-            run.scheduled_eval_steps.discard(step)
+            run.state.pending_eval_steps.discard(step)
             run.state.completed_eval_steps.add(step)
             # Persisted now, as ART does, so a run killed before its next step does not
             # evaluate this step again on resume.

@@ -15,10 +15,10 @@ async def status_stage(run: PipelineRun) -> None:
     status = run.status
     status.start(initial_step=run.start_step)
     try:
-        while not run.finished.is_set():
+        while not run.stop.finished.is_set():
             status.log_if_due()
             with anyio.move_on_after(status.seconds_until_log()):
-                await run.finished.wait()
+                await run.stop.finished.wait()
     finally:
         status.flush()
         status.close()

@@ -9,6 +9,7 @@ source on resume) but never interrupts a `backend.train` call already running.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -21,10 +22,13 @@ from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
+from ..events import ChannelClosed, GroupReceived, PolicyPublished, StepTrained
+from ..fates import Fate
 from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
-from ..settings import PipelineSettings
 from .checkpoints import after_step
+
+logger = logging.getLogger("art_trio")
 
 #: The "discarded" split logs at most this many held zero-variance groups per step (0.5.18).
 MAX_DISCARDED_GROUPS_LOGGED = 50
@@ -52,180 +56,271 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 @dataclass(slots=True)
 class CollectedBatch:
     items: list[Delivered] = field(default_factory=list)
-    stale: int = 0
     source_ended: bool = False
     idle_s: float = 0.0
 
 
-async def training_stage(
-    run: PipelineRun,
-    receive: MemoryObjectReceiveStream[Delivered],
-    eval_send: MemoryObjectSendStream[int],
-) -> None:
-    try:
-        async with receive, eval_send:
-            await _train_until_done(run, receive, eval_send)
-    finally:
-        if not run.stopping:
-            # Ended on its own (max_steps, end of source, collapse): rollouts still in flight
-            # can no longer be trained, so cancel them now rather than wait for them.
-            run.end_rollouts_now()
-        run.stage_done("training")
+class TrainingStage:
+    """Collects batches, trains them, publishes each new policy version.
 
-
-async def _train_until_done(
-    run: PipelineRun,
-    receive: MemoryObjectReceiveStream[Delivered],
-    eval_send: MemoryObjectSendStream[int],
-) -> None:
-    settings = run.settings
-    step = run.start_step
-    # What can wait for a batch after one is taken: the channel, and the ready pool's rest.
-    metrics = TrainMetrics(
-        run, receive, ready_capacity=_lookahead(settings) - settings.max_batch_size
-    )
-    # Counted by the trainer itself, not read off the backend's step (which is checked too,
-    # see `checked_step`): max_steps bounds the number of train calls whatever it reports.
-    steps_done = 0
-    while (settings.max_steps is None or steps_done < settings.max_steps) and not run.stopping:
-        step_started = run.now()
-        batch = await collect_batch(run, receive, step)
-        if batch is None or not batch.items:
-            return
-        step = await _train_step(run, batch, step, eval_send, step_started, metrics)
-        steps_done += 1
-        if batch.source_ended and not run.ready:
-            return
-
-
-async def collect_batch(
-    run: PipelineRun, receive: MemoryObjectReceiveStream[Delivered], current_step: int
-) -> CollectedBatch | None:
-    """The next batch, or None if the run stopped or collapsed while collecting.
-
-    Waits until `min_batch_size` usable groups are ready, then takes what is ready up to
-    `max_batch_size`. In "staleness_aware" mode the trainer looks at up to a channel's worth
-    of ready groups and takes the oldest policy versions first (earliest deadline first): a
-    newer group can wait for the next batch, an older one may not get another chance. The rest
-    stay ready, in `run.ready`, for the next batch. In "eager" mode it takes them in arrival
-    order, as the reference does.
+    Owns what only training needs: the ready pool (groups received and waiting for a
+    batch) and the zero-variance groups held until the next step logs them.
     """
-    settings = run.settings
-    earliest_deadline_first = settings.admission == "staleness_aware"
-    lookahead = _lookahead(settings)
-    stale = run.stale_for(current_step)
-    batch = CollectedBatch()
-    ready = run.ready
-    started = run.now()
-    # Groups that aged out of the window while they waited for a batch.
-    for item in [item for item in ready if stale(item)]:
-        ready.remove(item)
-        _discard_stale(run, item, batch)
-    with anyio.CancelScope() as scope:
-        run.collect_scope = scope
-        if run.stopping:
-            scope.cancel()
-        if not _receive_ready(run, receive, stale, batch, lookahead):
-            return None
-        while len(ready) < settings.min_batch_size and not batch.source_ended:
+
+    def __init__(
+        self,
+        run: PipelineRun,
+        receive: MemoryObjectReceiveStream[Delivered],
+        eval_send: MemoryObjectSendStream[int],
+    ) -> None:
+        self.run = run
+        self._receive = receive
+        self._eval_send = eval_send
+        #: Usable groups received from the channel, waiting for a batch (see collect_batch).
+        self.ready: list[Delivered] = []
+        #: Zero-variance groups held since the last step (logged as split "discarded").
+        self.held_zero_variance: list[TrajectoryGroup] = []
+
+    async def __call__(self) -> None:
+        run = self.run
+        try:
+            async with self._eval_send:
+                try:
+                    await self._train_until_done()
+                finally:
+                    self._close_channel()
+        finally:
+            if not run.stopping:
+                # Ended on its own (max_steps, end of source, collapse): rollouts still in
+                # flight can no longer be trained, so cancel them now rather than wait.
+                run.end_rollouts_now()
+            run.stop.stage_done("training")
+
+    def _close_channel(self) -> None:
+        """Stop receiving; what is ready or still in the channel was never trained, and a
+        resumed run rolls it again."""
+        left = self.ready
+        self.ready = []
+        while True:
             try:
-                item = await receive.receive()
+                left.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+        self._receive.close()
+        for item in left:
+            self.run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
+        self.run.emit(ChannelClosed(len(left)))
+
+    async def _train_until_done(self) -> None:
+        run = self.run
+        max_steps = run.settings.max_steps
+        step = run.start_step
+        metrics = TrainMetrics(run, self._receive, self.ready, self._ready_capacity)
+        # Counted by the trainer itself, not read off the backend's step (which is checked
+        # too, see `checked_step`): max_steps bounds the number of train calls whatever the
+        # backend reports.
+        steps_done = 0
+        while (max_steps is None or steps_done < max_steps) and not run.stopping:
+            step_started = run.now()
+            batch = await self.collect_batch(step)
+            if batch is None or not batch.items:
+                return
+            step = await self._train_step(batch, step, step_started, metrics)
+            steps_done += 1
+            if batch.source_ended and not self.ready:
+                return
+
+    def _ready_capacity(self) -> int:
+        """What can wait for a batch after one is taken: the ready pool's rest."""
+        s = self.run.settings
+        return self.run.policy.lookahead(s.max_batch_size, s.groups_capacity) - s.max_batch_size
+
+    async def collect_batch(self, current_step: int) -> CollectedBatch | None:
+        """The next batch, or None if the run stopped or collapsed while collecting.
+
+        Waits until `min_batch_size` usable groups are ready, then moves what waits in the
+        channel to the ready pool, up to the admission policy's lookahead, and lets the
+        policy pick up to `max_batch_size` of them (the reference takes arrival order;
+        "staleness_aware" the oldest versions first). The rest stay ready for the next batch.
+        """
+        run = self.run
+        stale = run.stale_for(current_step)
+        batch = CollectedBatch()
+        started = run.now()
+        # Groups that aged out of the window while they waited for a batch.
+        for item in [item for item in self.ready if stale(item)]:
+            self.ready.remove(item)
+            self._discard_stale(item)
+        with anyio.CancelScope() as scope:
+            forget = run.stop.on_stop(scope.cancel)
+            try:
+                if not await self._fill(stale, batch):
+                    return None
+            finally:
+                forget()
+        if scope.cancel_called:
+            # Stopped while collecting: the ready groups are neither trained nor resolved,
+            # so a resumed run rolls their scenarios again.
+            return None
+        batch.items = run.policy.take_batch(self.ready, run.settings.max_batch_size)
+        batch.idle_s = run.now() - started
+        return batch
+
+    async def _fill(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
+        """Receive until `min_batch_size` groups are ready, then what else is waiting;
+        False on collapse."""
+        if not self._receive_ready(stale, batch):
+            return False
+        while len(self.ready) < self.run.settings.min_batch_size and not batch.source_ended:
+            in_channel = self._in_channel()
+            try:
+                item = await self._receive.receive()
             except anyio.EndOfStream:
                 batch.source_ended = True
                 break
-            if not _accept(run, item, stale, batch):
-                return None
-        if not _receive_ready(run, receive, stale, batch, lookahead):
-            return None
-    run.collect_scope = None
-    if scope.cancel_called:
-        # Stopped while collecting: the ready groups are neither trained nor resolved, so
-        # a resumed run rolls their scenarios again.
-        return None
-    if earliest_deadline_first:
-        ready.sort(key=_deadline)  # stable: arrival order among equal versions
-    batch.items = ready[: settings.max_batch_size]
-    del ready[: settings.max_batch_size]
-    batch.idle_s = run.now() - started
-    if batch.stale:
-        run.status.note_stale(batch.stale)
-    return batch
+            if not self._accept(item, stale, in_channel):
+                return False
+        return self._receive_ready(stale, batch)
 
-
-def _lookahead(settings: PipelineSettings) -> int:
-    """How many groups the trainer holds out of the channel: bounded, so backpressure on the
-    rollout workers still works."""
-    if settings.admission == "staleness_aware":
-        return max(settings.max_batch_size, settings.groups_capacity)
-    return settings.max_batch_size
-
-
-def _deadline(item: Delivered) -> tuple[float, int]:
-    return (float("inf") if item.version is None else item.version, item.scenario_index)
-
-
-def _receive_ready(
-    run: PipelineRun,
-    receive: MemoryObjectReceiveStream[Delivered],
-    stale: Callable[[Delivered], bool],
-    batch: CollectedBatch,
-    lookahead: int,
-) -> bool:
-    """Move groups waiting in the channel to `run.ready`, up to `lookahead`; False on collapse."""
-    while not batch.source_ended and len(run.ready) < lookahead:
-        try:
-            item = receive.receive_nowait()
-        except anyio.WouldBlock:
-            return True
-        except anyio.EndOfStream:
-            batch.source_ended = True
-            return True
-        if not _accept(run, item, stale, batch):
-            return False
-    return True
-
-
-def _discard_stale(run: PipelineRun, item: Delivered, batch: CollectedBatch) -> None:
-    run.gate.group_discarded()
-    run.counters.stale += 1
-    run.counters.stale_rollout_s += item.rollout_wall_s
-    batch.stale += 1
-    run.state.ledger.resolve(item.scenario_index)
-
-
-def _accept(
-    run: PipelineRun, item: Delivered, stale: Callable[[Delivered], bool], batch: CollectedBatch
-) -> bool:
-    """Sort one received group into the ready pool or a discard pile; False on collapse."""
-    group, counters = item.group, run.counters
-    counters.received += 1
-    run.status.note_group_dequeued(group)
-    error = all_failed_error(group)
-    if error is not None:
-        raise error
-    if stale(item):
-        _discard_stale(run, item, batch)
+    def _receive_ready(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
+        """Move groups waiting in the channel to the ready pool, up to the policy's
+        lookahead; False on collapse."""
+        s = self.run.settings
+        lookahead = self.run.policy.lookahead(s.max_batch_size, s.groups_capacity)
+        while not batch.source_ended and len(self.ready) < lookahead:
+            in_channel = self._in_channel()
+            try:
+                item = self._receive.receive_nowait()
+            except anyio.WouldBlock:
+                return True
+            except anyio.EndOfStream:
+                batch.source_ended = True
+                return True
+            if not self._accept(item, stale, in_channel):
+                return False
         return True
-    if is_zero_variance(group):
-        run.gate.group_discarded()
-        counters.zero_variance += 1
+
+    def _in_channel(self) -> int:
+        """Groups in the channel now, for observers (not measured while nobody observes)."""
+        if self.run.observers.emit is None:
+            return 0
+        return self._receive.statistics().current_buffer_used
+
+    def _discard_stale(self, item: Delivered) -> None:
+        self.run.fates.settle(
+            Fate.STALE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
+        )
+
+    def _accept(
+        self, item: Delivered, stale: Callable[[Delivered], bool], in_channel: int
+    ) -> bool:
+        """Sort one received group into the ready pool or a discard pile; False on collapse."""
+        run, group = self.run, item.group
+        run.counters.received += 1
+        run.status.note_group_dequeued(group)
+        if run.observers.emit is not None:
+            run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+        error = all_failed_error(group)
+        if error is not None:
+            raise error
+        if stale(item):
+            self._discard_stale(item)
+            return True
+        if not is_zero_variance(group):
+            self.ready.append(item)
+            return True
         if not group.trajectories:
             _note_empty_group(run, item)
-        run.status.note_zero_variance_discarded(1)
-        run.state.ledger.resolve(item.scenario_index)
-        run.held_zero_variance.append(group)
-        if len(run.held_zero_variance) >= run.settings.discard_limit:
-            run.collapsed = True
-            print(
-                COLLAPSE_MESSAGE.format(
-                    limit=run.settings.discard_limit,
-                    multiplier=run.settings.discard_queue_multiplier,
+        run.fates.settle(
+            Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
+        )
+        self.held_zero_variance.append(group)
+        limit = run.settings.discard_limit
+        if len(self.held_zero_variance) < limit:
+            return True
+        run.collapsed = True
+        logger.error(
+            COLLAPSE_MESSAGE.format(
+                limit=limit, multiplier=run.settings.discard_queue_multiplier
+            )
+        )
+        return False
+
+    async def _train_step(
+        self,
+        batch: CollectedBatch,
+        current_step: int,
+        step_started: float,
+        metrics: TrainMetrics,
+    ) -> int:
+        run = self.run
+        expected = current_step + 1
+        eval_this_step = should_eval(run, expected)
+        groups = [item.group for item in batch.items]
+        run.gate.begin_training(expected, batch_size=len(groups))
+        # Written before the call: if the process dies inside backend.train, resume asks the
+        # backend whether this step happened and either counts these scenarios or rolls them
+        # again.
+        run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
+        run.state.training_step = current_step
+        run.persist()
+
+        run.status.note_training_start(len(groups))
+        try:
+            # backend.train and model.log are both asyncio code: one crossing of the bridge
+            # for the two (under trio each trio-asyncio crossing costs ~40 us).
+            result, train_s = await run.bridge.call(
+                _train_and_log, run, batch, groups, expected, eval_this_step, step_started,
+                metrics,
+            )
+            new_step = int(result.step)
+            await self._log_held_zero_variance(new_step)
+            self._settle_trained(batch, new_step, step_started, train_s)
+            if eval_this_step:
+                run.state.pending_eval_steps.add(new_step)
+                run.state.last_eval_step = new_step
+                self._eval_send.send_nowait(new_step)
+            await after_step(run, result, new_step)
+        finally:
+            run.status.note_training_end()
+        run.gate.publish(new_step)
+        run.emit(PolicyPublished(run.gate.policy_version))
+        return new_step
+
+    def _settle_trained(
+        self, batch: CollectedBatch, new_step: int, step_started: float, train_s: float
+    ) -> None:
+        run, counters = self.run, self.run.counters
+        run.state.ledger.commit_batch()
+        run.state.training_step = new_step
+        counters.steps += 1
+        # Trained from policy version new_step - 1; unversioned groups count as fresh.
+        staleness = tuple(
+            0 if item.version is None else new_step - 1 - item.version for item in batch.items
+        )
+        counters.staleness.update(staleness)
+        run.fates.settle_trained(
+            (item.scenario_index for item in batch.items),
+            (item.rollout_wall_s for item in batch.items),
+        )
+        if run.observers.emit is not None:
+            run.emit(
+                StepTrained(
+                    step=new_step,
+                    batch_size=len(batch.items),
+                    scenario_indices=tuple(item.scenario_index for item in batch.items),
+                    staleness=staleness,
+                    wall_s=run.now() - step_started,
+                    train_s=train_s,
                 )
             )
-            return False
-        return True
-    run.ready.append(item)
-    return True
+
+    async def _log_held_zero_variance(self, step: int) -> None:
+        if not self.held_zero_variance:
+            return
+        held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
+        self.held_zero_variance.clear()
+        await self.run.bridge.call(self.run.model.log, held, split="discarded", step=step)
 
 
 def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
@@ -284,54 +379,6 @@ def should_eval(run: PipelineRun, step: int) -> bool:
     return step - run.state.last_eval_step >= every
 
 
-async def _train_step(
-    run: PipelineRun,
-    batch: CollectedBatch,
-    current_step: int,
-    eval_send: MemoryObjectSendStream[int],
-    step_started: float,
-    metrics: TrainMetrics,
-) -> int:
-    expected = current_step + 1
-    eval_this_step = should_eval(run, expected)
-    groups = [item.group for item in batch.items]
-    run.gate.begin_training(expected, batch_size=len(groups))
-    # Written before the call: if the process dies inside backend.train, resume asks the
-    # backend whether this step happened and either counts these scenarios or rolls them again.
-    run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-    run.state.training_step = current_step
-    run.persist()
-
-    run.status.note_training_start(len(groups))
-    try:
-        # backend.train and model.log are both asyncio code: one crossing of the bridge for
-        # the two (under trio each trio-asyncio crossing costs ~40 us).
-        result = await run.bridge.call(
-            _train_and_log, run, batch, groups, expected, eval_this_step, step_started, metrics
-        )
-        new_step = int(result.step)
-        await _log_held_zero_variance(run, new_step)
-
-        run.state.ledger.commit_batch()
-        run.state.training_step = new_step
-        counters = run.counters
-        counters.steps += 1
-        counters.trained += len(groups)
-        # Trained from policy version new_step - 1; unversioned groups count as fresh.
-        counters.staleness.update(
-            0 if item.version is None else new_step - 1 - item.version for item in batch.items
-        )
-        if eval_this_step:
-            run.scheduled_eval_steps.add(new_step)
-            run.state.last_eval_step = new_step
-            eval_send.send_nowait(new_step)
-        await after_step(run, result, new_step)
-    finally:
-        run.status.note_training_end()
-    run.gate.publish(new_step)
-    return new_step
-
-
 async def _train_and_log(
     run: PipelineRun,
     batch: CollectedBatch,
@@ -340,21 +387,26 @@ async def _train_and_log(
     eval_this_step: bool,
     step_started: float,
     metrics: TrainMetrics,
-) -> Any:
+) -> tuple[Any, float]:
     """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
 
-    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult.
+    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult and
+    the seconds spent in `backend.train`.
     """
+    # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")
     save_checkpoint = run.settings.save_checkpoint and eval_this_step
     train_started = run.now()
+    if run.first_step_at is None:
+        run.first_step_at = train_started
     try:
         kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
         result = await run.backend.train(run.model, groups, **kwargs)
     finally:
         train_seconds = run.now() - train_started
+        run.counters.train_s += train_seconds
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
 
@@ -364,7 +416,7 @@ async def _train_and_log(
     times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
     row = metrics.build(batch.items, new_step, times, result.metrics)
     await run.model.log(groups, split="train", step=new_step, metrics=row)
-    return result
+    return result, train_seconds
 
 
 class BackendStepError(RuntimeError):
@@ -396,20 +448,11 @@ def checked_step(result: Any, expected: int) -> int:
     return step
 
 
-async def _log_held_zero_variance(run: PipelineRun, step: int) -> None:
-    if not run.held_zero_variance:
-        return
-    held = run.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
-    run.held_zero_variance.clear()
-    await run.bridge.call(run.model.log, held, split="discarded", step=step)
-
-
 __all__ = [
     "COLLAPSE_MESSAGE",
     "BackendStepError",
     "CollectedBatch",
+    "TrainingStage",
     "checked_step",
-    "collect_batch",
     "train_kwargs",
-    "training_stage",
 ]

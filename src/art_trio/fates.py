@@ -1,0 +1,168 @@
+"""Where each scenario ends up: one closed set of fates, recorded once per scenario.
+
+A scenario taken from the source ends exactly once, as one `Fate`, through
+`FateRecord.settle`. Everything that counts fates follows from that one call: the run's
+`RunCounters`, the status line, the resume ledger (which scenarios never roll again), the
+gate's queue bookkeeping and the run's observers (`trainer.add_observer`). No stage counts a
+fate by hand, so the counters cannot drift from the ledger.
+
+A rollout lost with its executor worker is not a fate: its scenario goes back to the source
+and is taken again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .events import Observers, ScenarioSettled
+
+if TYPE_CHECKING:
+    from .gate import PolicyGate
+    from .ledger import ScenarioLedger
+    from .status import StatusReporter
+
+
+class Fate(enum.Enum):
+    """How a scenario taken from the source ended."""
+
+    #: Its group was in a batch `backend.train` trained.
+    TRAINED = "trained"
+    #: Its group completed but was too old for every batch still to come.
+    STALE = "stale"
+    #: Its rollout was cancelled by the gate before it completed: no batch still to come
+    #: could train it (doomed). Counted in `stale` too, as ART counts it.
+    CANCELLED_STALE = "cancelled_stale"
+    #: Every trajectory of its group scored the same: nothing to learn from.
+    ZERO_VARIANCE = "zero_variance"
+    #: Its rollout raised or returned something untrainable.
+    ERRORED = "errored"
+    #: In flight, queued or ready when the run stopped: unresolved, rolled again on resume.
+    DROPPED_AT_STOP = "dropped_at_stop"
+
+
+#: Fates after which a resumed run never rolls the scenario again, resolved as they happen.
+#: (TRAINED is resolved with its batch's step, ERRORED once a later rollout succeeds: see
+#: the ledger and the rollout stage.)
+RESOLVED_AT_ONCE = frozenset({Fate.STALE, Fate.CANCELLED_STALE, Fate.ZERO_VARIANCE})
+
+
+@dataclass(slots=True)
+class RunCounters:
+    """Where every scenario taken from the source ended up, and what the run spent.
+
+    `taken == trained + stale + zero_variance + errored + dropped_at_stop` once `train()`
+    returned (the property tests check it).
+    """
+
+    taken: int = 0
+    trained: int = 0
+    stale: int = 0
+    #: Of `stale`: rollouts the gate cancelled before they finished (doomed to be stale).
+    stale_cancelled: int = 0
+    zero_variance: int = 0
+    #: Of `zero_variance`: groups with no trajectories at all (warned about).
+    empty_groups: int = 0
+    errored: int = 0
+    dropped_at_stop: int = 0
+    rollouts_started: int = 0
+    #: Rollouts whose executor worker died; their scenarios were given back and taken again
+    #: (each such take is not counted in `taken` twice).
+    rollouts_lost: int = 0
+    delivered: int = 0
+    received: int = 0
+    steps: int = 0
+    evals_started: int = 0
+    evals_finished: int = 0
+    max_queued: int = 0
+    # Seconds, summed over the run (the per-step train metrics log their increments):
+    #: in rollouts that completed with a group, and idle in workers before each of them;
+    rollout_s: float = 0.0
+    rollout_idle_s: float = 0.0
+    #: blocked handing a group over to a full channel;
+    put_wait_s: float = 0.0
+    #: in rollouts whose groups ended stale (discarded after completing), and in rollouts the
+    #: gate cancelled as doomed.
+    stale_rollout_s: float = 0.0
+    cancelled_rollout_s: float = 0.0
+    #: in every rollout, whatever its end (errored, dropped and lost ones too): what
+    #: inference cost.
+    spent_rollout_s: float = 0.0
+    #: inside `backend.train`.
+    train_s: float = 0.0
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Trained groups by how many versions behind the policy they were trained from.
+
+    A histogram, not a list per group, so a run of a million groups costs no more memory."""
+
+    @property
+    def settled(self) -> int:
+        """Scenarios whose fate is recorded."""
+        return (
+            self.trained + self.stale + self.zero_variance + self.errored + self.dropped_at_stop
+        )
+
+
+class FateRecord:
+    """Records each scenario's fate once and tells everyone who follows fates."""
+
+    def __init__(
+        self,
+        counters: RunCounters,
+        *,
+        ledger: ScenarioLedger,
+        status: StatusReporter,
+        gate: PolicyGate,
+        observers: Observers,
+    ) -> None:
+        self.counters = counters
+        self._ledger = ledger
+        self._status = status
+        self._gate = gate
+        self._observers = observers
+
+    def settle(
+        self, fate: Fate, index: int, *, rollout_s: float = 0.0, queued: bool = False
+    ) -> None:
+        """Scenario `index` ended as `fate` after `rollout_s` seconds of rollout.
+
+        `queued`: its group had been handed to the trainer (it leaves the gate's queue).
+        """
+        c = self.counters
+        if fate is Fate.TRAINED:
+            c.trained += 1
+        elif fate is Fate.STALE:
+            c.stale += 1
+            c.stale_rollout_s += rollout_s
+            self._status.note_stale(1)
+        elif fate is Fate.CANCELLED_STALE:
+            c.stale += 1
+            c.stale_cancelled += 1
+            c.cancelled_rollout_s += rollout_s
+            self._status.note_stale(1)
+        elif fate is Fate.ZERO_VARIANCE:
+            c.zero_variance += 1
+            self._status.note_zero_variance_discarded(1)
+        elif fate is Fate.ERRORED:
+            c.errored += 1
+            self._status.errored += 1
+        else:
+            c.dropped_at_stop += 1
+        if fate in RESOLVED_AT_ONCE:
+            self._ledger.resolve(index)
+        if queued and fate is not Fate.TRAINED:
+            self._gate.group_discarded()
+        emit = self._observers.emit  # None while nobody observes: nothing is built
+        if emit is not None:
+            emit(ScenarioSettled(index, fate, rollout_s))
+
+    def settle_trained(self, indices: Iterable[int], rollout_seconds: Iterable[float]) -> None:
+        """A batch was trained (its scenarios are resolved with its step by the ledger)."""
+        for index, seconds in zip(indices, rollout_seconds, strict=True):
+            self.settle(Fate.TRAINED, index, rollout_s=seconds)
+
+
+__all__ = ["Fate", "FateRecord", "RESOLVED_AT_ONCE", "RunCounters"]
