@@ -11,9 +11,25 @@ from typing import Any
 # ships; a library import should not reach for the network. An explicit setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from .admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
 from .bridge import AsyncioTaskCancelled, CallbackNotAwaitable, trio_native
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
+from .events import (
+    BatchTaken,
+    ChannelClosed,
+    GroupQueued,
+    GroupReceived,
+    PolicyPublished,
+    Resized,
+    RunEvent,
+    RunStatistics,
+    ScenarioSettled,
+    StepTrained,
+)
 from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
+from .fates import Fate, RunCounters
+from .ledger import ForeignStateError, StateFileError, StateWriteError
+from .lock import RunLockedError
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -25,6 +41,8 @@ from .retention import (
 )
 from .rollouts import make_group_rollout_fn
 from .settings import PipelineSettings
+from .stages.rollout import RolloutRejected, RolloutsKeepFailing
+from .stages.training import BackendStepError
 from .status import StatusReporter
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
@@ -45,8 +63,30 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AdmissionPolicy",
     "AsyncioTaskCancelled",
+    "BackendStepError",
+    "BatchTaken",
     "CallbackNotAwaitable",
+    "ChannelClosed",
+    "EagerAdmission",
+    "Fate",
+    "ForeignStateError",
+    "GroupQueued",
+    "GroupReceived",
+    "PolicyPublished",
+    "Resized",
+    "RolloutRejected",
+    "RolloutsKeepFailing",
+    "RunCounters",
+    "RunEvent",
+    "RunLockedError",
+    "RunStatistics",
+    "ScenarioSettled",
+    "StalenessAwareAdmission",
+    "StateFileError",
+    "StateWriteError",
+    "StepTrained",
     "PipelineAutotuneConfig",
     "PipelineRuntimeConfig",
     "CHECKPOINT_CREATED_AT_METRIC",

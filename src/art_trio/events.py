@@ -27,6 +27,24 @@ class ScenarioSettled:
     fate: Fate
     #: Seconds its rollout ran (0 if it did not run to the end: dropped, errored).
     rollout_s: float
+    #: Its group had been queued for the trainer (and leaves the queue now), unless TRAINED:
+    #: trained groups leave the queue with their batch (`BatchTaken`).
+    queued: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQueued:
+    """A rollout worker handed a group to the trainer's channel."""
+
+    scenario_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTaken:
+    """The trainer took `batch_size` queued groups as the batch that produces `step`."""
+
+    step: int
+    batch_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +99,14 @@ class Resized:
 
 
 RunEvent = (
-    ScenarioSettled | GroupReceived | ChannelClosed | StepTrained | PolicyPublished | Resized
+    ScenarioSettled
+    | GroupQueued
+    | GroupReceived
+    | BatchTaken
+    | ChannelClosed
+    | StepTrained
+    | PolicyPublished
+    | Resized
 )
 Observer = Callable[[RunEvent], None]
 
@@ -166,7 +191,9 @@ class RunStatistics:
 
 
 __all__ = [
+    "BatchTaken",
     "ChannelClosed",
+    "GroupQueued",
     "GroupReceived",
     "Observer",
     "Observers",

@@ -157,7 +157,7 @@ class FateRecord:
             self._gate.group_discarded()
         emit = self._observers.emit  # None while nobody observes: nothing is built
         if emit is not None:
-            emit(ScenarioSettled(index, fate, rollout_s))
+            emit(ScenarioSettled(index, fate, rollout_s, queued))
 
     def settle_trained(self, indices: Iterable[int], rollout_seconds: Iterable[float]) -> None:
         """A batch was trained (its scenarios are resolved with its step by the ledger)."""

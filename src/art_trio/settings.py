@@ -8,8 +8,9 @@ validate the same way: the message names the parameter and the range it accepts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from .batching import Freshness
 from .compat import check_line_supports
@@ -74,6 +75,9 @@ class PipelineSettings:
     max_rollouts_beyond_bound: int | None = None
     fsync_state: bool = False
     max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def freshness(self) -> Freshness:
@@ -148,74 +152,89 @@ RUNTIME_DEFAULTS: dict[str, int | None] = {
 }
 
 
+def _positive(name: str) -> Check:
+    return (lambda s: getattr(s, name) > 0, f"{name} must be > 0")
+
+
+def _at_least(name: str, low: float, suffix: str = "") -> Check:
+    return (
+        lambda s: getattr(s, name) is None or getattr(s, name) >= low,
+        f"{name} must be >= {low:g}{suffix}",
+    )
+
+
+Check = tuple[Callable[["PipelineSettings"], bool], str]
+
+#: Every value check, in the reference's order and with its messages first (code that catches
+#: them keeps working), then ART 0.5.18's and 0.5.20's additions, then art_trio's own.
+CHECKS: tuple[Check, ...] = (
+    _positive("num_rollout_workers"),
+    _positive("min_batch_size"),
+    _positive("max_batch_size"),
+    (lambda s: s.max_batch_size >= s.min_batch_size, "max_batch_size must be >= min_batch_size"),
+    _at_least("max_steps_off_policy", 0),
+    (
+        lambda s: s.limit_mean_steps_off_policy is None or s.limit_mean_steps_off_policy >= 0,
+        "limit_mean_steps_off_policy must be >= 0",
+    ),
+    (lambda s: s.queue_maxsize is None or s.queue_maxsize > 0, "queue_maxsize must be > 0"),
+    _at_least("eval_every_n_steps", 0),
+    _at_least("max_steps", 0),
+    _positive("log_interval_seconds"),
+    _positive("discard_queue_multiplier"),
+    (lambda s: 0 < s.status_ewa_alpha <= 1, "status_ewa_alpha must be in (0, 1]"),
+    _at_least("total_scenarios", 0),
+    _positive("checkpoint_retention_interval"),
+    (
+        lambda s: s.packed_sequence_length is None or s.packed_sequence_length > 0,
+        "packed_sequence_length must be > 0 (or None to leave it unset)",
+    ),
+    _positive("optimizer_save_interval"),
+    _at_least("kl_penalty_step_lag", 1),
+    _at_least("grad_accumulation_sequences", 1),
+    (
+        lambda s: s.shutdown_grace_seconds is None or s.shutdown_grace_seconds >= 0,
+        "shutdown_grace_seconds must be >= 0 (or None to wait for in-flight work however "
+        "long it takes)",
+    ),
+    (
+        lambda s: s.admission in ADMISSION_MODES,
+        f"admission must be one of {', '.join(map(repr, ADMISSION_MODES))}",
+    ),
+    (
+        lambda s: s.max_consecutive_rollout_failures is None
+        or s.max_consecutive_rollout_failures > 0,
+        "max_consecutive_rollout_failures must be > 0 (or None to never stop on failures)",
+    ),
+    (
+        lambda s: s.max_rollouts_beyond_bound is None or s.max_rollouts_beyond_bound >= 0,
+        "max_rollouts_beyond_bound must be >= 0 (or None for max_batch_size / 8)",
+    ),
+)
+
+
+def validate(settings: PipelineSettings) -> None:
+    """Raise the first failing check's ValueError (see CHECKS)."""
+    for check, message in CHECKS:
+        if not check(settings):
+            if message.startswith("admission "):
+                message = f"{message}, got {settings.admission!r}"
+            raise ValueError(message)
+    check_line_supports(grad_accumulation_sequences=settings.grad_accumulation_sequences)
+
+
 def build_settings(
     *,
-    num_rollout_workers: int,
-    min_batch_size: int,
     max_batch_size: int | None,
-    max_steps_off_policy: int | None,
-    limit_mean_steps_off_policy: float | None,
-    queue_maxsize: int | None,
-    max_steps: int | None,
-    eval_every_n_steps: int,
-    log_interval_seconds: float,
-    discard_queue_multiplier: int,
-    status_ewa_alpha: float,
-    total_scenarios: int | None,
     eval_step_0: bool,
     eval_at_start: bool | None,
-    checkpoint_retention_interval: int,
-    shutdown_grace_seconds: float | None,
-    admission: str,
-    max_rollouts_beyond_bound: int | None,
-    packed_sequence_length: int | None,
-    optimizer_save_interval: int,
-    kl_penalty_step_lag: int | None,
-    grad_accumulation_sequences: int | None,
-    **rest: Any,
+    **values: Any,
 ) -> PipelineSettings:
-    """Validate the constructor's values and resolve defaults; raise ValueError on bad input."""
-    # The reference's checks, in its order and with its messages.
-    if num_rollout_workers <= 0:
-        raise ValueError("num_rollout_workers must be > 0")
-    if min_batch_size <= 0:
-        raise ValueError("min_batch_size must be > 0")
+    """The constructor's values with their aliases and derived defaults resolved, validated
+    (ValueError on a bad value; see CHECKS)."""
+    # The reference checks max_batch_size before it defaults it to 10 * min_batch_size.
     if max_batch_size is not None and max_batch_size <= 0:
         raise ValueError("max_batch_size must be > 0")
-    if max_batch_size is not None and max_batch_size < min_batch_size:
-        raise ValueError("max_batch_size must be >= min_batch_size")
-    if max_steps_off_policy is not None and max_steps_off_policy < 0:
-        raise ValueError("max_steps_off_policy must be >= 0")
-    if limit_mean_steps_off_policy is not None and not limit_mean_steps_off_policy >= 0:
-        raise ValueError("limit_mean_steps_off_policy must be >= 0")
-    if queue_maxsize is not None and queue_maxsize <= 0:
-        raise ValueError("queue_maxsize must be > 0")
-    if eval_every_n_steps < 0:
-        raise ValueError("eval_every_n_steps must be >= 0")
-    if max_steps is not None and max_steps < 0:
-        raise ValueError("max_steps must be >= 0")
-    if log_interval_seconds <= 0:
-        raise ValueError("log_interval_seconds must be > 0")
-    if discard_queue_multiplier <= 0:
-        raise ValueError("discard_queue_multiplier must be > 0")
-    # The reference's status reporter checks these when the trainer builds it.
-    if not 0 < status_ewa_alpha <= 1:
-        raise ValueError("status_ewa_alpha must be in (0, 1]")
-    if total_scenarios is not None and total_scenarios < 0:
-        raise ValueError("total_scenarios must be >= 0")
-    # ART 0.5.18's additions.
-    if checkpoint_retention_interval <= 0:
-        raise ValueError("checkpoint_retention_interval must be > 0")
-    if packed_sequence_length is not None and packed_sequence_length <= 0:
-        raise ValueError("packed_sequence_length must be > 0 (or None to leave it unset)")
-    # ART 0.5.20's additions, with its messages.
-    if optimizer_save_interval <= 0:
-        raise ValueError("optimizer_save_interval must be > 0")
-    if kl_penalty_step_lag is not None and kl_penalty_step_lag < 1:
-        raise ValueError("kl_penalty_step_lag must be >= 1")
-    if grad_accumulation_sequences is not None and grad_accumulation_sequences < 1:
-        raise ValueError("grad_accumulation_sequences must be >= 1")
-    check_line_supports(grad_accumulation_sequences=grad_accumulation_sequences)
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.
     if eval_at_start is not None and not eval_step_0 and eval_at_start:
@@ -223,50 +242,11 @@ def build_settings(
             "eval_at_start and eval_step_0 disagree (eval_at_start is the newer name of "
             "eval_step_0): pass only one of them"
         )
-    resolved_eval_at_start = eval_step_0 if eval_at_start is None else eval_at_start
-    # art_trio's own parameters.
-    if shutdown_grace_seconds is not None and not (
-        shutdown_grace_seconds >= 0 and not math.isnan(shutdown_grace_seconds)
-    ):
-        raise ValueError(
-            "shutdown_grace_seconds must be >= 0 (or None to wait for in-flight work "
-            "however long it takes)"
-        )
-    if admission not in ADMISSION_MODES:
-        raise ValueError(
-            f"admission must be one of {', '.join(map(repr, ADMISSION_MODES))}, "
-            f"got {admission!r}"
-        )
-    failures = rest.get("max_consecutive_rollout_failures")
-    if failures is not None and failures <= 0:
-        raise ValueError(
-            "max_consecutive_rollout_failures must be > 0 (or None to never stop on failures)"
-        )
-    if max_rollouts_beyond_bound is not None and max_rollouts_beyond_bound < 0:
-        raise ValueError(
-            "max_rollouts_beyond_bound must be >= 0 (or None for max_batch_size / 8)"
-        )
+    min_batch_size = values["min_batch_size"]
     return PipelineSettings(
-        num_rollout_workers=num_rollout_workers,
-        min_batch_size=min_batch_size,
-        max_batch_size=max_batch_size if max_batch_size is not None else 10 * min_batch_size,
-        max_steps_off_policy=max_steps_off_policy,
-        limit_mean_steps_off_policy=limit_mean_steps_off_policy,
-        queue_maxsize=queue_maxsize,
-        max_steps=max_steps,
-        eval_every_n_steps=eval_every_n_steps,
-        log_interval_seconds=log_interval_seconds,
-        discard_queue_multiplier=discard_queue_multiplier,
-        status_ewa_alpha=status_ewa_alpha,
-        total_scenarios=total_scenarios,
-        eval_at_start=resolved_eval_at_start,
-        checkpoint_retention_interval=checkpoint_retention_interval,
-        shutdown_grace_seconds=shutdown_grace_seconds,
-        admission=cast(Admission, admission),  # checked against ADMISSION_MODES above
-        max_rollouts_beyond_bound=max_rollouts_beyond_bound,
-        packed_sequence_length=packed_sequence_length,
-        optimizer_save_interval=optimizer_save_interval,
-        kl_penalty_step_lag=kl_penalty_step_lag,
-        grad_accumulation_sequences=grad_accumulation_sequences,
-        **rest,
+        max_batch_size=(
+            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)
+        ),
+        eval_at_start=eval_step_0 if eval_at_start is None else eval_at_start,
+        **values,
     )

@@ -30,13 +30,7 @@ from .ledger import PipelineState, StateStore
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun
-from .settings import (
-    DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
-    DEFAULT_SHUTDOWN_GRACE_SECONDS,
-    PipelineSettings,
-    build_settings,
-    resolve_runtime,
-)
+from .settings import Admission, PipelineSettings, build_settings, resolve_runtime
 from .source import ScenarioSource
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
@@ -47,6 +41,9 @@ from .status import StatusReporter
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
 logger = logging.getLogger("art_trio")
+
+#: The settings' defaults, the one place they are written (the signature below reads them).
+_DEFAULTS = PipelineSettings()
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
@@ -80,6 +77,43 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     settings: PipelineSettings
 
+    # The settings, read back as attributes (`trainer.max_batch_size`; see __getattr__),
+    # typed as PipelineSettings declares them (a test keeps the two lists equal). Bare
+    # annotations: they declare types and create no class attributes.
+    num_rollout_workers: int
+    min_batch_size: int
+    max_batch_size: int
+    max_steps_off_policy: int | None
+    limit_mean_steps_off_policy: float | None
+    queue_maxsize: int | None
+    learning_rate: float
+    loss_fn: str
+    loss_fn_config: dict[str, Any] | None
+    normalize_advantages: bool
+    adam_params: object | None
+    kl_penalty_coef: float
+    kl_penalty_reference_step: int | None
+    kl_penalty_step_lag: int | None
+    grad_accumulation_sequences: int | None
+    optimizer_save_interval: int
+    packed_sequence_length: int | None
+    max_steps: int | None
+    discard_queue_multiplier: int
+    log_interval_seconds: float
+    status_ewa_alpha: float
+    total_scenarios: int | None
+    eval_every_n_steps: int
+    eval_at_start: bool
+    save_checkpoint: bool
+    checkpoint_retention_strategy: CheckpointRetentionStrategy | None
+    checkpoint_retention_interval: int
+    resume: bool
+    shutdown_grace_seconds: float | None
+    admission: Admission
+    max_rollouts_beyond_bound: int | None
+    fsync_state: bool
+    max_consecutive_rollout_failures: int | None
+
     def __init__(
         self,
         model: art.TrainableModel,
@@ -92,42 +126,44 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         num_rollout_workers: int | None = None,
         min_batch_size: int | None = None,
         max_batch_size: int | None = None,
-        max_steps_off_policy: int | None = 4,
+        max_steps_off_policy: int | None = _DEFAULTS.max_steps_off_policy,
         queue_maxsize: int | None = None,
         pipeline: PipelineRuntimeConfig | None = None,
         autotune: PipelineAutotuneConfig | None = None,
-        learning_rate: float = 1e-5,
-        loss_fn: str = "cispo",
-        loss_fn_config: dict[str, Any] | None = None,
-        normalize_advantages: bool = True,
-        grad_accumulation_sequences: int | None = None,
-        adam_params: object | None = None,
-        kl_penalty_coef: float = 0.0,
-        kl_penalty_reference_step: int | None = None,
-        kl_penalty_step_lag: int | None = None,
-        packed_sequence_length: int | None = None,
-        max_steps: int | None = None,
-        discard_queue_multiplier: int = 100,
-        limit_mean_steps_off_policy: float | None = None,
+        learning_rate: float = _DEFAULTS.learning_rate,
+        loss_fn: str = _DEFAULTS.loss_fn,
+        loss_fn_config: dict[str, Any] | None = _DEFAULTS.loss_fn_config,
+        normalize_advantages: bool = _DEFAULTS.normalize_advantages,
+        grad_accumulation_sequences: int | None = _DEFAULTS.grad_accumulation_sequences,
+        adam_params: object | None = _DEFAULTS.adam_params,
+        kl_penalty_coef: float = _DEFAULTS.kl_penalty_coef,
+        kl_penalty_reference_step: int | None = _DEFAULTS.kl_penalty_reference_step,
+        kl_penalty_step_lag: int | None = _DEFAULTS.kl_penalty_step_lag,
+        packed_sequence_length: int | None = _DEFAULTS.packed_sequence_length,
+        max_steps: int | None = _DEFAULTS.max_steps,
+        discard_queue_multiplier: int = _DEFAULTS.discard_queue_multiplier,
+        limit_mean_steps_off_policy: float | None = _DEFAULTS.limit_mean_steps_off_policy,
         score_reference_groups_per_step: float | None = None,
         score_reference_rollouts_per_group: float | None = None,
-        log_interval_seconds: float = 60.0,
-        status_ewa_alpha: float = 0.2,
-        total_scenarios: int | None = None,
-        eval_every_n_steps: int = 20,
+        log_interval_seconds: float = _DEFAULTS.log_interval_seconds,
+        status_ewa_alpha: float = _DEFAULTS.status_ewa_alpha,
+        total_scenarios: int | None = _DEFAULTS.total_scenarios,
+        eval_every_n_steps: int = _DEFAULTS.eval_every_n_steps,
         eval_step_0: bool = True,
         eval_at_start: bool | None = None,
-        save_checkpoint: bool = True,
-        optimizer_save_interval: int = 5,
-        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
-        checkpoint_retention_interval: int = 1,
-        resume: bool = True,
+        save_checkpoint: bool = _DEFAULTS.save_checkpoint,
+        optimizer_save_interval: int = _DEFAULTS.optimizer_save_interval,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = (
+            _DEFAULTS.checkpoint_retention_strategy
+        ),
+        checkpoint_retention_interval: int = _DEFAULTS.checkpoint_retention_interval,
+        resume: bool = _DEFAULTS.resume,
         rollout_executor: RolloutExecutor | None = None,
-        shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS,
-        admission: str = "staleness_aware",
-        max_rollouts_beyond_bound: int | None = None,
-        fsync_state: bool = False,
-        max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
+        shutdown_grace_seconds: float | None = _DEFAULTS.shutdown_grace_seconds,
+        admission: Admission = _DEFAULTS.admission,
+        max_rollouts_beyond_bound: int | None = _DEFAULTS.max_rollouts_beyond_bound,
+        fsync_state: bool = _DEFAULTS.fsync_state,
+        max_consecutive_rollout_failures: int | None = _DEFAULTS.max_consecutive_rollout_failures,
     ) -> None:
         runtime = resolve_runtime(
             pipeline,
@@ -146,7 +182,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             rollout_executor, runtime["num_rollout_workers"], explicit=explicit_workers
         )
         self.settings = build_settings(
-            **runtime,  # type: ignore[arg-type]
+            **runtime,
             max_steps_off_policy=max_steps_off_policy,
             limit_mean_steps_off_policy=limit_mean_steps_off_policy,
             learning_rate=learning_rate,
@@ -219,7 +255,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._validate_backend_support()
 
     def __getattr__(self, name: str) -> Any:
-        settings = self.__dict__.get("settings")
+        # While a run goes, its live settings (a resize changes them); else the configured.
+        run = self.__dict__.get("_run")
+        settings = run.settings if run is not None else self.__dict__.get("settings")
         if settings is not None and name in PipelineSettings.__dataclass_fields__:
             return getattr(settings, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

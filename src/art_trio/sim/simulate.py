@@ -46,8 +46,8 @@ import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
 from art_trio.bridge import trio_native  # noqa: E402
-from art_trio.gate import PolicyGate  # noqa: E402
-from art_trio.run import PipelineRun, RunCounters  # noqa: E402
+from art_trio.events import BatchTaken, GroupQueued, RunEvent, ScenarioSettled  # noqa: E402
+from art_trio.fates import Fate, RunCounters  # noqa: E402
 from art_trio.sim.distributions import (  # noqa: E402
     LatencyDist,
     describe_distribution,
@@ -237,7 +237,7 @@ def check_settings(spec: SimSpec) -> None:
     """Raise the trainer's own ValueError for bad settings in `spec`, without running it."""
     # The constructor only stores model and backend; validating needs neither.
     nothing: Any = None
-    PipelineTrainer(nothing, nothing, _unbound_rollout, (), None, None, **spec.trainer_kwargs())
+    PipelineTrainer(nothing, nothing, _no_rollout, (), None, None, **spec.trainer_kwargs())
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,50 +332,46 @@ async def _noop_log(*args: Any, **kwargs: Any) -> None:
     """Stands in for `model.log`: writing metrics is not what is simulated."""
 
 
-async def _unbound_rollout(model: Any, scenario: Any, config: Any) -> Any:
-    raise AssertionError("replaced before train() runs")  # pragma: no cover
-
-
 class _QueueMeter:
-    """Time-integral of the gate's `queued` count, updated at every change.
+    """Time-integral of the groups queued for the trainer, from the trainer's events.
 
-    The trainer keeps no queue-depth timeline, and sampling would be approximate and add
-    events to the simulation; so the gate's class is swapped (on this one instance) for a
-    subclass whose `queued` is a property that integrates before each write.
+    A group joins the queue when a worker hands it over (`GroupQueued`) and leaves it when
+    the trainer takes it into a batch (`BatchTaken`) or discards it (a `ScenarioSettled`
+    with `queued`). Integrated at every change, in virtual time: exact, no sampling.
     """
 
-    def __init__(self, gate: PolicyGate, now: float) -> None:
+    def __init__(self, now: float) -> None:
         self.area = 0.0
+        self.depth = 0
         self.last = now
-        self.gate = gate
-        gate.__dict__["_sim_queue_meter"] = self
-        gate.__class__ = _MeteredGate
+        #: Scenarios the run's end left behind (still running, queued or ready).
+        self.dropped: set[int] = set()
+
+    def _change(self, delta: int) -> None:
+        now = trio.current_time()
+        self.area += self.depth * (now - self.last)
+        self.last = now
+        self.depth += delta
+
+    def __call__(self, event: RunEvent) -> None:
+        if isinstance(event, GroupQueued):
+            self._change(1)
+        elif isinstance(event, BatchTaken):
+            self._change(-event.batch_size)
+        elif isinstance(event, ScenarioSettled):
+            if event.queued and event.fate is not Fate.TRAINED:
+                self._change(-1)
+            if event.fate is Fate.DROPPED_AT_STOP:
+                self.dropped.add(event.scenario_index)
 
     def close(self, now: float) -> None:
-        self.area += self.gate.__dict__["queued"] * (now - self.last)
+        self.area += self.depth * (now - self.last)
         self.last = now
-        self.gate.__class__ = PolicyGate
-
-
-class _MeteredGate(PolicyGate):
-    @property
-    def queued(self) -> int:
-        value: int = self.__dict__["queued"]
-        return value
-
-    @queued.setter
-    def queued(self, value: int) -> None:
-        meter: _QueueMeter = self.__dict__["_sim_queue_meter"]
-        # trio's own clock call: anyio's dispatch costs as much again, on every queue change.
-        now = trio.current_time()
-        meter.area += self.__dict__["queued"] * (now - meter.last)
-        meter.last = now
-        self.__dict__["queued"] = value
 
 
 class _QuietStdout(io.TextIOBase):
     """Stands in for stdout during a run: never a TTY (so the trainer draws no status bar),
-    keeps the last lines for an error report, and swallows the per-rollout chatter."""
+    keeps the last lines for an error report, and swallows the periodic `[status]` lines."""
 
     def __init__(self, keep: int = 40) -> None:
         self.lines: deque[str] = deque(maxlen=keep)
@@ -399,7 +395,7 @@ class _QuietStdout(io.TextIOBase):
 class _Outcome:
     recorder: Recorder
     counters: RunCounters
-    run: PipelineRun
+    dropped: set[int]
     workers: int
     queue_area: float
     stalled: bool
@@ -424,24 +420,18 @@ async def _drive(
         if spec.eval_time is None
         else trio_native(eval_double(spec.eval_time, recorder, seed=spec.seed))
     )
-    trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
-        model,
-        backend,
-        _unbound_rollout,
-        scenarios(spec.scenarios),
-        None,
-        eval_fn,
-        **spec.trainer_kwargs(),
-    )
-    # The rollout double needs the resolved settings only for its description.
+    kwargs = spec.trainer_kwargs()
+    # The rollout double needs the resolved settings (for its description): the trainer's
+    # own resolution of the same arguments.
+    resolved = PipelineTrainer(model, backend, _no_rollout, [], None, **kwargs).settings
     workload = Workload(
         name="sim",
-        workers=trainer.num_rollout_workers,
+        workers=resolved.num_rollout_workers,
         rollout_latency=spec.rollout_latency,
         train_time=spec.train_time,
-        min_batch=trainer.min_batch_size,
-        max_batch=trainer.max_batch_size,
-        max_steps_off_policy=trainer.max_steps_off_policy,
+        min_batch=resolved.min_batch_size,
+        max_batch=resolved.max_batch_size,
+        max_steps_off_policy=resolved.max_steps_off_policy,
         steps=spec.steps,
         seed=spec.seed,
         zero_variance_prob=spec.zero_variance_prob,
@@ -452,34 +442,38 @@ async def _drive(
         inference_capacity=spec.inference_capacity,
         latency_shift=spec.latency_shift,
     )
-    trainer.rollout_fn = trio_native(make_rollout_fn(workload, recorder))
-
+    trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
+        model,
+        backend,
+        trio_native(make_rollout_fn(workload, recorder)),
+        scenarios(spec.scenarios),
+        None,
+        eval_fn,
+        **kwargs,
+    )
     limit = math.inf if time_limit_s is None else time_limit_s
-    meter: _QueueMeter | None = None
-    run: PipelineRun | None = None
+    recorder.train_called_at = anyio.current_time()
+    meter = _QueueMeter(recorder.train_called_at)
+    trainer.add_observer(meter)
     with anyio.move_on_after(limit) as limit_scope:
-        async with anyio.create_task_group() as tg:
-            recorder.train_called_at = anyio.current_time()
-            await tg.start(functools.partial(trainer.train, handle_signals=False))
-            run = trainer._run
-            assert run is not None
-            if type(run.gate) is PolicyGate and isinstance(vars(run.gate).get("queued"), int):
-                meter = _QueueMeter(run.gate, recorder.train_called_at)
+        await trainer.train(handle_signals=False)
     recorder.train_returned_at = anyio.current_time()
-    if meter is not None:
-        meter.close(recorder.train_returned_at)
+    meter.close(recorder.train_returned_at)
     counters = trainer.last_counters
-    if run is None or counters is None:
+    if counters is None:
         raise RuntimeError("the simulated run ended before it started (time limit too short?)")
     return _Outcome(
         recorder=recorder,
         counters=counters,
-        run=run,
+        dropped=meter.dropped,
         workers=trainer.num_rollout_workers,
-        # NaN: the gate no longer keeps a plain `queued` count this meter can follow.
-        queue_area=math.nan if meter is None else meter.area,
+        queue_area=meter.area,
         stalled=limit_scope.cancelled_caught,
     )
+
+
+async def _no_rollout(model: Any, scenario: Any, config: Any) -> Any:
+    raise AssertionError("never called: the trainer it belongs to never trains")
 
 
 _COUNTER_NAMES = (
@@ -496,13 +490,13 @@ _COUNTER_NAMES = (
 
 
 def _tally(outcome: _Outcome) -> RolloutTally:
-    """The shared rollout accounting, with art_trio's ledger saying exactly which rollouts
-    the run's end left behind (still running, queued or ready)."""
-    ledger = outcome.run.state.ledger
+    """The shared rollout accounting, with the trainer's own events saying exactly which
+    rollouts the run's end left behind (dropped at stop: still running, queued or ready)."""
+    dropped = outcome.dropped
     return tally_rollouts(
         outcome.recorder,
         train_window(outcome.recorder.steps),
-        left_at_end=lambda sid: not ledger.is_resolved(sid),
+        left_at_end=lambda sid: sid in dropped,
     )
 
 

@@ -29,6 +29,7 @@ from ..batching import (
     stamp_policy_versions,
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..events import GroupQueued
 from ..executor import RolloutLost
 from ..fates import Fate
 from ..gate import GateClosed
@@ -171,6 +172,8 @@ class RolloutStage:
         run, gate, counters = self.run, self.run.gate, self.run.counters
         gate.hand_over(version)
         counters.max_queued = max(counters.max_queued, gate.queued)
+        if run.observers.emit is not None:
+            run.emit(GroupQueued(item.scenario_index))
         try:
             try:
                 # Waits only when the channel is full: the worker yields at the gate next
@@ -182,9 +185,8 @@ class RolloutStage:
                 counters.put_wait_s += run.now() - blocked
         except BaseException as exc:
             # Stopped or ended while handing over: neither trained nor resolved, so a
-            # resumed run rolls this scenario again.
-            gate.withdraw()
-            run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index)
+            # resumed run rolls this scenario again (and it leaves the gate's queue).
+            run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
             if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                 return False  # the trainer stopped receiving
             raise

@@ -22,7 +22,7 @@ from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
-from ..events import ChannelClosed, GroupReceived, PolicyPublished, StepTrained
+from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
 from ..fates import Fate
 from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
@@ -258,6 +258,7 @@ class TrainingStage:
         eval_this_step = should_eval(run, expected)
         groups = [item.group for item in batch.items]
         run.gate.begin_training(expected, batch_size=len(groups))
+        run.emit(BatchTaken(expected, len(groups)))
         # Written before the call: if the process dies inside backend.train, resume asks the
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.

@@ -1,0 +1,165 @@
+"""A run watched only through its public seams: `statistics()` and `add_observer`.
+
+Plus what those seams promise: immutable snapshots, one fate per scenario taken, observers that
+can be removed, an observer's exception ending the run like a stage's, one source for the
+settings' defaults and types, and a library that logs instead of printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from typing import Any, get_type_hints
+
+import art
+import pytest
+
+import art_trio.settings
+import art_trio.trainer
+from art_trio import (
+    BatchTaken,
+    Fate,
+    GroupQueued,
+    PipelineSettings,
+    PipelineTrainer,
+    PolicyPublished,
+    RunEvent,
+    RunStatistics,
+    ScenarioSettled,
+    StepTrained,
+)
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+
+
+def _trainer(model: Any, backend: Any, rollout: Any = asyncio_rollout, **kw: Any) -> Any:
+    kw = {"num_rollout_workers": 4, "min_batch_size": 2, "max_batch_size": 2, **kw}
+    return PipelineTrainer(model, backend, rollout, scenarios(40), None, **kw)
+
+
+async def test_a_run_seen_only_through_statistics_and_events(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
+) -> None:
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] % 7 == 3:
+            raise ValueError("planned")
+        if scenario["i"] % 7 == 5:
+            return art.TrajectoryGroup([trajectory(1.0), trajectory(1.0)])  # zero variance
+        return await asyncio_rollout(model, scenario, config)
+
+    backend.train_seconds = 0.05  # virtual: so the trainer has a utilization to report
+    trainer = _trainer(model, backend, rollout, max_steps=6)
+    before = trainer.statistics()
+    assert not before.running and before.steps == 0 and before.num_rollout_workers == 4
+
+    events: list[RunEvent] = []
+    during: list[RunStatistics] = []
+
+    def watch(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, StepTrained):
+            during.append(trainer.statistics())
+
+    trainer.add_observer(watch)
+    await trainer.train(handle_signals=False)
+    after = trainer.statistics()
+
+    # Live during the run: one snapshot per step, each one step further, as the backend says.
+    assert [s.steps for s in during] == list(range(1, 7))
+    assert all(s.running for s in during) and not after.running
+    assert [s.policy_version for s in during] == list(range(0, 6))  # published after the event
+    assert all(s.num_rollout_workers == 4 and s.queue_capacity >= 1 for s in during)
+    assert after.steps == 6 == backend.step
+
+    # Every scenario taken ends once, and the events say the same as the counters.
+    settled = [e for e in events if isinstance(e, ScenarioSettled)]
+    assert len({e.scenario_index for e in settled}) == len(settled) == after.taken
+    by_fate = {fate: sum(e.fate is fate for e in settled) for fate in Fate}
+    assert by_fate[Fate.TRAINED] == after.trained == sum(len(c.rewards) for c in backend.calls)
+    assert by_fate[Fate.ERRORED] == after.errored > 0
+    assert by_fate[Fate.ZERO_VARIANCE] == after.zero_variance > 0
+    assert by_fate[Fate.STALE] + by_fate[Fate.CANCELLED_STALE] == after.stale
+    assert by_fate[Fate.DROPPED_AT_STOP] == after.dropped_at_stop
+    trained_ids = sorted(e.scenario_index for e in settled if e.fate is Fate.TRAINED)
+    steps = [e for e in events if isinstance(e, StepTrained)]
+    stepped_ids = sorted(i for e in steps for i in e.scenario_indices)
+    assert trained_ids == stepped_ids
+    assert [e.version for e in events if isinstance(e, PolicyPublished)] == list(range(1, 7))
+    # The queue balances: every group queued left it as part of a batch or discarded.
+    queued = sum(isinstance(e, GroupQueued) for e in events)
+    taken = sum(e.batch_size for e in events if isinstance(e, BatchTaken))
+    discarded = sum(e.queued and e.fate is not Fate.TRAINED for e in settled)
+    assert queued == taken + discarded
+    assert after.groups_queued == 0 and after.rollouts_in_flight == 0
+
+    # Measures of the whole run.
+    assert sum(after.staleness.values()) == after.trained
+    assert after.trainer_utilization is not None and 0 < after.trainer_utilization <= 1
+    assert after.rollout_s_spent > 0 and after.rollout_s_per_trained_group is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        after.steps = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        after.staleness[0] = 1  # type: ignore[index]
+
+
+async def test_a_removed_observer_hears_nothing_more(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
+) -> None:
+    trainer = _trainer(model, backend, max_steps=1)
+    heard: list[RunEvent] = []
+    remove = trainer.add_observer(heard.append)
+    remove()
+    await trainer.train(handle_signals=False)
+    assert heard == [] and backend.step == 1
+
+
+async def test_an_observer_that_raises_ends_the_run_with_its_error(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
+) -> None:
+    class Boom(Exception):
+        pass
+
+    def observer(event: RunEvent) -> None:
+        if isinstance(event, StepTrained) and event.step == 2:
+            raise Boom("observer broke")
+
+    trainer = _trainer(model, backend, max_steps=5)
+    trainer.add_observer(observer)
+    with pytest.raises(ExceptionGroup) as caught:
+        await trainer.train(handle_signals=False)
+    assert caught.value.subgroup(Boom) is not None
+    assert backend.step == 2 and trainer.statistics().trained == 4
+
+
+def test_the_settings_have_one_source() -> None:
+    """The constructor's defaults are PipelineSettings' defaults, and the attributes the
+    trainer reads back are typed as PipelineSettings declares them."""
+    defaults = PipelineSettings()
+    signature = inspect.signature(PipelineTrainer.__init__)
+    for name, parameter in signature.parameters.items():
+        if name in PipelineSettings.__dataclass_fields__ and parameter.default is not None:
+            assert parameter.default == getattr(defaults, name), name
+    hints = get_type_hints(PipelineTrainer, vars(art_trio.trainer))
+    fields = get_type_hints(PipelineSettings, vars(art_trio.settings))
+    assert {n: hints[n] for n in fields} == fields
+    admission = signature.parameters["admission"].annotation
+    assert "Admission" in str(admission)
+
+
+async def test_the_library_logs_and_prints_only_its_status_line(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: Any,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
+        if scenario["i"] == 1:
+            raise KeyError("tool")
+        return await asyncio_rollout(model, scenario, config)
+
+    await _trainer(model, backend, rollout, max_steps=2).train(handle_signals=False)
+    out = capsys.readouterr().out
+    assert all(line.startswith("[status]") for line in out.splitlines() if line.strip()), out
+    failures = [r for r in caplog.records if "rollout failed" in r.getMessage()]
+    assert [r.name for r in failures] == ["art_trio"] and failures[0].levelno == logging.WARNING
