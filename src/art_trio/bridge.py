@@ -203,7 +203,15 @@ class _TrioAsyncioBridge(Bridge):
     uses_trio_asyncio = True
 
     def __init__(self, loop: Any) -> None:
+        import outcome
+        import trio
+
         self._loop = loop
+        self._current_task = trio.lowlevel.current_task
+        self._wait = trio.lowlevel.wait_task_rescheduled
+        _Waiting._reschedule = staticmethod(trio.lowlevel.reschedule)
+        _Waiting._capture = staticmethod(outcome.capture)
+        _Waiting._abort_failed = trio.lowlevel.Abort.FAILED
 
     def _own_cancellation(self) -> bool:
         # Under trio the trainer's cancellation is trio.Cancelled: asyncio.CancelledError
@@ -264,11 +272,27 @@ class _TrioAsyncioBridge(Bridge):
         return outcome[0]
 
     async def _run(self, coro: Coroutine[Any, Any, R], fn: object) -> R:
-        # The loop's own entry point, one asyncio task per call: trio_asyncio.aio_as_trio
-        # would add a wrapper object and a coroutine frame per call on the rollout hot path.
+        # One asyncio task per call, awaited the way trio-asyncio's `run_aio_coroutine` does
+        # (a trio cancel cancels the task and waits for it to end; CancelledError out of a
+        # task the trio side cancelled becomes trio's Cancelled), minus its wrapper
+        # coroutines and closures; see _Waiting for what the done callback does differently.
         try:
-            result: R = await self._loop.run_aio_coroutine(coro)
+            task = self._loop.create_task(coro)
+        except BaseException:
+            coro.close()  # avoid a "never awaited" warning
+            raise
+        waiting = _Waiting(task, self._current_task())
+        task.add_done_callback(waiting)
+        try:
+            result: R = await self._wait(waiting.abort)
         except asyncio.CancelledError as exc:
+            if waiting.raise_cancel is not None:
+                # The trio side cancelled the task and it ended cancelled: raise trio's own
+                # Cancelled, chained to what the task raised.
+                try:
+                    waiting.raise_cancel()
+                finally:
+                    sys.exc_info()[1].__cause__ = exc  # type: ignore[union-attr]
             # When the trio side is being cancelled, this checkpoint raises trio's own
             # Cancelled, so shutdown is not mistaken for a failure of the callback.
             await anyio.lowlevel.checkpoint()
@@ -277,6 +301,40 @@ class _TrioAsyncioBridge(Bridge):
                 "(asyncio.CancelledError) while the trainer was still running"
             ) from exc
         return result
+
+
+class _Waiting:
+    """A trio task waiting for one asyncio task: the task's done callback and the trio abort.
+
+    As the done callback (an instance of a class without `__dict__`, so the loop's
+    coroutine-function check on it is remembered per type), it takes the outcome out of the
+    asyncio task and drops the reference to it, so the task and its coroutines are freed in
+    the loop step that finished them rather than when the trio caller next runs
+    (benchmarks/README.md: fewer objects alive at once, fewer garbage collections).
+    """
+
+    __slots__ = ("raise_cancel", "task", "waiter")
+
+    # Bound on first use under trio (`_TrioAsyncioBridge.__init__`): this module imports
+    # neither trio nor outcome at import time.
+    _reschedule: Callable[[Any, Any], None]
+    _capture: Callable[..., Any]
+    _abort_failed: Any
+
+    def __init__(self, task: asyncio.Task[Any], waiter: Any) -> None:
+        self.task: asyncio.Task[Any] | None = task
+        self.waiter = waiter
+        self.raise_cancel: Callable[[], Any] | None = None
+
+    def __call__(self, finished: asyncio.Task[Any]) -> None:
+        self.task = None
+        self._reschedule(self.waiter, self._capture(finished.result))
+
+    def abort(self, raise_cancel: Callable[[], Any]) -> Any:
+        self.raise_cancel = raise_cancel
+        if self.task is not None:
+            self.task.cancel()
+        return self._abort_failed  # keep waiting until the task has ended
 
 
 def _see_trio_asyncio_loops() -> None:
@@ -299,68 +357,119 @@ def _see_trio_asyncio_loops() -> None:
             setattr(anyio_asyncio, name, patched)
 
 
-#: Handles the loop runs back to back before it yields to trio again (asyncio's own loop runs
-#: every handle that is ready at the start of an iteration; this bounds how long trio tasks
-#: wait behind a burst of asyncio work).
+#: Handles the loop runs in one batch at most before it yields to trio again (asyncio's own
+#: loop runs every handle that is ready at the start of an iteration; this bounds how long
+#: trio tasks wait behind a burst of asyncio work).
 _HANDLES_PER_YIELD = 64
 
 
-def _run_ready_handles_back_to_back(loop: Any) -> None:
-    """Make a trio-asyncio loop run queued handles without a trio checkpoint between them.
+def _run_ready_handles_in_batches(loop: Any) -> None:
+    """Give a trio-asyncio loop a plain ready queue, run in batches like asyncio's own loop.
 
-    Stock trio-asyncio waits on its handle channel once per handle: a trio checkpoint and a
-    fresh cancel scope for every asyncio callback, two or more per bridged call. Measured
-    here, that is most of the ~40 us a rollout pays to cross into asyncio. This takes a handle
-    that is already queued at once (unless a timer is due, which the stock path handles
-    first), and falls back to the stock, blocking path when the queue is empty or after
-    `_HANDLES_PER_YIELD` handles in a row, so trio tasks and timers are never starved. (Its
-    shutdown drain, `no_wait=True`, still ends on the stock path's WouldBlock.)
+    Stock trio-asyncio sends every asyncio callback (`call_soon`: a task's step, a future's
+    done callbacks) through a trio memory channel, and its main loop receives them one at a
+    time, each in its own `_main_loop_one` call with a cancel scope and a trio checkpoint:
+    two or three per bridged call, most of the ~40 us a rollout paid to cross into asyncio
+    (benchmarks/README.md). Here `call_soon` appends to a deque, as asyncio's loop does, and
+    the main loop runs the handles ready at the start of a batch (at most
+    `_HANDLES_PER_YIELD`) in one go, then yields to trio once (a checkpoint, so trio tasks
+    and timers are never starved). Only when the deque is empty, or a timer is due, does it
+    take the stock path (which blocks on the channel, pops due timers). Timers,
+    `call_soon_threadsafe` and trio tasks started from asyncio (`AsyncHandle`) still travel
+    on the channel; what waits there is moved to the deque at every batch, so nothing is
+    left behind while the deque keeps filling. A sentinel (a cancelled handle, which the stock
+    path skips) wakes the main loop when it sleeps on the channel. The shutdown drain
+    (`no_wait=True`) runs the deque, then ends on the stock path's WouldBlock.
+
     Applied only to the loop `open_bridge()` opens itself, never to a host's loop, and only
     when the loop has the internals it relies on (else the stock loop runs unchanged).
     """
     import heapq
+    from collections import deque
 
     import trio
     from trio_asyncio._handles import AsyncHandle
 
     stock = loop._main_loop_one
+    stock_queue = loop._queue_handle
     receive_nowait = loop._q_recv.receive_nowait
+    send_nowait = loop._q_send.send_nowait
     timers = loop._timers
     sniffio_library = sniffio.thread_local
-    in_a_row = 0
+    checkpoint = trio.lowlevel.cancel_shielded_checkpoint
+    handle_type = asyncio.Handle
+    ready: deque[asyncio.Handle] = deque()
+    append = ready.append
+    popleft = ready.popleft
+    # Is the main loop (about to be) blocked on the channel? At first, yes: the loop is
+    # already running, waiting in the stock `_main_loop_one` this replaces.
+    sleeping = True
+    wake = asyncio.Handle(lambda: None, (), loop)
+    wake.cancel()
+
+    def enqueue(handle: asyncio.Handle) -> asyncio.Handle:
+        nonlocal sleeping
+        if loop._closed:
+            raise RuntimeError("Event loop is closed")
+        append(handle)
+        if sleeping:
+            sleeping = False
+            send_nowait(wake)
+        return handle
+
+    def queue_handle(handle: Any) -> Any:
+        if type(handle) is handle_type:
+            return enqueue(handle)
+        return stock_queue(handle)  # timers and AsyncHandles: the channel, as stock
+
+    def call_soon(callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        check_callback(callback, "call_soon")
+        return enqueue(handle_type(callback, args, loop, context))
+
+    def take_from_channel() -> None:
+        while True:
+            try:
+                handle = receive_nowait()
+            except trio.WouldBlock:
+                return
+            if isinstance(handle, asyncio.TimerHandle):
+                heapq.heappush(timers, handle)
+            else:
+                append(handle)
 
     async def main_loop_one(no_wait: bool = False) -> None:
-        nonlocal in_a_row
-        if in_a_row >= _HANDLES_PER_YIELD or (timers and timers[0]._when <= loop.time()):
-            in_a_row = 0
-            await stock(no_wait)
-            return
-        try:
-            handle = receive_nowait()
-        except trio.WouldBlock:
-            in_a_row = 0
-            await stock(no_wait)
-            return
-        in_a_row += 1
-        if isinstance(handle, asyncio.TimerHandle):
-            heapq.heappush(timers, handle)
-        elif isinstance(handle, AsyncHandle):
-            in_a_row = _HANDLES_PER_YIELD  # starting a trio task: take the stock path next
-            await stock_async_handle(handle)
-        elif not handle._cancelled:
-            previous, sniffio_library.name = sniffio_library.name, "asyncio"
+        nonlocal sleeping
+        take_from_channel()
+        if not ready or (timers and timers[0]._when <= loop.time()):
+            sleeping = not no_wait
             try:
-                handle._run()
+                await stock(no_wait)
             finally:
-                sniffio_library.name = previous
+                sleeping = False
+            return
+        previous, sniffio_library.name = sniffio_library.name, "asyncio"
+        try:
+            for _ in range(min(len(ready), _HANDLES_PER_YIELD)):
+                handle = popleft()
+                if isinstance(handle, AsyncHandle):
+                    # Starting a trio task: the stock way, then end the batch.
+                    sniffio_library.name = previous
+                    await start_async_handle(handle)
+                    return
+                if not handle._cancelled:
+                    handle._run()
+        finally:
+            sniffio_library.name = previous
+        await checkpoint()
 
-    async def stock_async_handle(handle: Any) -> None:
+    async def start_async_handle(handle: Any) -> None:
         handle._context.run(loop._nursery.start_soon, handle._run, name=handle._callback)
         await handle._started.wait()
 
     # trio-asyncio checks every callback it queues for being a coroutine function (asyncio
-    # does so only in debug mode); for C callables (an asyncio task's step, builtin methods),
-    # whose instances carry no attributes, the answer depends on the type alone: remember it.
+    # does so only in debug mode); for C callables (an asyncio task's step, builtin methods)
+    # and instances of classes without a __dict__ (the bridge's own done callback), the
+    # answer depends on the type alone: remember it.
     stock_check = loop._check_callback
     plain_types: set[type] = set()
 
@@ -374,16 +483,27 @@ def _run_ready_handles_back_to_back(loop: Any) -> None:
 
     loop._main_loop_one = main_loop_one
     loop._check_callback = check_callback
+    loop._queue_handle = queue_handle
+    loop.call_soon = call_soon
 
 
-def _can_run_back_to_back(loop: Any) -> bool:
+def _can_run_in_batches(loop: Any) -> bool:
     try:
         from trio_asyncio._handles import AsyncHandle  # noqa: F401
     except ImportError:
         return False
     return all(
         hasattr(loop, name)
-        for name in ("_main_loop_one", "_check_callback", "_q_recv", "_timers", "_nursery")
+        for name in (
+            "_main_loop_one",
+            "_check_callback",
+            "_queue_handle",
+            "_q_recv",
+            "_q_send",
+            "_timers",
+            "_nursery",
+            "_closed",
+        )
     ) and hasattr(sniffio, "thread_local")
 
 
@@ -403,8 +523,8 @@ async def open_bridge() -> AsyncIterator[Bridge]:
         yield _TrioAsyncioBridge(loop)
         return
     async with trio_asyncio.open_loop() as loop:
-        if _can_run_back_to_back(loop):
-            _run_ready_handles_back_to_back(loop)
+        if _can_run_in_batches(loop):
+            _run_ready_handles_in_batches(loop)
         yield _TrioAsyncioBridge(loop)
 
 

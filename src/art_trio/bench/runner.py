@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         "their own sizes)",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="num_rollout_workers for the scheduling workloads (default: each workload's "
+        "own); on on-policy it sets how many rollouts race for each batch",
+    )
+    parser.add_argument(
         "--seeds",
         type=_parse_ints,
         default=[0],
@@ -227,6 +234,8 @@ def _overrides(name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]
         steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else None)
         if steps is not None:
             overrides["steps"] = steps
+        if getattr(args, "workers", None) is not None:
+            overrides["workers"] = args.workers
     elif args.quick and name in OVERHEAD_WORKLOADS:
         overrides["steps"] = QUICK_OVERHEAD_STEPS
     elif args.quick and name in MEMORY_WORKLOADS:
