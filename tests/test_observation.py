@@ -8,6 +8,7 @@ settings' defaults and types, and a library that logs instead of printing.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import logging
 from typing import Any, get_type_hints
@@ -163,3 +164,22 @@ async def test_the_library_logs_and_prints_only_its_status_line(
     assert all(line.startswith("[status]") for line in out.splitlines() if line.strip()), out
     failures = [r for r in caplog.records if "rollout failed" in r.getMessage()]
     assert [r.name for r in failures] == ["art_trio"] and failures[0].levelno == logging.WARNING
+
+
+async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
+) -> None:
+    """The run freezes what existed before it (see trainer._long_lived_objects_frozen) and
+    hands it back; a host's own freeze is left alone."""
+    seen: list[int] = []
+    trainer = _trainer(model, backend, max_steps=1)
+    trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))
+    assert gc.get_freeze_count() == 0
+    await trainer.train(handle_signals=False)
+    assert min(seen) > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        await _trainer(model, backend, max_steps=1).train(handle_signals=False)
+        assert gc.get_freeze_count() > 0  # not unfrozen behind the host's back
+    finally:
+        gc.unfreeze()
