@@ -51,6 +51,7 @@ WORKLOADS = (*SCHEDULING_WORKLOADS, "contention", "latency-doubles")
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)
 TARGET = 0.95
 STARTS = (4, 256)
+MIN_AFTER = 60
 
 
 @dataclass
@@ -152,14 +153,18 @@ def evaluate(name: str, steps: int, grid: tuple[int, ...]) -> list[dict[str, Any
     for start in STARTS:
         tuned = run(w, tuned_kwargs(w, start))
         settled = tuned.settled_step
-        util, cost = tuned.window(settled)
-        measured = {n: t.window(settled) for n, t in fixed.items()}
+        # Measured from the last change, but over at least the last MIN_AFTER steps (a run
+        # whose last change came at its very end is measured over its final steps).
+        since = min(settled, steps - MIN_AFTER)
+        util, cost = tuned.window(since)
+        measured = {n: t.window(since) for n, t in fixed.items()}
         eligible = [n for n, (u, c) in measured.items() if u >= TARGET and not math.isnan(c)]
         best = min(eligible, key=lambda n: (n, measured[n][1])) if eligible else None
         best_cost = measured[best][1] if best is not None else math.nan
         alone_util, alone_cost = measured[start]
         rows.append({
             "workload": name, "start": start, "settled_step": settled, "steps": steps,
+            "measured_from_step": since,
             "final_workers": tuned.final_workers, "changes": len(tuned.changes),
             "utilization": util, "rollout_s_per_group": cost,
             "cheapest_fixed": best, "cheapest_utilization": (
