@@ -167,6 +167,9 @@ class Case:
     stop_at: float | None = None
     #: For resume cases: when the second run is stopped (None: it runs to its end).
     second_stop_at: float | None = None
+    #: Live resizes: (virtual time, num_rollout_workers), applied by `trainer.resize` in each
+    #: run (one due before `train()` starts or after it ends changes the settings only).
+    resizes: tuple[tuple[float, int], ...] = ()
 
     def virtual_time_bound(self) -> float:
         """A generous upper bound on a run's virtual duration, for the no-deadlock property.
@@ -455,9 +458,21 @@ class CaseResult:
 
 
 async def _drive(
-    trainer: PipelineTrainer[Any, Any], record: RunRecord, stop_at: float | None, bound: float
+    trainer: PipelineTrainer[Any, Any],
+    record: RunRecord,
+    stop_at: float | None,
+    bound: float,
+    resizes: tuple[tuple[float, int], ...] = (),
 ) -> None:
     async with trio.open_nursery() as nursery:
+        if resizes:
+
+            async def resizer() -> None:
+                for at, workers in sorted(resizes):
+                    await trio.sleep_until(at)
+                    trainer.resize(num_rollout_workers=workers, reason="property test")
+
+            nursery.start_soon(resizer)
         if stop_at is not None:
 
             async def stopper() -> None:
@@ -517,6 +532,7 @@ def _run_once(
         record,
         stop_at,
         case.virtual_time_bound(),
+        case.resizes,
         clock=trio.testing.MockClock(autojump_threshold=0),
     )
     record.counters = trainer.last_counters

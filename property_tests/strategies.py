@@ -93,8 +93,10 @@ def cases(
     max_scenarios: int = 24,
     max_steps: bool = True,
     grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
+    resize: bool = False,
 ) -> Case:
-    """A whole case: config, one plan per scenario, durations, maybe a stop."""
+    """A whole case: config, one plan per scenario, durations, maybe a stop (and, with
+    `resize`, worker counts changed at random moments)."""
     config = draw(configs(evals=evals, collapse=collapse, max_steps=max_steps, grace=grace))
     # A uniform size rather than Hypothesis' list sizes, which favour tiny lists: the
     # interesting interleavings need a few steps.
@@ -103,12 +105,18 @@ def cases(
     train_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3)))
     eval_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3))) if evals else None
     stop_at = draw(st.one_of(st.none(), durations)) if stop else None
+    resizes = (
+        tuple(draw(st.lists(st.tuples(durations, st.integers(1, 6)), min_size=1, max_size=4)))
+        if resize
+        else ()
+    )
     return Case(
         config=config,
         plans=plans,
         train_seconds=train_seconds,
         eval_seconds=eval_seconds,
         stop_at=stop_at,
+        resizes=resizes,
     )
 
 

@@ -69,6 +69,19 @@ def prop_all_failed_group(case: Case) -> None:
     checks.check_all_failed(run_case(case))
 
 
+def prop_resize_keeps_every_invariant(case: Case) -> None:
+    """Worker counts changed at random moments: every single-run invariant still holds."""
+    result = run_case(case)
+    checks.check_ran_cleanly(result)
+    checks.check_off_policy(result)
+    checks.check_mean_bound(result)
+    checks.check_batch_bounds(result)
+    checks.check_conservation(result)
+    checks.check_versions(result)
+    checks.check_max_steps(result)
+    checks.check_capacity(result)
+
+
 #: Strategy of each property (the mutation tests draw from the same ones).
 STRATEGIES = {
     prop_off_policy_bound: cases(),
@@ -81,6 +94,7 @@ STRATEGIES = {
     prop_channel_capacity: cases(),
     prop_resume: resume_cases(),
     prop_all_failed_group: cases(failures=("all_failed", "raise", "partial")),
+    prop_resize_keeps_every_invariant: cases(resize=True),
 }
 
 
@@ -173,3 +187,9 @@ def test_resume(case: Case) -> None:
 def test_all_failed_group(case: Case) -> None:
     """An all-failed group fails the run with ART's RuntimeError; the state is persisted."""
     prop_all_failed_group(case)
+
+
+@given(STRATEGIES[prop_resize_keeps_every_invariant])
+def test_resize_keeps_every_invariant(case: Case) -> None:
+    """11. `trainer.resize(num_rollout_workers=...)` at random moments breaks no invariant."""
+    prop_resize_keeps_every_invariant(case)

@@ -235,15 +235,11 @@ def test_pipeline_runtime_config_sets_the_runtime_settings(model: Any, backend: 
     assert (trainer.max_batch_size, trainer.settings.groups_capacity) == (20, 5)
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"autotune": PipelineAutotuneConfig(mode="online")},
-        {"autotune": PipelineAutotuneConfig(mode="profile")},
-    ],
-)
-def test_art_0520_features_not_built_yet_are_refused_not_ignored(
-    model: Any, backend: Any, kwargs: dict[str, Any]
-) -> None:
-    with pytest.raises(NotImplementedError, match="not implemented in art_trio yet"):
-        PipelineTrainer(model, backend, asyncio_rollout, [], None, **kwargs)
+def test_autotune_modes_are_built_now(model: Any, backend: Any) -> None:
+    """Online autotuning runs (tests/test_autotune.py); profile mode needs a saved profile."""
+    trainer = PipelineTrainer(model, backend, asyncio_rollout, [], None,
+                              autotune=PipelineAutotuneConfig(mode="online"))
+    assert trainer.num_rollout_workers == 8  # ART's initial_model_calls_per_inference_gpu
+    with pytest.raises(FileNotFoundError, match="saved profile"):
+        PipelineTrainer(model, backend, asyncio_rollout, [], None,
+                        autotune=PipelineAutotuneConfig(mode="profile"))

@@ -80,6 +80,16 @@ class _AutotuneConfig(pydantic.BaseModel):
     mode: Literal["off", "online", "profile"] = "off"
     profile: str | None = None
     output_name: str = "latest"
+    # The fields art_trio's autotuner honours (art_trio.autotune), with ART 0.5.23's defaults.
+    window_steps: int = pydantic.Field(default=4, ge=1)
+    warmup_ignore_steps: int = pydantic.Field(default=3, ge=0)
+    worker_load_change_windows: int = pydantic.Field(default=2, ge=1)
+    max_rollout_workers: int = pydantic.Field(default=1024, ge=1)
+    initial_model_calls_per_inference_gpu: int = pydantic.Field(default=8, ge=1)
+    initial_min_groups_per_packed_sequence: int = pydantic.Field(default=8, ge=1)
+    initial_max_groups_per_packed_sequence: int = pydantic.Field(default=8, ge=1)
+    vllm_pressure_over_ratio: float = pydantic.Field(default=0.80, ge=0.0)
+    vllm_metric_interval_s: float = pydantic.Field(default=1.0, gt=0.0)
 
 
 if ART_0520:

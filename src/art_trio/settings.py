@@ -128,11 +128,11 @@ def resolve_runtime(
                 "Pipeline runtime config cannot be provided when pipeline autotuning is "
                 "enabled. The autotuner owns the initial and online pipeline settings."
             )
-        raise NotImplementedError(
-            f"autotune=PipelineAutotuneConfig(mode={mode!r}) is not implemented in art_trio "
-            "yet (online autotuning is its own issue); use mode='off' and size the run with "
-            "`art-trio simulate --sweep`"
-        )
+        # The autotuner's starting point (a saved profile, if asked for, is read by the
+        # trainer, which knows the model's directory).
+        from .autotune import initial_runtime
+
+        return initial_runtime(autotune)
     if pipeline is not None and given:
         raise ValueError(
             "Use either pipeline=PipelineRuntimeConfig(...) or deprecated direct pipeline "

@@ -261,6 +261,10 @@ class StatusReporter:
                 return line
             optional.pop(0)
 
+    def write_line(self, line: str) -> None:
+        """Print one line of its own beside the status line (the autotuner's decisions)."""
+        self._write(line)
+
     def _ewa(self, previous: float | None, value: float) -> float:
         return value if previous is None else self._alpha * value + (1 - self._alpha) * previous
 

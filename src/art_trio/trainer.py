@@ -23,6 +23,7 @@ import art
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .autotune import load_profile_settings, policy_for, profile_path
 from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
 from .events import Observer, Observers, Resized, RunStatistics
@@ -34,6 +35,7 @@ from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun
 from .settings import Admission, PipelineSettings, build_settings, resolve_runtime
 from .source import ScenarioSource
+from .stages.autotune import AutotuneStage
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
 from .stages.rollout import RolloutStage
@@ -177,6 +179,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "queue_maxsize": queue_maxsize,
             },
         )
+        #: The `autotune=` config (None or mode "off": the sizes stay as set).
+        self.autotune = autotune
+        runtime = _autotune_start(autotune, model, runtime)
         explicit_workers = num_rollout_workers is not None or (
             "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
         )
@@ -422,7 +427,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
                 tg.start_soon(_stage, "status", status_stage, run)
                 tg.start_soon(_stage, "control", _control(handle_signals), run)
+                if getattr(self.autotune, "mode", "off") == "online":
+                    tg.start_soon(_stage, "autotune", self._autotune_stage(run))
                 task_status.started()
+
+    def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
+        s = run.settings
+        policy = policy_for(self.autotune, {
+            "num_rollout_workers": s.num_rollout_workers, "min_batch_size": s.min_batch_size,
+            "max_batch_size": s.max_batch_size,
+        })
+        capacity = getattr(self.rollout_executor, "max_workers", None)
+        if capacity is not None:
+            policy.max_workers = min(policy.max_workers, capacity)
+        return AutotuneStage(
+            run, policy, self.autotune, statistics=self.statistics, resize=self.resize,
+            profile=profile_path(
+                self.model._get_output_dir(), getattr(self.autotune, "output_name", None)
+            ),
+        )
 
     def statistics(self) -> RunStatistics:
         """The run as it is now: an immutable snapshot, cheap enough to take every step.
@@ -685,6 +708,27 @@ def _long_lived_objects_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def _autotune_start(
+    config: PipelineAutotuneConfig | None, model: Any, runtime: dict[str, int | None]
+) -> dict[str, int | None]:
+    """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
+    always with mode "profile", with "online" when `profile=` names one)."""
+    mode = getattr(config, "mode", "off")
+    if mode == "off" or model is None:
+        return runtime
+    name = getattr(config, "profile", None)
+    if mode == "online" and not name:
+        return runtime
+    path = profile_path(model._get_output_dir(), name)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
+            "(a run with mode='online' saves one there)"
+        )
+    loaded = load_profile_settings(path)
+    return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
 
 
 def _check_sizes(workers: int, min_batch: int, max_batch: int, queue: int) -> None:

@@ -54,6 +54,24 @@ def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, floa
         f.write(json.dumps(row) + "\n")
 
 
+def append_metrics_row(
+    run: PipelineRun, prefix: str, step: int, metrics: dict[str, float]
+) -> None:
+    """Append one row of `prefix`-named metrics to history.jsonl (as `model.log` shapes them)."""
+    row: dict[str, Any] = {
+        f"{prefix}{k}": v
+        for k, v in metrics.items()
+        if not (isinstance(v, float) and not math.isfinite(v))
+    }
+    row["training_step"] = step
+    row["step"] = step
+    row["recorded_at"] = datetime.now().isoformat()
+    out = _output_dir(run)
+    os.makedirs(out, exist_ok=True)
+    with open(out / "history.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def note_eval_completed(run: PipelineRun, step: int) -> None:
     append_checkpoint_event(run, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
 

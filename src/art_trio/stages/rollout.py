@@ -70,6 +70,7 @@ class RolloutStage:
         self._live: set[int] = set()
         self._target = 0
         self._next_id = 0
+        self._started_any = False
 
     async def __call__(self) -> None:
         run = self.run
@@ -89,12 +90,17 @@ class RolloutStage:
     def resize(self, workers: int) -> None:
         """Run `workers` workers from now on: start new ones, or let the extra ones leave."""
         self._target = workers
-        if self._workers is None:
-            return  # the stage has ended (or not started): nothing to size
+        if self._workers is None or self.run.gate.closed:
+            # The stage has ended, or is ending (a closed gate admits no one): a new worker
+            # would leave at once, and the task group may already be closed to new tasks.
+            return
         while len(self._live) < workers:
+            if not self._live and self._started_any:
+                return  # every worker has left: the task group is closing
             worker_id = self._next_id
             self._next_id += 1
             self._live.add(worker_id)
+            self._started_any = True
             self._workers.start_soon(self._worker, worker_id, self._send.clone())
         extra = len(self._live) - workers
         if extra > 0:

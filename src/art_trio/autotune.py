@@ -1,0 +1,462 @@
+"""The online autotuner's policy: the cheapest worker count that keeps the trainer fed.
+
+`AutotunePolicy` is pure: it sees successive `RunStatistics` snapshots (one after each
+trained step) and now and then returns a `Decision` (a new worker count, sometimes a new
+`min_batch_size`, always a reason). It reads no clock and touches no trainer, so it is
+tested on its own and in the simulator (virtual time); `stages/autotune.py` runs it in a
+live `train()`.
+
+What it looks for: the fewest rollout workers whose trainer utilization (time inside
+`backend.train` over wall time, per window of steps) stays at or above `target` (0.95).
+Fewer workers cost fewer rollout-seconds per trained group (less inference queueing on a
+shared server, fewer rollouts thrown away as stale); below the threshold the trainer
+waits for groups. The search is a bracket: the largest count seen to starve the trainer
+(`low`) and the smallest seen to feed it (`high`). A window below the target moves up
+(toward `high`, or by the measured shortfall and Little's law when no `high` is known); a
+window at the target moves down (halfway to `low`, or by Little's law's estimate of the
+rollouts in flight the trainer needs). When `high` is the next count above `low` (or within
+`settle_fraction` of it) the search has settled and holds. Hysteresis:
+
+- a window right after a change is not judged (`skip_steps_after_change`), and a window
+  only counts as "starved" below `target - band`; between the two it holds;
+- a settled count is given up only after `drift_windows` starved windows in a row (the
+  workload changed: rollouts got slower), and the bracket is then searched again above.
+
+Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
+stops it adding workers that would only wait in the server's queue.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from .compat import PipelineAutotuneConfig
+from .events import RunStatistics
+
+#: Trainer utilization the autotuner keeps unless told otherwise.
+DEFAULT_TARGET_UTILIZATION = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceLoad:
+    """An inference server's load at one instant (vLLM's `/metrics`)."""
+
+    running: float
+    waiting: float
+
+    @property
+    def pressure(self) -> float:
+        """Waiting requests per running one (0: nothing queues at the server)."""
+        return self.waiting / self.running if self.running > 0 else (1.0 if self.waiting else 0.0)
+
+
+_VLLM_LINE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
+
+
+def parse_vllm_metrics(text: str) -> InferenceLoad | None:
+    """Running and waiting requests from a vLLM Prometheus page (summed over its engines)."""
+    found = {"running": 0.0, "waiting": 0.0}
+    seen = False
+    for line in text.splitlines():
+        match = _VLLM_LINE.match(line)
+        if match:
+            found[match.group(1)] += float(match.group(2))
+            seen = True
+    return InferenceLoad(found["running"], found["waiting"]) if seen else None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one window of steps measured (differences of two `RunStatistics`)."""
+
+    start_step: int
+    end_step: int
+    wall_s: float
+    utilization: float
+    #: Rollout-seconds spent over groups trained in the window (inf: none trained).
+    rollout_s_per_group: float
+    #: Mean rollout latency, seconds per step inside `backend.train`, groups per step.
+    rollout_latency_s: float | None
+    train_s_per_step: float
+    groups_per_step: float
+    #: Trained groups over rollouts that ended (stale, zero variance and errors lower it).
+    yield_: float
+    #: Little's law: workers that keep the trainer fed at this window's pace.
+    workers_needed: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One judgement of a window: what to run from now on, and why."""
+
+    step: int
+    #: "hold", "increase_workers", "decrease_workers", "lower_min_batch_size".
+    action: str
+    reason: str
+    previous_workers: int
+    num_rollout_workers: int
+    min_batch_size: int
+    #: True once the search has settled (a hold inside a closed bracket).
+    settled: bool
+    window: Window | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.action != "hold"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AutotunePolicy:
+    """Decides worker counts from successive statistics (see the module docstring)."""
+
+    num_rollout_workers: int
+    min_batch_size: int
+    max_batch_size: int
+    target: float = DEFAULT_TARGET_UTILIZATION
+    min_workers: int = 1
+    max_workers: int = 1024
+    #: Steps per judged window, and steps at the start of the run not judged (warm-up).
+    window_steps: int = 4
+    warmup_steps: int = 3
+    #: A window also spans at least this many trained groups (short windows are noise).
+    min_window_groups: int = 64
+    #: Steps after a change before a window starts (they still ran at the old size).
+    skip_steps_after_change: int = 1
+    #: A window is "starved" only below `target - band` (between: hold).
+    band: float = 0.02
+    #: Settled when `high - low <= max(1, settle_fraction * high)`.
+    settle_fraction: float = 0.1
+    #: Starved windows in a row at a settled count before the search resumes above it.
+    drift_windows: int = 2
+    #: Workers per rollout Little's law asks for, times this, is the first guess.
+    headroom: float = 1.5
+    #: Waiting/running requests at the inference server above which adding workers only
+    #: queues them there (only with an `InferenceLoad`).
+    inference_pressure_limit: float = 0.8
+    decisions: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= 1:
+            raise ValueError("target utilization must be within (0, 1]")
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise ValueError("need 1 <= min_workers <= max_workers")
+        self.num_rollout_workers = min(max(self.num_rollout_workers, self.min_workers),
+                                       self.max_workers)
+        #: Largest count seen to starve the trainer, smallest seen to feed it.
+        self.low: int | None = None
+        self.high: int | None = None
+        self._start: RunStatistics | None = None
+        self._skip = self.warmup_steps
+        self._starved_in_a_row = 0
+        self.settled_at_step: int | None = None
+
+    # -- the one entry point ---------------------------------------------------------------
+
+    def observe(
+        self, stats: RunStatistics, inference: InferenceLoad | None = None
+    ) -> Decision | None:
+        """Feed the statistics after a step; a `Decision` once a window is complete."""
+        if self._skip > 0:
+            self._skip -= 1
+            self._start = None if self._skip > 0 else stats
+            return None
+        if self._start is None:
+            self._start = stats
+            return None
+        if stats.steps - self._start.steps < self.window_steps or (
+            stats.trained - self._start.trained < self.min_window_groups
+        ):
+            return None
+        window = measure(self._start, stats, self.num_rollout_workers)
+        self._start = stats
+        decision = self._decide(window, stats.steps, inference)
+        self.decisions.append(decision)
+        if decision.changed:
+            self.num_rollout_workers = decision.num_rollout_workers
+            self.min_batch_size = decision.min_batch_size
+            self._skip = self.skip_steps_after_change
+            self._start = None if self._skip > 0 else stats
+            self.settled_at_step = None
+        elif decision.settled and self.settled_at_step is None:
+            self.settled_at_step = stats.steps
+        return decision
+
+    # -- judging a window ----------------------------------------------------------------
+
+    def _decide(self, w: Window, step: int, inference: InferenceLoad | None) -> Decision:
+        n = self.num_rollout_workers
+        if w.utilization >= self.target:
+            self._starved_in_a_row = 0
+            self.high = n if self.high is None else min(self.high, n)
+            if self.low is not None and self.low >= n:
+                self.low = None  # fed now at a count once seen starving: the load eased
+            return self._fed(w, step, n)
+        if w.utilization >= self.target - self.band:
+            return self._hold(w, step, n, f"utilization {w.utilization:.3f} inside the band "
+                              f"[{self.target - self.band:.2f}, {self.target:.2f})")
+        return self._starved(w, step, n, inference)
+
+    def _fed(self, w: Window, step: int, n: int) -> Decision:
+        util = f"utilization {w.utilization:.3f} >= {self.target:.2f} at {n} workers"
+        if self._closed(n):
+            return self._hold(w, step, n, f"{util}; settled ({self._bracket()})", settled=True)
+        if self.low is not None:
+            down = (self.low + n) // 2
+            why = f"{util}; halfway down to {self.low} (starved)"
+        else:
+            guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else n
+            # Little's law's guess with headroom if it is below; else probe a quarter down.
+            down = max(guess if guess < n else (3 * n) // 4, n // 4)
+            why = (f"{util}; Little's law needs ~{w.workers_needed:.1f} in flight"
+                   if w.workers_needed else f"{util}; halving")
+        down = max(self.min_workers, min(down, n - 1))
+        if down >= n or (self.low is not None and down <= self.low):
+            return self._hold(w, step, n, f"{util}; settled ({self._bracket()})", settled=True)
+        return self._change(w, step, n, down, "decrease_workers", why)
+
+    def _starved(
+        self, w: Window, step: int, n: int, inference: InferenceLoad | None
+    ) -> Decision:
+        util = f"utilization {w.utilization:.3f} < {self.target - self.band:.2f} at {n} workers"
+        if self.high is not None and self.high <= n:
+            # A count once seen feeding the trainer starves it now: drift, or noise.
+            self._starved_in_a_row += 1
+            if self._starved_in_a_row < self.drift_windows:
+                return self._hold(w, step, n, f"{util}; drift? ({self._starved_in_a_row}/"
+                                  f"{self.drift_windows} windows)")
+            self.high = None
+        self._starved_in_a_row = 0
+        self.low = n if self.low is None else max(self.low, n)
+        if inference is not None and inference.pressure > self.inference_pressure_limit:
+            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
+                              f"running {inference.pressure:.2f}): more workers would queue")
+        if n >= self.max_workers:
+            if self.min_batch_size > 1:
+                smaller = max(1, self.min_batch_size * 3 // 4)
+                return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
+                                f"{self.max_workers}: smaller batches start steps sooner",
+                                n, n, smaller, False, w)
+            return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
+        if self.high is not None:
+            up = max(n + 1, (n + self.high + 1) // 2)
+            why = f"{util}; halfway up to {self.high} (fed)"
+        else:
+            scaled = _ceil(n * min(2.0, 1.1 * self.target / max(w.utilization, 0.05)))
+            guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else 0
+            up = max(n + 1, scaled, min(guess, 4 * n))
+            why = f"{util}; scaled by the shortfall" + (
+                f", Little's law needs ~{w.workers_needed:.1f}" if w.workers_needed else "")
+        return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _closed(self, n: int) -> bool:
+        low = self.low if self.low is not None else self.min_workers - 1
+        return n - low <= max(1, math.floor(self.settle_fraction * n))
+
+    def _bracket(self) -> str:
+        low = "none" if self.low is None else str(self.low)
+        return f"starved at {low}, fed at {self.high}"
+
+    def _hold(
+        self, w: Window, step: int, n: int, reason: str, *, settled: bool = False
+    ) -> Decision:
+        return Decision(step, "hold", reason, n, n, self.min_batch_size, settled, w)
+
+    def _change(self, w: Window, step: int, n: int, to: int, action: str, why: str) -> Decision:
+        return Decision(step, action, f"{why}: {n} -> {to} workers", n, to,
+                        self.min_batch_size, False, w)
+
+
+def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
+    """The window between two snapshots of one run."""
+    steps = max(1, end.steps - start.steps)
+    wall = end.since_first_step_s - start.since_first_step_s
+    train = end.train_s - start.train_s
+    trained = end.trained - start.trained
+    ended = (end.rollouts_started - end.rollouts_in_flight) - (
+        start.rollouts_started - start.rollouts_in_flight
+    )
+    spent = end.rollout_s_spent - start.rollout_s_spent
+    latency = end.rollout_latency_s
+    if latency is None and ended > 0:
+        latency = spent / ended
+    train_per_step = train / steps
+    groups_per_step = trained / steps
+    yield_ = trained / ended if ended > 0 else 1.0
+    needed = None
+    if latency is not None and train_per_step > 0 and yield_ > 0:
+        # Little's law: groups wanted per second times a rollout's latency, per useful one.
+        needed = groups_per_step / train_per_step * latency / yield_
+    return Window(
+        start_step=start.steps,
+        end_step=end.steps,
+        wall_s=wall,
+        utilization=train / wall if wall > 0 else 1.0,
+        rollout_s_per_group=spent / trained if trained else math.inf,
+        rollout_latency_s=latency,
+        train_s_per_step=train_per_step,
+        groups_per_step=groups_per_step,
+        yield_=yield_,
+        workers_needed=needed,
+    )
+
+
+# -- ART's config, the starting settings and the saved profile ---------------------------
+
+
+class AutotuneConfig(PipelineAutotuneConfig):  # type: ignore[misc,valid-type,unused-ignore]
+    """ART's `PipelineAutotuneConfig` plus art_trio's own knobs (ART's class drops unknown
+    fields; this one keeps them)."""
+
+    #: Trainer utilization to keep (time in `backend.train` over wall time, per window).
+    target_utilization: float = pydantic.Field(default=DEFAULT_TARGET_UTILIZATION, gt=0.0,
+                                               le=1.0)
+    min_rollout_workers: int = pydantic.Field(default=1, ge=1)
+    #: vLLM's Prometheus endpoint (`http://host:8000/metrics`); None: not read.
+    inference_metrics_url: str | None = None
+
+
+#: `PipelineAutotuneConfig` fields art_trio reads; every other field of ART's class is
+#: accepted and ignored (packing, vLLM-pressure scores, min-batch trials, target groups).
+HONOURED_FIELDS = (
+    "mode", "profile", "output_name", "window_steps", "warmup_ignore_steps",
+    "worker_load_change_windows", "max_rollout_workers",
+    "initial_model_calls_per_inference_gpu", "initial_min_groups_per_packed_sequence",
+    "initial_max_groups_per_packed_sequence", "vllm_pressure_over_ratio",
+    "vllm_metric_interval_s",
+)
+
+
+def _field(config: Any, name: str, default: Any) -> Any:
+    value = getattr(config, name, None)
+    if value is None:
+        extra = getattr(config, "model_extra", None) or {}
+        value = extra.get(name, default)
+    return value
+
+
+def initial_runtime(config: Any) -> dict[str, int | None]:
+    """The runtime settings a tuned run starts from, before any saved profile.
+
+    Workers: `initial_model_calls_per_inference_gpu` (art_trio does not know how many
+    inference GPUs serve the model: one is assumed), within `max_rollout_workers`. Batch
+    sizes: `initial_min/max_groups_per_packed_sequence` (one packed sequence per step).
+    """
+    workers = min(int(_field(config, "initial_model_calls_per_inference_gpu", 8)),
+                  int(_field(config, "max_rollout_workers", 1024)))
+    max_batch = int(_field(config, "initial_max_groups_per_packed_sequence", 8))
+    min_batch = min(int(_field(config, "initial_min_groups_per_packed_sequence", 8)), max_batch)
+    return {"num_rollout_workers": workers, "min_batch_size": min_batch,
+            "max_batch_size": max_batch, "queue_maxsize": None}
+
+
+def policy_for(config: Any, runtime: dict[str, Any]) -> AutotunePolicy:
+    """The policy an `autotune=` config asks for, starting at `runtime`.
+
+    art_trio's own knobs (`target_utilization`, `min_rollout_workers`) are read where the
+    config carries them (art_trio's replica keeps extra fields; ART's own class drops them).
+    """
+    return AutotunePolicy(
+        num_rollout_workers=int(runtime["num_rollout_workers"]),
+        min_batch_size=int(runtime["min_batch_size"]),
+        max_batch_size=int(runtime["max_batch_size"]),
+        target=float(_field(config, "target_utilization", DEFAULT_TARGET_UTILIZATION)),
+        min_workers=int(_field(config, "min_rollout_workers", 1)),
+        max_workers=int(_field(config, "max_rollout_workers", 1024)),
+        window_steps=int(_field(config, "window_steps", 4)),
+        warmup_steps=int(_field(config, "warmup_ignore_steps", 3)),
+        drift_windows=int(_field(config, "worker_load_change_windows", 2)),
+        inference_pressure_limit=float(_field(config, "vllm_pressure_over_ratio", 0.8)),
+    )
+
+
+def profile_path(output_dir: str | Path, name: str | None) -> Path:
+    """Where ART keeps a profile: `<model dir>/pipeline_tuner/<name>.json` (or a path)."""
+    name = name or "latest"
+    path = Path(name)
+    if path.is_absolute() or path.suffix == ".json":
+        return path
+    return Path(output_dir) / "pipeline_tuner" / f"{name}.json"
+
+
+def load_profile_settings(path: Path) -> dict[str, int | None]:
+    """The runtime settings saved in a profile (ART's `settings` block, or art_trio's)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    settings = data["settings"]
+    return {name: settings.get(name) for name in
+            ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")}
+
+
+def profile_document(
+    policy: AutotunePolicy, config: Any, *, model_name: str | None, queue_maxsize: int | None
+) -> dict[str, Any]:
+    """The profile saved beside the model: ART's `PipelineAutotunerProfile` shape."""
+    dump = getattr(config, "model_dump", None)
+    return {
+        "schema_version": 1,
+        "model_name": model_name,
+        "backend": "art_trio",
+        "settings": {
+            "num_rollout_workers": policy.num_rollout_workers,
+            "min_batch_size": policy.min_batch_size,
+            "max_batch_size": policy.max_batch_size,
+            "queue_maxsize": queue_maxsize,
+            "target_groups_per_step": policy.max_batch_size,
+        },
+        "config": dump(mode="json") if callable(dump) else {},
+        "decisions": [
+            {k: v for k, v in d.to_dict().items() if k != "window"} for d in policy.decisions
+        ],
+        "notes": [
+            f"art_trio autotuner: fewest workers with trainer utilization >= {policy.target}",
+            f"settled at step {policy.settled_at_step}" if policy.settled_at_step is not None
+            else "not settled when saved",
+        ],
+    }
+
+
+def save_profile(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2, default=_json_default), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return repr(value)
+
+
+def _ceil(value: float) -> int:
+    return max(1, math.ceil(value - 1e-9))
+
+
+__all__ = [
+    "DEFAULT_TARGET_UTILIZATION",
+    "HONOURED_FIELDS",
+    "initial_runtime",
+    "load_profile_settings",
+    "policy_for",
+    "profile_document",
+    "profile_path",
+    "save_profile",
+    "AutotuneConfig",
+    "AutotunePolicy",
+    "Decision",
+    "InferenceLoad",
+    "Window",
+    "measure",
+    "parse_vllm_metrics",
+]

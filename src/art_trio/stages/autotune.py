@@ -1,0 +1,157 @@
+"""The autotune stage: runs `AutotunePolicy` in a live `train()` and applies its decisions.
+
+Started by the trainer when `autotune=PipelineAutotuneConfig(mode="online")`. After each
+trained step (a `StepTrained` event) it takes `trainer.statistics()`, feeds the policy and
+applies a change through `trainer.resize` (the public path). Each decision is logged on the
+`art_trio` logger, written to history.jsonl as `autotune/...` metrics and printed as an
+`[autotune]` line beside the status line; the profile is saved beside the model
+(`pipeline_tuner/<output_name>.json`, ART's place) after each change and at the end. With
+an `inference_metrics_url`, vLLM's running/waiting requests are polled in the background;
+a failed poll is logged once and ignored (the trainer's own measurements suffice).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..autotune import (
+    AutotunePolicy,
+    Decision,
+    InferenceLoad,
+    parse_vllm_metrics,
+    profile_document,
+    save_profile,
+)
+from ..events import RunEvent, RunStatistics, StepTrained
+from ..run import PipelineRun
+from .checkpoints import append_metrics_row
+
+logger = logging.getLogger("art_trio")
+
+
+class AutotuneStage:
+    def __init__(
+        self,
+        run: PipelineRun,
+        policy: AutotunePolicy,
+        config: Any,
+        *,
+        statistics: Callable[[], RunStatistics],
+        resize: Callable[..., RunStatistics],
+        profile: Path,
+    ) -> None:
+        self.run = run
+        self.policy = policy
+        self.config = config
+        self._statistics = statistics
+        self._resize = resize
+        self._profile = profile
+        self._wake = anyio.Event()
+        self.inference: InferenceLoad | None = None
+
+    def _on_event(self, event: RunEvent) -> None:
+        if isinstance(event, StepTrained):
+            self._wake.set()
+
+    async def __call__(self) -> None:
+        run = self.run
+        remove = run.observers.add(self._on_event)
+        url = getattr(self.config, "inference_metrics_url", None)
+        if url is None:
+            url = (getattr(self.config, "model_extra", None) or {}).get("inference_metrics_url")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._wake_at_end)
+                if url:
+                    tg.start_soon(self._poll_inference, url)
+                await self._follow()
+                tg.cancel_scope.cancel()
+        finally:
+            remove()
+            self._save()
+
+    async def _wake_at_end(self) -> None:
+        await self.run.stop.finished.wait()
+        self._wake.set()
+
+    async def _follow(self) -> None:
+        """One observation per wake-up: after a step (or several), until the run ends."""
+        run = self.run
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            if run.stop.finished.is_set():
+                return
+            if run.stopping:
+                continue
+            decision = self.policy.observe(self._statistics(), self.inference)
+            if decision is not None:
+                self._apply(decision)
+
+    def _apply(self, decision: Decision) -> None:
+        if decision.changed:
+            self._resize(
+                num_rollout_workers=decision.num_rollout_workers,
+                min_batch_size=decision.min_batch_size,
+                reason=f"autotune: {decision.reason}",
+            )
+            logger.info("autotune step %d: %s", decision.step, decision.reason)
+            self._save()
+        else:
+            logger.debug("autotune step %d: hold: %s", decision.step, decision.reason)
+        w = decision.window
+        row: dict[str, float] = {
+            "num_rollout_workers": float(decision.num_rollout_workers),
+            "min_batch_size": float(decision.min_batch_size),
+            "changed": float(decision.changed),
+            "settled": float(decision.settled),
+        }
+        if w is not None:
+            row["trainer_utilization"] = w.utilization
+            row["rollout_s_per_trained_group"] = w.rollout_s_per_group
+        append_metrics_row(self.run, "autotune/", decision.step, row)
+        if decision.changed:
+            self.run.status.write_line(
+                f"[autotune] step={decision.step} {decision.action} "
+                f"workers={decision.previous_workers}->{decision.num_rollout_workers} "
+                f"min_batch={decision.min_batch_size} reason={decision.reason}"
+            )
+
+    def _save(self) -> None:
+        try:
+            save_profile(
+                self._profile,
+                profile_document(
+                    self.policy, self.config, model_name=getattr(self.run.model, "name", None),
+                    queue_maxsize=self.run.settings.queue_maxsize,
+                ),
+            )
+        except OSError as exc:
+            logger.warning("autotune: could not save the profile to %s: %s", self._profile, exc)
+
+    async def _poll_inference(self, url: str) -> None:
+        import httpx
+
+        interval = float(getattr(self.config, "vllm_metric_interval_s", 1.0) or 1.0)
+        warned = False
+        async with httpx.AsyncClient(timeout=interval) as client:
+            while True:
+                try:
+                    response = await client.get(url)
+                    response.raise_for_status()
+                    self.inference = parse_vllm_metrics(response.text)
+                except (httpx.HTTPError, ValueError) as exc:
+                    self.inference = None
+                    if not warned:
+                        logger.warning("autotune: inference metrics at %s unreadable (%s); "
+                                       "tuning from the trainer's own measurements", url, exc)
+                        warned = True
+                await anyio.sleep(interval)
+
+
+__all__ = ["AutotuneStage"]

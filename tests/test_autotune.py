@@ -1,0 +1,220 @@
+"""The autotuner: the pure policy on synthetic statistics, the stage in a simulated run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from art_trio import PipelineTrainer, trio_native
+from art_trio.autotune import (
+    AutotuneConfig,
+    AutotunePolicy,
+    InferenceLoad,
+    initial_runtime,
+    parse_vllm_metrics,
+    profile_path,
+)
+from art_trio.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
+from art_trio.events import RunStatistics
+from art_trio.sim.distributions import Constant, Exponential
+from art_trio.sim.doubles import make_rollout_fn
+from art_trio.sim.recorder import Recorder
+from art_trio.sim.workloads import PRESETS
+from tests.doubles import RecordingBackend, scenarios
+
+# -- the pure policy ------------------------------------------------------------------------
+
+
+def _stats(steps: int, *, t: float, train: float, workers: int) -> RunStatistics:
+    return RunStatistics(
+        running=True, collapsed=False, policy_version=steps, steps=steps,
+        num_rollout_workers=workers, min_batch_size=8, max_batch_size=8, queue_capacity=8,
+        rollouts_in_flight=0, groups_queued=0, taken=8 * steps, trained=8 * steps, stale=0,
+        stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
+        rollouts_started=8 * steps, rollouts_lost=0, elapsed_s=t, train_s=train,
+        since_first_step_s=t, trainer_utilization=train / t if t else None,
+        rollout_s_spent=0.05 * 8 * steps, rollout_latency_s=0.05, step_period_s=0.1,
+        staleness={},
+    )
+
+
+class FakeRun:
+    """A run whose utilization is a function of the worker count (a toy trainer)."""
+
+    def __init__(self, policy: AutotunePolicy, utilization: Any) -> None:
+        self.policy, self.utilization = policy, utilization
+        self.steps, self.t, self.train = 0, 0.0, 0.0
+
+    def step(self) -> Any:
+        self.steps += 1
+        self.train += 0.1
+        self.t += 0.1 / self.utilization(self.policy.num_rollout_workers)
+        return self.policy.observe(
+            _stats(self.steps, t=self.t, train=self.train, workers=self.policy.num_rollout_workers)
+        )
+
+
+def _policy(workers: int, **kw: Any) -> AutotunePolicy:
+    return AutotunePolicy(num_rollout_workers=workers, min_batch_size=8, max_batch_size=8,
+                          min_window_groups=0, **kw)
+
+
+@pytest.mark.parametrize("start", [1, 4, 256])
+def test_settles_on_the_fewest_workers_that_feed_the_trainer(start):
+    # Utilization 1.0 from 12 workers up, 0.08 per worker missing below.
+    run = FakeRun(_policy(start), lambda n: 1.0 if n >= 12 else max(0.05, 1 - 0.08 * (12 - n)))
+    decisions = [d for d in (run.step() for _ in range(200)) if d is not None]
+    assert run.policy.num_rollout_workers == 12
+    assert run.policy.settled_at_step is not None and run.policy.settled_at_step < 120
+    assert all(d.reason for d in decisions)
+    # Settled: only holds from there on.
+    after = [d for d in decisions if d.step > run.policy.settled_at_step]
+    assert after and not any(d.changed for d in after)
+
+
+def test_noise_inside_the_band_does_not_move_it():
+    run = FakeRun(_policy(12), lambda n: 0.94)  # between target - band and target
+    decisions = [d for d in (run.step() for _ in range(100)) if d is not None]
+    assert decisions and not any(d.changed for d in decisions)
+    assert all("band" in d.reason for d in decisions)
+
+
+def test_drift_moves_a_settled_count_up_after_sustained_starvation():
+    needed = {"n": 6}
+    run = FakeRun(_policy(6), lambda n: 1.0 if n >= needed["n"] else 0.5)
+    for _ in range(60):
+        run.step()
+    settled = run.policy.num_rollout_workers
+    assert settled == 6
+    needed["n"] = 12  # rollouts got twice as slow
+    first = None
+    for _ in range(200):
+        d = run.step()
+        if d is not None and first is None:
+            first = d
+    assert first is not None and not first.changed and "drift?" in first.reason
+    assert run.policy.num_rollout_workers == 12
+
+
+def test_a_saturated_inference_server_stops_growth():
+    policy = _policy(4)
+    run = FakeRun(policy, lambda n: 0.5)
+    loaded = InferenceLoad(running=8, waiting=16)
+    decisions = []
+    for _ in range(40):
+        run.steps += 1
+        run.train += 0.1
+        run.t += 0.2
+        d = policy.observe(_stats(run.steps, t=run.t, train=run.train, workers=4), loaded)
+        if d is not None:
+            decisions.append(d)
+    assert decisions and not any(d.changed for d in decisions)
+    assert "saturated" in decisions[-1].reason
+
+
+def test_lowers_min_batch_size_at_the_worker_cap():
+    run = FakeRun(_policy(4, max_workers=4), lambda n: 0.5)
+    decisions = [d for d in (run.step() for _ in range(30)) if d is not None]
+    assert decisions[0].action == "lower_min_batch_size"
+    assert run.policy.min_batch_size < 8
+
+
+def test_bad_targets_raise():
+    with pytest.raises(ValueError):
+        _policy(4, target=1.5)
+    with pytest.raises(ValueError):
+        _policy(4, min_workers=5, max_workers=4)
+
+
+def test_parse_vllm_metrics():
+    text = (
+        "# HELP vllm:num_requests_running Number of requests running\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 7.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 3.0\n'
+        'vllm:num_requests_waiting{model_name="m"} 5.0\n'
+    )
+    load = parse_vllm_metrics(text)
+    assert load == InferenceLoad(running=10.0, waiting=5.0)
+    assert load.pressure == 0.5
+    assert parse_vllm_metrics("nothing here\n") is None
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def test_autotune_and_runtime_settings_together_raise_arts_error(model, backend):
+    for extra in ({"pipeline": PipelineRuntimeConfig()}, {"num_rollout_workers": 4}):
+        with pytest.raises(ValueError, match="autotuner owns"):
+            PipelineTrainer(model, backend, trio_native(_never), [], None,
+                            autotune=PipelineAutotuneConfig(mode="online"), **extra)
+
+
+def test_online_mode_starts_from_the_configs_initial_sizes(model, backend):
+    cfg = AutotuneConfig(mode="online", initial_model_calls_per_inference_gpu=6,
+                         initial_min_groups_per_packed_sequence=2,
+                         initial_max_groups_per_packed_sequence=5)
+    trainer = PipelineTrainer(model, backend, trio_native(_never), [], None, autotune=cfg)
+    assert (trainer.num_rollout_workers, trainer.min_batch_size, trainer.max_batch_size) == (
+        6, 2, 5)
+    assert initial_runtime(PipelineAutotuneConfig(mode="online"))["num_rollout_workers"] == 8
+
+
+def test_profile_mode_needs_a_saved_profile(model, backend):
+    with pytest.raises(FileNotFoundError, match="saved profile"):
+        PipelineTrainer(model, backend, trio_native(_never), [], None,
+                        autotune=PipelineAutotuneConfig(mode="profile"))
+
+
+async def _never(model: Any, scenario: Any, config: Any) -> Any:
+    raise AssertionError("not called")
+
+
+# -- the stage in a real run (virtual time) ----------------------------------------------
+
+
+async def test_online_run_tunes_logs_and_saves_a_profile_that_profile_mode_reads(
+    model, autojump_clock, caplog
+):
+    backend = RecordingBackend(train_seconds=0.1)
+    object.__setattr__(model, "_backend", backend)
+    workload = replace(PRESETS["plenty-off1"], rollout_latency=Exponential(0.05),
+                       train_time=Constant(0.1))
+    rollout = trio_native(make_rollout_fn(workload, Recorder(detailed=False)))
+    cfg = AutotuneConfig(mode="online", initial_model_calls_per_inference_gpu=64)
+    trainer = PipelineTrainer(model, backend, rollout, _endless(), None, autotune=cfg,
+                              max_steps_off_policy=1, max_steps=80, resume=False,
+                              log_interval_seconds=1e9)
+    caplog.set_level("INFO", logger="art_trio")
+    await trainer.train(handle_signals=False)
+    ids = [sid for call in backend.calls for sid in call.scenario_ids]
+    assert len(ids) == len(set(ids))
+    final = trainer.statistics()
+    assert final.num_rollout_workers < 64  # it came down from 64
+    assert any("autotune step" in r.getMessage() for r in caplog.records)
+    out = Path(model._get_output_dir())
+    rows = [json.loads(x) for x in (out / "history.jsonl").open()]
+    tuned = [r for r in rows if "autotune/num_rollout_workers" in r]
+    assert tuned and any(r["autotune/changed"] for r in tuned)
+    path = profile_path(out, "latest")
+    assert path == out / "pipeline_tuner" / "latest.json"
+    profile = json.loads(path.read_text())
+    saved = profile["settings"]["num_rollout_workers"]
+    assert saved == final.num_rollout_workers
+    assert profile["decisions"] and all(d["reason"] for d in profile["decisions"])
+    again = PipelineTrainer(model, backend, rollout, _endless(), None,
+                            autotune=PipelineAutotuneConfig(mode="profile"))
+    assert again.num_rollout_workers == saved
+
+
+def _endless() -> Any:
+    i = 0
+    while True:
+        yield {"id": i, "metadata": {"scenario_id": i}}
+        i += 1
+
+
+_ = scenarios  # the shared doubles module (imported for its fixtures' side effects)
