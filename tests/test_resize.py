@@ -102,9 +102,11 @@ async def test_shrink_workers_mid_run(model, autojump_clock):
         await trio.sleep(1.5)
         assert trainer.statistics().num_rollout_workers == 2
         roll.reset_peak()
+        started = roll.started
         await trio.sleep(5)
         assert roll.peak <= 2
-        assert roll.running >= 1
+        # The two left keep rolling out (an instant's count may catch both at the gate).
+        assert roll.started > started
     _check_accounting(trainer, backend)
     assert trainer.last_counters.taken == 80
 
