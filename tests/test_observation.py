@@ -170,13 +170,18 @@ async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
 ) -> None:
     """The run freezes what existed before it (see trainer._long_lived_objects_frozen) and
-    hands it back; a host's own freeze is left alone."""
+    hands it back; objects frozen by someone else (the host; on Python 3.12+ the interpreter
+    itself at start-up) make it leave the collector alone."""
     seen: list[int] = []
     trainer = _trainer(model, backend, max_steps=1)
     trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))
-    assert gc.get_freeze_count() == 0
+    before = gc.get_freeze_count()
     await trainer.train(handle_signals=False)
-    assert min(seen) > 0 and gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == before
+    if before:
+        assert set(seen) == {before}  # someone else's freeze: not touched
+        return  # (and not ours to unfreeze for the check below)
+    assert min(seen) > 0  # frozen during the run
     gc.freeze()
     try:
         await _trainer(model, backend, max_steps=1).train(handle_signals=False)

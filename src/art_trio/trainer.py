@@ -698,7 +698,10 @@ def _long_lived_objects_frozen() -> Iterator[None]:
     third of the bridged path's CPU (benchmarks/README.md). Objects from before `train()` are
     modules, the model and the user's own: frozen for the run (freed by reference counting
     as ever; only cyclic garbage among them waits) and handed back to the collector after.
-    Skipped if something else froze objects already (it may rely on its own freeze).
+    Skipped if objects are frozen already: the host's own freeze (it may rely on it), or on
+    Python 3.12+ the interpreter's from start-up (a few hundred; unfreezing those is not the
+    trainer's to do), so the gain is Python 3.11's until a way to freeze without the blanket
+    unfreeze exists.
     """
     if gc.get_freeze_count() or not gc.isenabled():
         yield
