@@ -143,8 +143,8 @@ class GateMachine(RuleBasedStateMachine):
         self.gate.hand_over(rollout.version)
         self.queued += 1
         if withdraw:
-            # The send into the channel was cancelled.
-            self.gate.withdraw()
+            # The send into the channel was cancelled: the group leaves the queue untrained.
+            self.gate.group_discarded()
             self.queued -= 1
 
     @rule(seconds=st.floats(0.0, 30.0), completed=st.booleans())

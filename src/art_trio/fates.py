@@ -98,13 +98,6 @@ class RunCounters:
 
     A histogram, not a list per group, so a run of a million groups costs no more memory."""
 
-    @property
-    def settled(self) -> int:
-        """Scenarios whose fate is recorded."""
-        return (
-            self.trained + self.stale + self.zero_variance + self.errored + self.dropped_at_stop
-        )
-
 
 class FateRecord:
     """Records each scenario's fate once and tells everyone who follows fates."""

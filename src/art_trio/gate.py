@@ -325,15 +325,11 @@ class PolicyGate:
         self._release(version)
         self.queued += 1
 
-    def withdraw(self) -> None:
-        """A hand-over was cancelled before the group entered the channel."""
-        self.queued -= 1
-        self._pump()
-
     # -- the training side ---------------------------------------------------------------
 
     def group_discarded(self) -> None:
-        """The trainer discarded a delivered group (stale or zero variance)."""
+        """A handed-over group left the queue untrained: discarded by the trainer (stale, zero
+        variance), or dropped at stop (a cancelled hand-over, or left in the channel)."""
         self.queued -= 1
         self._pump()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
@@ -169,21 +169,14 @@ class PipelineRun:
         if emit is not None:
             emit(event)
 
-    def resize(
-        self, *, num_rollout_workers: int, min_batch_size: int, max_batch_size: int,
-        queue_maxsize: int,
-    ) -> None:
-        """New sizes (checked by the trainer); the rollout stage starts or retires workers."""
-        before = self.settings
-        self.settings = replace(
-            before, num_rollout_workers=num_rollout_workers, min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size, queue_maxsize=queue_maxsize,
-        )
-        self.gate.max_batch_size = max_batch_size
-        if self.settings.groups_capacity != before.groups_capacity:
-            if self.resize_queue is not None:
-                self.resize_queue(self.settings.groups_capacity)
-        self.status.set_workers(num_rollout_workers)
+    def resize(self, settings: PipelineSettings) -> None:
+        """The run's sizes change to `settings`' (validated); the trainer has the rollout
+        stage start or retire workers."""
+        before, self.settings = self.settings, settings
+        self.gate.max_batch_size = settings.max_batch_size
+        if settings.groups_capacity != before.groups_capacity and self.resize_queue is not None:
+            self.resize_queue(settings.groups_capacity)
+        self.status.set_workers(settings.num_rollout_workers)
         self.gate.admissions_changed()
 
     # -- stopping ------------------------------------------------------------------------

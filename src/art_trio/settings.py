@@ -232,9 +232,15 @@ def build_settings(
 ) -> PipelineSettings:
     """The constructor's values with their aliases and derived defaults resolved, validated
     (ValueError on a bad value; see CHECKS)."""
-    # The reference checks max_batch_size before it defaults it to 10 * min_batch_size.
-    if max_batch_size is not None and max_batch_size <= 0:
-        raise ValueError("max_batch_size must be > 0")
+    min_batch_size = values["min_batch_size"]
+    settings = PipelineSettings(
+        # The reference checks a given max_batch_size before defaulting it (CHECKS' order).
+        max_batch_size=(
+            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)
+        ),
+        eval_at_start=eval_step_0 if eval_at_start is None else eval_at_start,
+        **values,
+    )
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.
     if eval_at_start is not None and not eval_step_0 and eval_at_start:
@@ -242,11 +248,4 @@ def build_settings(
             "eval_at_start and eval_step_0 disagree (eval_at_start is the newer name of "
             "eval_step_0): pass only one of them"
         )
-    min_batch_size = values["min_batch_size"]
-    return PipelineSettings(
-        max_batch_size=(
-            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)
-        ),
-        eval_at_start=eval_step_0 if eval_at_start is None else eval_at_start,
-        **values,
-    )
+    return settings

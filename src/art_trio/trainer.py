@@ -185,9 +185,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         explicit_workers = num_rollout_workers is not None or (
             "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
         )
-        runtime["num_rollout_workers"] = _fit_executor(
-            rollout_executor, runtime["num_rollout_workers"], explicit=explicit_workers
-        )
+        workers = runtime["num_rollout_workers"]
+        if workers is not None:  # (always set: a default or a validated config field)
+            runtime["num_rollout_workers"] = _fit_executor(
+                rollout_executor, workers, explicit=explicit_workers
+            )
         self.settings = build_settings(
             **runtime,
             max_steps_off_policy=max_steps_off_policy,
@@ -499,30 +501,38 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         the constructor checks them (ValueError); before `train()` they change the settings
         the next run starts with. Returns the statistics after the change.
         """
-        s = self._run.settings if self._run is not None else self.settings
-        workers = s.num_rollout_workers if num_rollout_workers is None else num_rollout_workers
-        min_batch = s.min_batch_size if min_batch_size is None else min_batch_size
-        max_batch = s.max_batch_size if max_batch_size is None else max_batch_size
-        queue = s.groups_capacity if queue_maxsize is None else queue_maxsize
-        _check_sizes(workers, min_batch, max_batch, queue)
-        workers = _fit_executor(
-            self.rollout_executor, workers, explicit=num_rollout_workers is not None
-        ) or workers
         run = self._run
-        if run is None:
-            self.settings = replace(
-                s, num_rollout_workers=workers, min_batch_size=min_batch,
-                max_batch_size=max_batch,
-                queue_maxsize=s.queue_maxsize if queue_maxsize is None else queue_maxsize,
-            )
-            return self.statistics()
-        run.resize(
-            num_rollout_workers=workers, min_batch_size=min_batch, max_batch_size=max_batch,
-            queue_maxsize=queue,
+        s = run.settings if run is not None else self.settings
+        workers = _fit_executor(
+            self.rollout_executor,
+            s.num_rollout_workers if num_rollout_workers is None else num_rollout_workers,
+            explicit=num_rollout_workers is not None,
         )
+        # Checked by PipelineSettings itself (ValueError), as the constructor's values are. A
+        # running channel has a capacity now, which stays unless a new one is given.
+        current_queue = s.groups_capacity if run is not None else s.queue_maxsize
+        resized = replace(
+            s,
+            num_rollout_workers=workers,
+            min_batch_size=s.min_batch_size if min_batch_size is None else min_batch_size,
+            max_batch_size=s.max_batch_size if max_batch_size is None else max_batch_size,
+            queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,
+        )
+        if run is None:
+            self.settings = resized
+            return self.statistics()
+        run.resize(resized)
         if self._rollouts is not None:
-            self._rollouts.resize(workers)
-        run.emit(Resized(workers, min_batch, max_batch, queue, reason))
+            self._rollouts.resize(resized.num_rollout_workers)
+        run.emit(
+            Resized(
+                resized.num_rollout_workers,
+                resized.min_batch_size,
+                resized.max_batch_size,
+                resized.groups_capacity,
+                reason,
+            )
+        )
         return self.statistics()
 
     def request_stop(self, *, force: bool = False) -> None:
@@ -734,23 +744,9 @@ def _autotune_start(
     return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
 
 
-def _check_sizes(workers: int, min_batch: int, max_batch: int, queue: int) -> None:
-    if workers <= 0:
-        raise ValueError("num_rollout_workers must be > 0")
-    if min_batch <= 0:
-        raise ValueError("min_batch_size must be > 0")
-    if max_batch < min_batch:
-        raise ValueError(
-            f"max_batch_size must be >= min_batch_size (got {max_batch} < {min_batch}); "
-            "resize both together"
-        )
-    if queue <= 0:
-        raise ValueError("queue_maxsize must be > 0")
-
-
-def _fit_executor(executor: object | None, workers: int | None, *, explicit: bool) -> int | None:
+def _fit_executor(executor: object | None, workers: int, *, explicit: bool) -> int:
     """The worker count an executor can host: ART's error if asked for more, else clamped."""
-    if executor is None or workers is None:
+    if executor is None:
         return workers
     if not isinstance(executor, RolloutExecutor):
         raise TypeError(

@@ -42,16 +42,7 @@ def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, floa
         return
     # ART 0.5.18 stamps its checkpoint rows with the run's wall clock; 0.5.23 no longer
     # does, although its models still record `_run_start_time` (see compat.py).
-    started = getattr(run.model, "_run_start_time", None) if CHECKPOINT_ROW_WALL_CLOCK else None
-    row["training_step"] = step
-    if isinstance(started, (int, float)):
-        row["time/wall_clock_sec"] = time.time() - started
-    row["step"] = step
-    row["recorded_at"] = datetime.now().isoformat()
-    out = _output_dir(run)
-    os.makedirs(out, exist_ok=True)
-    with open(out / "history.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+    _append_history_row(run, row, step, wall_clock=CHECKPOINT_ROW_WALL_CLOCK)
 
 
 def append_metrics_row(
@@ -63,7 +54,17 @@ def append_metrics_row(
         for k, v in metrics.items()
         if not (isinstance(v, float) and not math.isfinite(v))
     }
+    _append_history_row(run, row, step)
+
+
+def _append_history_row(
+    run: PipelineRun, row: dict[str, Any], step: int, *, wall_clock: bool = False
+) -> None:
+    """Stamp `row` with its step (and the run's wall clock) and append it to history.jsonl."""
+    started = getattr(run.model, "_run_start_time", None) if wall_clock else None
     row["training_step"] = step
+    if isinstance(started, (int, float)):
+        row["time/wall_clock_sec"] = time.time() - started
     row["step"] = step
     row["recorded_at"] = datetime.now().isoformat()
     out = _output_dir(run)
