@@ -611,9 +611,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             executor=self.rollout_executor,
             observers=self._observers,
         )
-        if self.rollout_executor is not None:
-            self.rollout_executor.set_target(settings.num_rollout_workers)
-            self.rollout_executor.set_workers(tuple(range(settings.num_rollout_workers)))
         run.score_references = self._score_references
         # The resolved prefix is skipped by the rollout stage's first take, where a stop
         # reaches it (a slow source can take long to skip).

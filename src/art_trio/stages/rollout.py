@@ -69,8 +69,8 @@ class RolloutStage:
         self._workers: TaskGroup | None = None
         self._live: set[int] = set()
         self._target = 0
+        #: The next worker's id: ids are never reused, so one > 0 means workers were started.
         self._next_id = 0
-        self._started_any = False
 
     async def __call__(self) -> None:
         run = self.run
@@ -95,12 +95,11 @@ class RolloutStage:
             # would leave at once, and the task group may already be closed to new tasks.
             return
         while len(self._live) < workers:
-            if not self._live and self._started_any:
+            if not self._live and self._next_id > 0:
                 return  # every worker has left: the task group is closing
             worker_id = self._next_id
             self._next_id += 1
             self._live.add(worker_id)
-            self._started_any = True
             self._workers.start_soon(self._worker, worker_id, self._send.clone())
         extra = len(self._live) - workers
         if extra > 0:
@@ -109,6 +108,7 @@ class RolloutStage:
         self.run.workers_running = len(self._live)
         executor = self.run.executor
         if executor is not None:
+            # The one place the executor learns the worker count (at start and on a resize).
             executor.set_target(workers)
             executor.set_workers(tuple(sorted(self._live)))
 
