@@ -695,6 +695,12 @@ def _channel_resizer(send: MemoryObjectSendStream[Any]) -> Callable[[int], None]
     return resize
 
 
+#: Objects the interpreter itself froze at start-up. CPython 3.12 reports a few hundred
+#: (static tuples; 3.11 and 3.13 report none); they count as nobody's freeze, so a run may
+#: freeze and unfreeze over them. Elsewhere any frozen object is someone's to keep.
+_FROZEN_BY_INTERPRETER = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) else 0
+
+
 @contextmanager
 def _long_lived_objects_frozen() -> Iterator[None]:
     """Keep the cyclic garbage collector off what existed before the run, for the run.
@@ -705,12 +711,11 @@ def _long_lived_objects_frozen() -> Iterator[None]:
     third of the bridged path's CPU (benchmarks/README.md). Objects from before `train()` are
     modules, the model and the user's own: frozen for the run (freed by reference counting
     as ever; only cyclic garbage among them waits) and handed back to the collector after.
-    Skipped if objects are frozen already: the host's own freeze (it may rely on it), or on
-    Python 3.12+ the interpreter's from start-up (a few hundred; unfreezing those is not the
-    trainer's to do), so the gain is Python 3.11's until a way to freeze without the blanket
-    unfreeze exists.
+    Skipped if the host froze objects itself (it may rely on that: `gc.unfreeze()` releases
+    every frozen object). On Python 3.12 the interpreter's own start-up freeze is not the
+    host's: the run's unfreeze hands those few hundred tuples to the collector as well.
     """
-    if gc.get_freeze_count() or not gc.isenabled():
+    if gc.get_freeze_count() > _FROZEN_BY_INTERPRETER or not gc.isenabled():
         yield
         return
     gc.freeze()
