@@ -173,7 +173,8 @@ async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
     hands it back; objects the host froze make it leave the collector alone. Python 3.12's
     own start-up freeze is not the host's: the run freezes over it and releases it too."""
     before = gc.get_freeze_count()
-    assert before <= art_trio.trainer._FROZEN_BY_INTERPRETER  # nobody froze anything in this test process
+    # Nobody froze anything in this test process (3.12's own start-up freeze aside).
+    assert before <= art_trio.trainer._FROZEN_BY_INTERPRETER
     seen: list[int] = []
     trainer = _trainer(model, backend, max_steps=1)
     trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))

@@ -1,4 +1,5 @@
-"""Inference contention and latency shifts in the simulator, all in virtual time (MockClock).
+"""Inference contention, latency shifts and the trainer's CPU in the simulator, all in virtual
+time (MockClock).
 
 The processor-sharing server's latencies are computed by hand: with capacity C and n
 requests in flight each progresses at min(1, C / n) seconds of service per second.
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 import trio_asyncio
 
 from art_trio.sim.distributions import Constant, Exponential
 from art_trio.sim.doubles import make_rollout_fn
+from art_trio.sim.host import HostCPU
 from art_trio.sim.inference import LatencyShift, ProcessorSharing
 from art_trio.sim.recorder import Recorder, StepRecord
 from art_trio.sim.simulate import SimSpec, simulate
@@ -161,6 +164,51 @@ def test_the_rollout_double_applies_a_latency_shift_after_the_given_step() -> No
     assert took == [pytest.approx(10.0), pytest.approx(10.0), pytest.approx(20.0)]
 
 
+def test_the_host_cpu_serves_one_charge_at_a_time_in_order() -> None:
+    cpu = HostCPU()
+
+    async def main() -> list[float]:
+        done: list[float] = []
+
+        async def use(seconds: float) -> None:
+            await cpu.spend(seconds)
+            done.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            for seconds in (1.0, 2.0, 0.5):
+                nursery.start_soon(use, seconds)
+                await trio.lowlevel.checkpoint()  # start them in this order
+        cpu.charge(3.0)  # booked without waiting (a cancelled rollout's clean-up)
+        await use(1.0)  # waits behind it
+        return done
+
+    assert _run(main) == [pytest.approx(t) for t in (1.0, 3.0, 3.5, 7.5)]
+
+
+def test_the_rollout_double_pays_cpu_on_one_core_at_start_and_end() -> None:
+    # 4 rollouts of 10 s started together, 1 s of CPU each (0.5 s at start, 0.5 s at the
+    # end): the starts queue for the core (0.5, 1.0, 1.5, 2.0); the ends queue behind each
+    # other as they come back (10.5 -> 11.0, 11.0 -> 11.5, ...).
+    recorder = Recorder()
+    rollout = make_rollout_fn(_workload(rollout_cpu_s=1.0), recorder)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(rollout, None, {"id": i}, None)
+                await trio.lowlevel.checkpoint()
+
+    _run(main)
+    assert [recorder.rollout_start[i] for i in range(4)] == [
+        pytest.approx(t) for t in (0.5, 1.0, 1.5, 2.0)
+    ]
+    assert [recorder.rollout_end[i] for i in range(4)] == [
+        pytest.approx(t) for t in (11.0, 11.5, 12.0, 12.5)
+    ]
+    with pytest.raises(ValueError, match="rollout_cpu_s"):
+        _workload(rollout_cpu_s=-1.0)
+
+
 # --- end to end, through the real trainer --------------------------------------------------------
 
 # As test_simulator.HAND: 8 workers, batch 4, on-policy, rollouts 10 s, train 20 s, 5 steps.
@@ -234,7 +282,14 @@ def test_cli_inference_capacity_and_latency_shift(capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out)["sim_wall_s"] == pytest.approx(200.0)
     assert main([*fast, "--latency-shift", "2:2"]) == 0
     assert json.loads(capsys.readouterr().out)["sim_wall_s"] == pytest.approx(180.0)
-    bad_args = (["--inference-capacity", "0"], ["--latency-shift", "2"], ["--latency-shift", "x:2"])
+    # The on-policy race of HAND with 1 s of CPU per rollout: slower than free CPU.
+    assert main([*fast, "--rollout-cpu", "1s"]) == 0
+    with_cpu = json.loads(capsys.readouterr().out)
+    assert with_cpu["sim_wall_s"] > 150.0 and with_cpu["spec"]["rollout_cpu_s"] == 1.0
+    bad_args = (
+        ["--inference-capacity", "0"], ["--latency-shift", "2"], ["--latency-shift", "x:2"],
+        ["--rollout-cpu", "fast"],
+    )
     for bad in bad_args:
         with pytest.raises(SystemExit) as exc:
             main([*fast, *bad])

@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from art_trio.sim.distributions import parse_seconds
 from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
@@ -66,6 +67,13 @@ def _distribution(text: str) -> Any:
     try:
         return parse_distribution(text)
     except (ValueError, OSError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
@@ -172,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollouts started after STEP train steps take FACTOR x their drawn latency "
         "(e.g. 100:2: latency doubles from step 100 on)",
     )
+    w.add_argument(
+        "--rollout-cpu",
+        type=_seconds,
+        default=0.0,
+        metavar="DURATION",
+        help="CPU the trainer's process spends per rollout (starting it, finishing or "
+        "cancelling it), served one at a time on one core; 0 (default) makes it free, as "
+        "virtual time does. 'art-trio bench' measures it (CPU per trained group); e.g. 40us",
+    )
 
     t = parser.add_argument_group("trainer settings (unset: PipelineTrainer's defaults)")
     for flag, dest, kind, text in _SETTING_FLAGS:
@@ -252,6 +269,7 @@ def _spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> SimSpec:
             trainer=trainer,
             inference_capacity=args.inference_capacity,
             latency_shift=args.latency_shift,
+            rollout_cpu_s=args.rollout_cpu,
         )
     except ValueError as exc:
         parser.error(str(exc))

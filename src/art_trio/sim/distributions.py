@@ -184,12 +184,13 @@ def draws_for(dist: LatencyDist, seed: Sequence[int]) -> Callable[[int], float]:
     return IndexedDraws(dist.sample_n, seed).__getitem__
 
 
-_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s|min|m|h)?\s*$")
 
 
 def parse_seconds(text: str) -> float:
-    """``"30"``, ``"30s"``, ``"500ms"``, ``"2m"``/``"2min"``, ``"1.5h"`` -> seconds."""
+    """``"30"``, ``"30s"``, ``"500ms"``, ``"40us"``, ``"2m"``/``"2min"``, ``"1.5h"`` ->
+    seconds."""
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 500ms, 2m, 1.5h)")

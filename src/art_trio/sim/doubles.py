@@ -20,6 +20,7 @@ from typing import Any
 import art
 
 from art_trio.sim.distributions import IndexedDraws, LatencyDist, draws_for
+from art_trio.sim.host import HostCPU
 from art_trio.sim.inference import ProcessorSharing
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import Workload
@@ -118,19 +119,31 @@ def make_rollout_fn(
     wait: Callable[[float], Awaitable[None]] = sleep
     if workload.inference_capacity is not None:
         wait = ProcessorSharing(workload.inference_capacity, flavor=flavor).serve
+    # The trainer process's CPU per rollout, half on starting it, half on its end (finished
+    # or cancelled); zero: CPU is free, as virtual time makes it by default.
+    cpu = HostCPU(flavor=flavor) if workload.rollout_cpu_s > 0 else None
+    half_cpu = workload.rollout_cpu_s / 2
 
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
         scenario_id = int(scenario["id"])
+        if cpu is not None:
+            await cpu.spend(half_cpu)
         recorder.rollout_started(scenario_id, now())
         seconds = latency(scenario_id)
         if shift is not None:
             seconds *= shift.scale(len(recorder.steps))
+        served = False
         try:
             await wait(seconds)
+            served = True
+            if cpu is not None:
+                await cpu.spend(half_cpu)  # booked at once: a cancel meanwhile owes nothing
         except BaseException:
             # Cancelled mid-rollout (a trainer dropping a doomed rollout, or shutdown): the
             # inference time spent so far is still spent, so it is recorded.
             recorder.rollout_cancelled(scenario_id, now())
+            if cpu is not None and not served:
+                cpu.charge(half_cpu)  # the cancellation's own clean-up
             raise
         u = uniform(scenario_id)
         if u < workload.failure_prob:

@@ -148,10 +148,15 @@ class SimSpec:
     inference_capacity: int | None = None
     #: Rollouts started after ``after_steps`` train steps take ``factor`` x their draw.
     latency_shift: LatencyShift | None = None
+    #: CPU seconds the trainer's process spends per rollout, on one core (FIFO; see
+    #: :mod:`art_trio.sim.host`). 0: CPU is free, as virtual time makes it otherwise.
+    rollout_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.inference_capacity is not None and self.inference_capacity <= 0:
             raise ValueError("inference_capacity must be > 0")
+        if self.rollout_cpu_s < 0:
+            raise ValueError("rollout_cpu_s must be >= 0")
         if self.steps is None and self.scenarios is None:
             raise ValueError("a simulation needs steps or scenarios (or both) to end")
         if self.steps is not None and self.steps < 0:
@@ -192,6 +197,8 @@ class SimSpec:
             parts.append(f"inference capacity {self.inference_capacity}")
         if self.latency_shift is not None:
             parts.append(self.latency_shift.describe())
+        if self.rollout_cpu_s:
+            parts.append(f"CPU {self.rollout_cpu_s * 1e6:g} us/rollout")
         if self.steps is not None:
             parts.append(f"{self.steps} steps")
         if self.scenarios is not None:
@@ -215,6 +222,7 @@ class SimSpec:
             "latency_shift": (
                 None if self.latency_shift is None else asdict(self.latency_shift)
             ),
+            "rollout_cpu_s": self.rollout_cpu_s,
         }
 
 
@@ -441,6 +449,7 @@ async def _drive(
         scenarios=spec.scenarios,
         inference_capacity=spec.inference_capacity,
         latency_shift=spec.latency_shift,
+        rollout_cpu_s=spec.rollout_cpu_s,
     )
     trainer: PipelineTrainer[Any, Any] = PipelineTrainer(
         model,

@@ -64,12 +64,17 @@ class Workload:
     inference_capacity: int | None = None
     #: Rollouts started after some train steps take a multiple of their draw.
     latency_shift: LatencyShift | None = None
+    #: CPU seconds the trainer's process spends per rollout (start and end), on one core
+    #: (:class:`~art_trio.sim.host.HostCPU`); 0: free, as virtual time makes it otherwise.
+    rollout_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers <= 0 or self.min_batch <= 0 or self.max_batch < self.min_batch:
             raise ValueError(f"invalid workload {self.name!r}")
         if self.inference_capacity is not None and self.inference_capacity <= 0:
             raise ValueError("inference_capacity must be > 0 (or None)")
+        if self.rollout_cpu_s < 0:
+            raise ValueError("rollout_cpu_s must be >= 0")
         if not 0 <= self.zero_variance_prob + self.failure_prob <= 1:
             raise ValueError("zero_variance_prob + failure_prob must be within [0, 1]")
         if self.trajectories_per_group < 2:
@@ -96,6 +101,7 @@ class Workload:
                 else ""
             )
             + (f"{self.latency_shift.describe()}, " if self.latency_shift is not None else "")
+            + (f"CPU {self.rollout_cpu_s * 1e6:g} us/rollout, " if self.rollout_cpu_s else "")
             + (f"{self.steps} steps" if self.steps is not None else f"{self.scenarios} scenarios")
         )
 
