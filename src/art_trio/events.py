@@ -60,7 +60,8 @@ class GroupReceived:
 
 @dataclass(frozen=True, slots=True)
 class ChannelClosed:
-    """The trainer stopped receiving; `groups_left` were still in the channel (dropped)."""
+    """The trainer stopped receiving; `groups_left` were still in the channel's buffer (dropped,
+    as are the groups of senders blocked on it and those taken out but not yet trained)."""
 
     groups_left: int
 

@@ -101,6 +101,10 @@ class TrainingStage:
         resumed run rolls it again."""
         left = self.ready
         self.ready = []
+        # What the event reports: the channel's own buffer (observers bound its occupancy
+        # with it). The drain below also takes the groups of senders blocked on a full
+        # channel, and the ready pool's were taken out of it already.
+        in_channel = self._receive.statistics().current_buffer_used
         while True:
             try:
                 left.append(self._receive.receive_nowait())
@@ -109,7 +113,7 @@ class TrainingStage:
         self._receive.close()
         for item in left:
             self.run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
-        self.run.emit(ChannelClosed(len(left)))
+        self.run.emit(ChannelClosed(in_channel))
 
     async def _train_until_done(self) -> None:
         run = self.run
