@@ -8,6 +8,7 @@ functions, which the mutation tests replace with broken ones).
 
 from __future__ import annotations
 
+import math
 from typing import NoReturn
 
 from .harness import ERROR_KINDS, Case, CaseResult, RunRecord, is_resolved
@@ -29,8 +30,15 @@ def fail(tag: str, message: str) -> NoReturn:
     raise AssertionError(f"[{tag}] {message}")
 
 
+#: Set by the mutation tests (test_mutants.py): only this invariant's failures count. A
+#: broken variant may break several invariants, and which fires first on the examples drawn
+#: moves with unrelated code (Hypothesis also draws from literals in art_trio's own source);
+#: each mutation test asks that the invariant made for its variant catches it.
+only: str | None = None
+
+
 def expect(condition: bool, tag: str, message: str) -> None:
-    if not condition:
+    if not condition and (only is None or only == tag):
         fail(tag, message)
 
 
@@ -94,17 +102,22 @@ def source_exhausted(result: CaseResult, run: RunRecord) -> bool:
 
 def check_batch_bounds(result: CaseResult) -> None:
     """min <= len(batch) <= max, except a final batch at source exhaustion or after a stop."""
-    cfg = result.case.config
     for run in result.runs:
         for k, call in enumerate(run.calls):
             size = len(call.scenario_ids)
+            # With live resizes: the bounds of any sizes in force while this batch gathered
+            # (a resize at the very moment of taking may count or not).
+            since = run.calls[k - 1].started_at if k else -math.inf
+            in_force = run.sizes_between(since, call.started_at)
+            max_batch_size = max(s.max_batch_size for s in in_force)
+            min_batch_size = min(s.min_batch_size for s in in_force)
             expect(
-                1 <= size <= cfg.max_batch_size,
+                1 <= size <= max_batch_size,
                 BATCH_BOUNDS,
                 f"run {run.index} step {call.step}: batch of {size} groups "
-                f"(max_batch_size={cfg.max_batch_size})",
+                f"(max_batch_size={max_batch_size})",
             )
-            if size >= cfg.min_batch_size:
+            if size >= min_batch_size:
                 continue
             last = k == len(run.calls) - 1
             stopped = run.stop_requested_at is not None and run.stop_requested_at <= (
@@ -114,7 +127,7 @@ def check_batch_bounds(result: CaseResult) -> None:
                 last and (stopped or source_exhausted(result, run)),
                 BATCH_BOUNDS,
                 f"run {run.index} step {call.step}: batch of {size} < min_batch_size="
-                f"{cfg.min_batch_size}, but it is {'the last' if last else 'not the last'} "
+                f"{min_batch_size}, but it is {'the last' if last else 'not the last'} "
                 f"batch, the source is {'' if source_exhausted(result, run) else 'not '}"
                 f"exhausted and {'a' if stopped else 'no'} stop was requested",
             )
@@ -470,16 +483,26 @@ def check_collapse(result: CaseResult) -> None:
 
 def check_capacity(result: CaseResult) -> None:
     """The groups channel never holds more than queue_maxsize or max(1, M * max_batch)."""
-    capacity = result.case.config.channel_capacity
     for run in result.runs:
         # The structural half: anyio enforces the bound the channel is built with, so it must
         # be built with this one (the occupancy below only shows it when a run fills it).
+        # Live resizes change it; a smaller capacity leaves what is queued in place, so the
+        # occupancy is bounded by the largest capacity the run had.
+        first = run.sizes[0].channel_capacity if run.sizes else None
         expect(
-            run.channel_max_buffer_size == capacity,
+            first == result.case.config.channel_capacity,
             CAPACITY,
-            f"run {run.index}: the groups channel was built with max_buffer_size="
-            f"{run.channel_max_buffer_size}; its capacity is {capacity}",
+            f"run {run.index}: the groups channel was built with capacity {first}; the "
+            f"configuration's is {result.case.config.channel_capacity}",
         )
+        final = run.sizes[-1].channel_capacity if run.sizes else None
+        expect(
+            run.channel_max_buffer_size == final,
+            CAPACITY,
+            f"run {run.index}: the groups channel ended with max_buffer_size="
+            f"{run.channel_max_buffer_size}; the capacity in force was {final}",
+        )
+        capacity = max(s.channel_capacity for s in run.sizes)
         expect(
             run.max_channel_used <= capacity,
             CAPACITY,

@@ -155,6 +155,27 @@ class Config:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """One `trainer.resize` call: the worker count, and maybe new batch and queue sizes."""
+
+    at: float
+    num_rollout_workers: int
+    #: None: unchanged (min and max are drawn together, min <= max).
+    batch_sizes: tuple[int, int] | None = None
+    queue_maxsize: int | None = None
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes in force from virtual time `since` on (in one run)."""
+
+    since: float
+    min_batch_size: int
+    max_batch_size: int
+    channel_capacity: int
+
+
+@dataclass(frozen=True)
 class Case:
     """One generated scenario: a configuration and everything the doubles will do."""
 
@@ -167,9 +188,9 @@ class Case:
     stop_at: float | None = None
     #: For resume cases: when the second run is stopped (None: it runs to its end).
     second_stop_at: float | None = None
-    #: Live resizes: (virtual time, num_rollout_workers), applied by `trainer.resize` in each
-    #: run (one due before `train()` starts or after it ends changes the settings only).
-    resizes: tuple[tuple[float, int], ...] = ()
+    #: Live resizes, applied by `trainer.resize` in each run at their virtual time (one due
+    #: before `train()` starts or after it ends changes the settings only).
+    resizes: tuple[Resize, ...] = ()
 
     def virtual_time_bound(self) -> float:
         """A generous upper bound on a run's virtual duration, for the no-deadlock property.
@@ -267,6 +288,13 @@ class RunRecord:
     #: The persisted state after the run, as a new trainer would read it.
     state_after: PipelineState | None = None
     calls: list[TrainCall] = field(default_factory=list)
+    #: The sizes in force, the first from before the run, then one per live resize.
+    sizes: list[Sizes] = field(default_factory=list)
+
+    def sizes_between(self, start: float, end: float) -> list[Sizes]:
+        """Every set of sizes in force at some moment of [start, end]."""
+        before = [s for s in self.sizes if s.since <= start][-1:]
+        return before + [s for s in self.sizes if start < s.since <= end]
 
     @property
     def trained_ids(self) -> list[int]:
@@ -462,15 +490,24 @@ async def _drive(
     record: RunRecord,
     stop_at: float | None,
     bound: float,
-    resizes: tuple[tuple[float, int], ...] = (),
+    resizes: tuple[Resize, ...] = (),
 ) -> None:
+    s = trainer.settings
+    record.sizes.append(Sizes(-math.inf, s.min_batch_size, s.max_batch_size, s.groups_capacity))
     async with trio.open_nursery() as nursery:
         if resizes:
 
             async def resizer() -> None:
-                for at, workers in sorted(resizes):
-                    await trio.sleep_until(at)
-                    trainer.resize(num_rollout_workers=workers, reason="property test")
+                for r in sorted(resizes, key=lambda r: r.at):
+                    await trio.sleep_until(r.at)
+                    min_batch, max_batch = r.batch_sizes or (None, None)
+                    stats = trainer.resize(
+                        num_rollout_workers=r.num_rollout_workers, min_batch_size=min_batch,
+                        max_batch_size=max_batch, queue_maxsize=r.queue_maxsize,
+                        reason="property test",
+                    )
+                    record.sizes.append(Sizes(trio.current_time(), stats.min_batch_size,
+                                              stats.max_batch_size, stats.queue_capacity))
 
             nursery.start_soon(resizer)
         if stop_at is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .harness import Case, Config, RolloutPlan
+from .harness import Case, Config, Resize, RolloutPlan
 
 durations = st.one_of(
     st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0]),
@@ -83,6 +83,21 @@ def configs(
 
 
 @st.composite
+def resizes_(draw: st.DrawFn) -> Resize:
+    """A live resize: a new worker count, maybe new batch sizes, maybe a new queue size."""
+    batch_sizes = None
+    if draw(st.booleans()):
+        min_batch = draw(st.integers(1, 3))
+        batch_sizes = (min_batch, min_batch + draw(st.integers(0, 3)))
+    return Resize(
+        at=draw(durations),
+        num_rollout_workers=draw(st.integers(1, 6)),
+        batch_sizes=batch_sizes,
+        queue_maxsize=draw(st.one_of(st.none(), st.integers(1, 6))),
+    )
+
+
+@st.composite
 def cases(
     draw: st.DrawFn,
     *,
@@ -105,11 +120,7 @@ def cases(
     train_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3)))
     eval_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3))) if evals else None
     stop_at = draw(st.one_of(st.none(), durations)) if stop else None
-    resizes = (
-        tuple(draw(st.lists(st.tuples(durations, st.integers(1, 6)), min_size=1, max_size=4)))
-        if resize
-        else ()
-    )
+    resizes = tuple(draw(st.lists(resizes_(), min_size=1, max_size=4))) if resize else ()
     return Case(
         config=config,
         plans=plans,

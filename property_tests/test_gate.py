@@ -42,6 +42,19 @@ DOOMED = "doomed rollouts are exactly those with version < min_fresh_version"
 TOTAL = "an admission decision is always made (never raises)"
 
 
+#: Set by the mutation tests (test_mutants.py): only this invariant's failures count. A
+#: broken variant may break several invariants, and which fires first moves with unrelated
+#: code (Hypothesis also draws from literals in art_trio's own source); each mutation test
+#: asks that the invariant made for its variant catches it.
+only: str | None = None
+
+
+def require(condition: bool, message: str) -> None:
+    """`assert condition, message`, where `message` starts with its invariant's tag."""
+    if not condition and (only is None or message.startswith(f"[{only}]")):
+        raise AssertionError(message)
+
+
 def reference_allows(policy_version: int, next_training_step: int, m: int) -> bool:
     """The reference's gate: a rollout may start iff policy_version >= next - M."""
     return policy_version >= next_training_step - m
@@ -107,17 +120,19 @@ class GateMachine(RuleBasedStateMachine):
         allows = reference_allows(self.policy, self.next, self.m)
         if not self.gate.may_start():
             if self.eager:
-                assert not allows, (
+                require(
+                    not allows,
                     f"[{ADMISSION_BOUND}] the eager gate refused though policy_version="
-                    f"{self.policy} >= next_training_step={self.next} - M={self.m}"
+                    f"{self.policy} >= next_training_step={self.next} - M={self.m}",
                 )
             return
         version = trio.run(self.gate.admit)
-        assert allows, (
+        require(
+            allows,
             f"[{ADMISSION_BOUND}] admitted a rollout with policy_version={self.policy}, "
-            f"next_training_step={self.next}, max_steps_off_policy={self.m}"
+            f"next_training_step={self.next}, max_steps_off_policy={self.m}",
         )
-        assert version == self.policy, f"[{VERSIONS}] admitted at {version}, not {self.policy}"
+        require(version == self.policy, f"[{VERSIONS}] admitted at {version}, not {self.policy}")
         self.rollouts.append(Rollout(version))
 
     @precondition(lambda self: any(r.scope is None for r in self.rollouts))
@@ -180,31 +195,36 @@ class GateMachine(RuleBasedStateMachine):
     @invariant()
     def in_flight_counts_never_negative(self) -> None:
         counts = dict(self.gate._in_flight)
-        assert all(n >= 0 for n in counts.values()), f"[{IN_FLIGHT}] {counts}"
+        require(all(n >= 0 for n in counts.values()), f"[{IN_FLIGHT}] {counts}")
         expected: dict[int, int] = {}
         for r in self.rollouts:
             expected[r.version] = expected.get(r.version, 0) + 1
-        assert {v: n for v, n in counts.items() if n} == expected, (
-            f"[{IN_FLIGHT}] gate counts {counts}, rollouts admitted and not ended {expected}"
+        require(
+            {v: n for v, n in counts.items() if n} == expected,
+            f"[{IN_FLIGHT}] gate counts {counts}, rollouts admitted and not ended {expected}",
         )
-        assert self.gate.in_flight == len(self.rollouts), f"[{IN_FLIGHT}]"
+        require(self.gate.in_flight == len(self.rollouts), f"[{IN_FLIGHT}]")
 
     @invariant()
     def queued_never_negative(self) -> None:
-        assert self.gate.queued >= 0, f"[{QUEUED}] queued={self.gate.queued}"
-        assert self.gate.queued == self.queued, (
+        require(self.gate.queued >= 0, f"[{QUEUED}] queued={self.gate.queued}")
+        require(
+            self.gate.queued == self.queued,
             f"[{QUEUED}] gate.queued={self.gate.queued}, groups handed over and not yet "
-            f"discarded or trained: {self.queued}"
+            f"discarded or trained: {self.queued}",
         )
 
     @invariant()
     def versions_in_order(self) -> None:
         g = self.gate
-        assert (g.policy_version, g.next_training_step) == (self.policy, self.next), (
+        require(
+            (g.policy_version, g.next_training_step) == (self.policy, self.next),
             f"[{VERSIONS}] gate ({g.policy_version}, {g.next_training_step}), "
-            f"expected ({self.policy}, {self.next})"
+            f"expected ({self.policy}, {self.next})",
         )
-        assert g.policy_version <= g.next_training_step <= g.policy_version + 1, f"[{VERSIONS}]"
+        require(
+            g.policy_version <= g.next_training_step <= g.policy_version + 1, f"[{VERSIONS}]"
+        )
 
     @invariant()
     def doomed_rollouts_are_those_below_min_fresh_version(self) -> None:
@@ -213,10 +233,11 @@ class GateMachine(RuleBasedStateMachine):
             if r.scope is None:
                 continue
             doomed = self.doomed_cancelled and r.version < floor
-            assert r.scope.cancel_called == doomed, (
+            require(
+                r.scope.cancel_called == doomed,
                 f"[{DOOMED}] rollout at version {r.version} with next_training_step="
                 f"{self.next}, M={self.m} (min fresh version {floor}): "
-                f"{'cancelled' if r.scope.cancel_called else 'not cancelled'}"
+                f"{'cancelled' if r.scope.cancel_called else 'not cancelled'}",
             )
 
     @invariant()
@@ -226,9 +247,10 @@ class GateMachine(RuleBasedStateMachine):
         floor = self.next - self.m
         snap = self.gate.snapshot()
         fresh = sum(r.version >= floor for r in self.rollouts)
-        assert (snap.fresh_in_flight, snap.queued) == (fresh, self.queued), (
+        require(
+            (snap.fresh_in_flight, snap.queued) == (fresh, self.queued),
             f"[{IN_FLIGHT}] snapshot fresh_in_flight={snap.fresh_in_flight} queued="
-            f"{snap.queued}, expected {fresh} and {self.queued}"
+            f"{snap.queued}, expected {fresh} and {self.queued}",
         )
 
     @invariant()
