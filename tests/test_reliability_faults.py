@@ -770,15 +770,22 @@ def test_sigint_during_the_initial_state_load_is_a_clean_stop(
         return real_read(self)
 
     monkeypatch.setattr(StateStore, "read", read)
-    before = signal.getsignal(signal.SIGINT)
-    trainer = _trainer(model, backend, max_steps=3)
-    trio.run(functools.partial(trainer.train, handle_signals=True))
-    assert backend.train_started == 0
-    assert "during start-up" in caplog.text
-    assert signal.getsignal(signal.SIGINT) is before
-    # Without signal handling the host gets the KeyboardInterrupt itself, not a group.
-    with pytest.raises(KeyboardInterrupt):
-        trio.run(functools.partial(trainer.train, handle_signals=False))
+    # The premise: a host with Python's own SIGINT handler (trio turns it into its
+    # KeyboardInterrupt delivery only then). An earlier test in the session can leave another
+    # one installed (seen once in a full run under load: the SIGINT went to it and the run
+    # trained all 3 steps), so it is set here and put back after.
+    host = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        trainer = _trainer(model, backend, max_steps=3)
+        trio.run(functools.partial(trainer.train, handle_signals=True))
+        assert backend.train_started == 0
+        assert "during start-up" in caplog.text
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # Without signal handling the host gets the KeyboardInterrupt itself, not a group.
+        with pytest.raises(KeyboardInterrupt):
+            trio.run(functools.partial(trainer.train, handle_signals=False))
+    finally:
+        signal.signal(signal.SIGINT, host)
 
 
 async def test_after_a_second_signal_the_hosts_handlers_are_back(
