@@ -17,10 +17,28 @@ window at the target moves down (halfway to `low`, or by Little's law's estimate
 rollouts in flight the trainer needs). When `high` is the next count above `low` (or within
 `settle_fraction` of it) the search has settled and holds. Hysteresis:
 
-- a window right after a change is not judged (`skip_steps_after_change`), and a window
-  only counts as "starved" below `target - band`; between the two it holds;
-- a settled count is given up only after `drift_windows` starved windows in a row (the
-  workload changed: rollouts got slower), and the bracket is then searched again above.
+- a window right after a change is not judged (`skip_steps_after_change`);
+- a window counts as "fed" only at `target + band` or more and as "starved" below `target`;
+  between the two it holds. The band lies above the target so that the count the search
+  settles on was seen with a margin, and its windows' noise stays at or above the target;
+- a count once seen feeding the trainer is given up only for drift (the workload changed:
+  rollouts got slower), and only when the utilization at this count, averaged over
+  `drift_horizon` windows (an exponentially weighted mean), is below the target too: after
+  `drift_windows` windows in a row more than `drift_margin` below the target (a clear
+  drop: the search resumes, sized by the shortfall), or from `drift_span` windows at this
+  count on (a slow slide: a notch up). A single window a little under the target is noise
+  (4-step windows of exponential latencies vary by a few hundredths) and moves nothing; the
+  average's noise shrinks with the horizon, so a count that feeds the trainer is not given up
+  by chance late in a long run.
+
+Where no worker count reaches the target (the staleness bound or the train step itself holds
+the trainer back, not the workers), more workers only wait: the search stops growing at
+`little_factor` times the rollouts in flight Little's law says the trainer's pace needs, and
+a starved run above that comes down to it and holds there. That count becomes a ceiling
+(Little's estimate moves by tens of percent from window to window; a ceiling that moved with
+it would have the count flap), lifted only when the estimate outgrows it twice over (the
+rollouts got slower). (On-policy races are not cut by
+this: their cancelled racers lower the yield, which raises Little's estimate with them.)
 
 Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
 stops it adding workers that would only wait in the server's queue.
@@ -132,14 +150,24 @@ class AutotunePolicy:
     min_window_groups: int = 64
     #: Steps after a change before a window starts (they still ran at the old size).
     skip_steps_after_change: int = 1
-    #: A window is "starved" only below `target - band` (between: hold).
+    #: A window is "fed" only at `target + band` or more, "starved" below `target` (between:
+    #: hold).
     band: float = 0.02
     #: Settled when `high - low <= max(1, settle_fraction * high)`.
     settle_fraction: float = 0.1
-    #: Starved windows in a row at a settled count before the search resumes above it.
+    #: Windows in a row more than `drift_margin` below the target at a count once seen
+    #: feeding the trainer before the search resumes above it...
     drift_windows: int = 2
+    drift_margin: float = 0.04
+    #: ...or, from `drift_span` windows at this count on, their average (exponentially
+    #: weighted over `drift_horizon` windows) below the target.
+    drift_span: int = 4
+    drift_horizon: int = 8
     #: Workers per rollout Little's law asks for, times this, is the first guess.
     headroom: float = 1.5
+    #: Workers per rollout Little's law asks for, times this, is the most a starved trainer
+    #: is given: beyond it, workers are not what it lacks.
+    little_factor: float = 4.0
     #: Waiting/running requests at the inference server above which adding workers only
     #: queues them there (only with an `InferenceLoad`).
     inference_pressure_limit: float = 0.8
@@ -155,9 +183,15 @@ class AutotunePolicy:
         #: Largest count seen to starve the trainer, smallest seen to feed it.
         self.low: int | None = None
         self.high: int | None = None
+        #: Most workers given while starved: `little_factor` x Little's law, once reached.
+        self.ceiling: int | None = None
         self._start: RunStatistics | None = None
         self._skip = self.warmup_steps
         self._starved_in_a_row = 0
+        #: Windows judged at the current count and their weighted mean utilization (reset
+        #: on every change).
+        self._here = 0
+        self._here_utilization = 1.0
         self.settled_at_step: int | None = None
 
     # -- the one entry point ---------------------------------------------------------------
@@ -179,6 +213,9 @@ class AutotunePolicy:
             return None
         window = measure(self._start, stats, self.num_rollout_workers)
         self._start = stats
+        self._here += 1
+        weight = max(1 / self._here, 1 / self.drift_horizon)
+        self._here_utilization += weight * (window.utilization - self._here_utilization)
         decision = self._decide(window, stats.steps, inference)
         self.decisions.append(decision)
         if decision.changed:
@@ -186,6 +223,8 @@ class AutotunePolicy:
             self.min_batch_size = decision.min_batch_size
             self._skip = self.skip_steps_after_change
             self._start = None if self._skip > 0 else stats
+            self._here = 0
+            self._starved_in_a_row = 0
             self.settled_at_step = None
         elif decision.settled and self.settled_at_step is None:
             self.settled_at_step = stats.steps
@@ -195,19 +234,22 @@ class AutotunePolicy:
 
     def _decide(self, w: Window, step: int, inference: InferenceLoad | None) -> Decision:
         n = self.num_rollout_workers
-        if w.utilization >= self.target:
+        if w.utilization < self.target - self.drift_margin:
+            self._starved_in_a_row += 1
+        else:
             self._starved_in_a_row = 0
+        if w.utilization >= self.target + self.band:
             self.high = n if self.high is None else min(self.high, n)
             if self.low is not None and self.low >= n:
                 self.low = None  # fed now at a count once seen starving: the load eased
             return self._fed(w, step, n)
-        if w.utilization >= self.target - self.band:
+        if w.utilization >= self.target:
             return self._hold(w, step, n, f"utilization {w.utilization:.3f} inside the band "
-                              f"[{self.target - self.band:.2f}, {self.target:.2f})")
+                              f"[{self.target:.2f}, {self.target + self.band:.2f})")
         return self._starved(w, step, n, inference)
 
     def _fed(self, w: Window, step: int, n: int) -> Decision:
-        util = f"utilization {w.utilization:.3f} >= {self.target:.2f} at {n} workers"
+        util = f"utilization {w.utilization:.3f} >= {self.target + self.band:.2f} at {n} workers"
         if self._closed(n):
             return self._hold(w, step, n, f"{util}; settled ({self._bracket()})", settled=True)
         if self.low is not None:
@@ -227,15 +269,38 @@ class AutotunePolicy:
     def _starved(
         self, w: Window, step: int, n: int, inference: InferenceLoad | None
     ) -> Decision:
-        util = f"utilization {w.utilization:.3f} < {self.target - self.band:.2f} at {n} workers"
+        util = f"utilization {w.utilization:.3f} < {self.target:.2f} at {n} workers"
+        slide = False
         if self.high is not None and self.high <= n:
             # A count once seen feeding the trainer starves it now: drift, or noise.
-            self._starved_in_a_row += 1
-            if self._starved_in_a_row < self.drift_windows:
+            drift = self._drift()
+            if drift is None:
                 return self._hold(w, step, n, f"{util}; drift? ({self._starved_in_a_row}/"
-                                  f"{self.drift_windows} windows)")
+                                  f"{self.drift_windows} windows below "
+                                  f"{self.target - self.drift_margin:.2f}; average of "
+                                  f"{self._here} windows here "
+                                  f"{self._here_utilization:.3f})")
+            util = f"{util}; drift: {drift}"
+            # A slow slide (the average, not a clear drop): a notch more is the next thing
+            # to try, not a jump sized by one window's shortfall.
+            slide = self._starved_in_a_row < self.drift_windows
             self.high = None
-        self._starved_in_a_row = 0
+        cap = _ceil(self.little_factor * w.workers_needed) if w.workers_needed else None
+        if self.ceiling is not None:
+            if cap is not None and cap > 2 * self.ceiling:
+                self.ceiling = None  # the pace needs far more in flight: rollouts got slower
+            else:
+                cap = self.ceiling
+        if cap is not None and n >= cap:
+            # Far more in flight than the trainer's pace needs, and still starved: the
+            # staleness bound or the train step holds it back. Fewer workers feed it as well.
+            self.ceiling = cap = max(self.min_workers, cap)
+            why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
+                   f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
+                   "feed it")
+            if cap < n:
+                return self._change(w, step, n, cap, "decrease_workers", why)
+            return self._hold(w, step, n, why, settled=True)
         self.low = n if self.low is None else max(self.low, n)
         if inference is not None and inference.pressure > self.inference_pressure_limit:
             return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
@@ -250,15 +315,37 @@ class AutotunePolicy:
         if self.high is not None:
             up = max(n + 1, (n + self.high + 1) // 2)
             why = f"{util}; halfway up to {self.high} (fed)"
+        elif slide:
+            up = n + max(1, math.floor(self.settle_fraction * n))
+            why = f"{util}; a notch up"
         else:
-            scaled = _ceil(n * min(2.0, 1.1 * self.target / max(w.utilization, 0.05)))
+            # By the shortfall as if utilization grew in proportion to workers, but by a
+            # quarter at least: it does not near the target (an on-policy race gains ~0.03
+            # per doubling there), and small steps there cost a window each.
+            scaled = _ceil(n * min(2.0, max(1.25, 1.1 * self.target / max(w.utilization, 0.05))))
             guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else 0
             up = max(n + 1, scaled, min(guess, 4 * n))
             why = f"{util}; scaled by the shortfall" + (
                 f", Little's law needs ~{w.workers_needed:.1f}" if w.workers_needed else "")
+        if cap is not None and up > cap:
+            up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _drift(self) -> str | None:
+        """Why the windows at this count say the workload changed, or None (noise so far)."""
+        # Either way the average at this count must be below the target too: two unlucky
+        # windows in a row at a count that feeds the trainer are not drift.
+        if self._here_utilization >= self.target:
+            return None
+        average = f"average utilization {self._here_utilization:.3f} over {self._here} windows"
+        if self._starved_in_a_row >= self.drift_windows:
+            return (f"{self._starved_in_a_row} windows in a row below "
+                    f"{self.target - self.drift_margin:.2f}, {average}")
+        if self._here >= self.drift_span:
+            return average
+        return None
 
     def _closed(self, n: int) -> bool:
         low = self.low if self.low is not None else self.min_workers - 1
