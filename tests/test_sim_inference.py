@@ -24,6 +24,7 @@ from art_trio.sim.inference import LatencyShift, ProcessorSharing
 from art_trio.sim.recorder import Recorder, StepRecord
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.sim.workloads import PRESETS, TUNING_WORKLOADS, Workload
+from tests.test_simulator import HAND
 
 
 def _run(fn: Any) -> Any:
@@ -211,19 +212,8 @@ def test_the_rollout_double_pays_cpu_on_one_core_at_start_and_end() -> None:
 
 # --- end to end, through the real trainer --------------------------------------------------------
 
-# As test_simulator.HAND: 8 workers, batch 4, on-policy, rollouts 10 s, train 20 s, 5 steps.
-# Each step's 8 rollouts start together at the new version and finish together.
-HAND = SimSpec(
-    rollout_latency=Constant(10.0),
-    train_time=Constant(20.0),
-    steps=5,
-    trainer={
-        "num_rollout_workers": 8,
-        "min_batch_size": 4,
-        "max_batch_size": 4,
-        "max_steps_off_policy": 0,
-    },
-)
+# test_simulator's hand-computed run: 8 workers, batch 4, on-policy, rollouts 10 s, train
+# 20 s, 5 steps. Each step's 8 rollouts start together at the new version and finish together.
 
 
 def test_simulated_contention_slows_the_run_as_computed_by_hand() -> None:
