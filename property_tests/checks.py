@@ -30,10 +30,11 @@ def fail(tag: str, message: str) -> NoReturn:
     raise AssertionError(f"[{tag}] {message}")
 
 
-#: Set by the mutation tests (test_mutants.py): only this invariant's failures count. A
-#: broken variant may break several invariants, and which fires first on the examples drawn
-#: moves with unrelated code (Hypothesis also draws from literals in art_trio's own source);
-#: each mutation test asks that the invariant made for its variant catches it.
+#: Set by the mutation tests (test_mutants.py): only this invariant's failures count, here
+#: and in the gate state machine (test_gate.py). A broken variant may break several
+#: invariants, and which fires first on the examples drawn moves with unrelated code
+#: (Hypothesis also draws from literals in art_trio's own source); each mutation test asks
+#: that the invariant made for its variant catches it.
 only: str | None = None
 
 
@@ -488,14 +489,13 @@ def check_capacity(result: CaseResult) -> None:
         # be built with this one (the occupancy below only shows it when a run fills it).
         # Live resizes change it; a smaller capacity leaves what is queued in place, so the
         # occupancy is bounded by the largest capacity the run had.
-        first = run.sizes[0].channel_capacity if run.sizes else None
+        first, final = run.sizes[0].channel_capacity, run.sizes[-1].channel_capacity
         expect(
             first == result.case.config.channel_capacity,
             CAPACITY,
             f"run {run.index}: the groups channel was built with capacity {first}; the "
             f"configuration's is {result.case.config.channel_capacity}",
         )
-        final = run.sizes[-1].channel_capacity if run.sizes else None
         expect(
             run.channel_max_buffer_size == final,
             CAPACITY,

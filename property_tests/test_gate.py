@@ -34,25 +34,14 @@ from art_trio.batching import (
 )
 from art_trio.gate import GateSnapshot, PolicyGate
 
+from .checks import expect
+
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
 IN_FLIGHT = "in-flight counts never negative, and match the rollouts admitted"
 QUEUED = "queued never negative, and matches the groups handed over"
 VERSIONS = "policy_version <= next_training_step <= policy_version + 1"
 DOOMED = "doomed rollouts are exactly those with version < min_fresh_version"
 TOTAL = "an admission decision is always made (never raises)"
-
-
-#: Set by the mutation tests (test_mutants.py): only this invariant's failures count. A
-#: broken variant may break several invariants, and which fires first moves with unrelated
-#: code (Hypothesis also draws from literals in art_trio's own source); each mutation test
-#: asks that the invariant made for its variant catches it.
-only: str | None = None
-
-
-def require(condition: bool, message: str) -> None:
-    """`assert condition, message`, where `message` starts with its invariant's tag."""
-    if not condition and (only is None or message.startswith(f"[{only}]")):
-        raise AssertionError(message)
 
 
 def reference_allows(policy_version: int, next_training_step: int, m: int) -> bool:
@@ -120,19 +109,21 @@ class GateMachine(RuleBasedStateMachine):
         allows = reference_allows(self.policy, self.next, self.m)
         if not self.gate.may_start():
             if self.eager:
-                require(
+                expect(
                     not allows,
-                    f"[{ADMISSION_BOUND}] the eager gate refused though policy_version="
+                    ADMISSION_BOUND,
+                    f"the eager gate refused though policy_version="
                     f"{self.policy} >= next_training_step={self.next} - M={self.m}",
                 )
             return
         version = trio.run(self.gate.admit)
-        require(
+        expect(
             allows,
-            f"[{ADMISSION_BOUND}] admitted a rollout with policy_version={self.policy}, "
+            ADMISSION_BOUND,
+            f"admitted a rollout with policy_version={self.policy}, "
             f"next_training_step={self.next}, max_steps_off_policy={self.m}",
         )
-        require(version == self.policy, f"[{VERSIONS}] admitted at {version}, not {self.policy}")
+        expect(version == self.policy, VERSIONS, f"admitted at {version}, not {self.policy}")
         self.rollouts.append(Rollout(version))
 
     @precondition(lambda self: any(r.scope is None for r in self.rollouts))
@@ -195,35 +186,45 @@ class GateMachine(RuleBasedStateMachine):
     @invariant()
     def in_flight_counts_never_negative(self) -> None:
         counts = dict(self.gate._in_flight)
-        require(all(n >= 0 for n in counts.values()), f"[{IN_FLIGHT}] {counts}")
+        expect(all(n >= 0 for n in counts.values()), IN_FLIGHT, f"{counts}")
         expected: dict[int, int] = {}
         for r in self.rollouts:
             expected[r.version] = expected.get(r.version, 0) + 1
-        require(
+        expect(
             {v: n for v, n in counts.items() if n} == expected,
-            f"[{IN_FLIGHT}] gate counts {counts}, rollouts admitted and not ended {expected}",
+            IN_FLIGHT,
+            f"gate counts {counts}, rollouts admitted and not ended {expected}",
         )
-        require(self.gate.in_flight == len(self.rollouts), f"[{IN_FLIGHT}]")
+        expect(
+            self.gate.in_flight == len(self.rollouts),
+            IN_FLIGHT,
+            f"gate.in_flight={self.gate.in_flight}, rollouts admitted and not "
+            f"ended {len(self.rollouts)}",
+        )
 
     @invariant()
     def queued_never_negative(self) -> None:
-        require(self.gate.queued >= 0, f"[{QUEUED}] queued={self.gate.queued}")
-        require(
+        expect(self.gate.queued >= 0, QUEUED, f"queued={self.gate.queued}")
+        expect(
             self.gate.queued == self.queued,
-            f"[{QUEUED}] gate.queued={self.gate.queued}, groups handed over and not yet "
+            QUEUED,
+            f"gate.queued={self.gate.queued}, groups handed over and not yet "
             f"discarded or trained: {self.queued}",
         )
 
     @invariant()
     def versions_in_order(self) -> None:
         g = self.gate
-        require(
+        expect(
             (g.policy_version, g.next_training_step) == (self.policy, self.next),
-            f"[{VERSIONS}] gate ({g.policy_version}, {g.next_training_step}), "
+            VERSIONS,
+            f"gate ({g.policy_version}, {g.next_training_step}), "
             f"expected ({self.policy}, {self.next})",
         )
-        require(
-            g.policy_version <= g.next_training_step <= g.policy_version + 1, f"[{VERSIONS}]"
+        expect(
+            g.policy_version <= g.next_training_step <= g.policy_version + 1,
+            VERSIONS,
+            f"gate ({g.policy_version}, {g.next_training_step})",
         )
 
     @invariant()
@@ -233,9 +234,10 @@ class GateMachine(RuleBasedStateMachine):
             if r.scope is None:
                 continue
             doomed = self.doomed_cancelled and r.version < floor
-            require(
+            expect(
                 r.scope.cancel_called == doomed,
-                f"[{DOOMED}] rollout at version {r.version} with next_training_step="
+                DOOMED,
+                f"rollout at version {r.version} with next_training_step="
                 f"{self.next}, M={self.m} (min fresh version {floor}): "
                 f"{'cancelled' if r.scope.cancel_called else 'not cancelled'}",
             )
@@ -247,9 +249,10 @@ class GateMachine(RuleBasedStateMachine):
         floor = self.next - self.m
         snap = self.gate.snapshot()
         fresh = sum(r.version >= floor for r in self.rollouts)
-        require(
+        expect(
             (snap.fresh_in_flight, snap.queued) == (fresh, self.queued),
-            f"[{IN_FLIGHT}] snapshot fresh_in_flight={snap.fresh_in_flight} queued="
+            IN_FLIGHT,
+            f"snapshot fresh_in_flight={snap.fresh_in_flight} queued="
             f"{snap.queued}, expected {fresh} and {self.queued}",
         )
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import anyio
@@ -66,6 +67,16 @@ def _gate_one_version_too_old(s: Any) -> bool:
     return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
 
 
+@contextmanager
+def only_invariant(tag: str) -> Iterator[None]:
+    """Only invariant `tag`'s failures count meanwhile (see checks.only)."""
+    checks.only = tag
+    try:
+        yield
+    finally:
+        checks.only = None
+
+
 def counterexample(
     prop: Callable[[Case], None], strategy: st.SearchStrategy[Case], tag: str
 ) -> AssertionError:
@@ -89,14 +100,12 @@ def counterexample(
     def run(case: Case) -> None:
         prop(case)
 
-    checks.only = tag  # the other invariants' failures do not count (checks.only)
     try:
-        run()
+        with only_invariant(tag):
+            run()
     except AssertionError as exc:
         assert f"[{tag}]" in str(exc), f"expected a [{tag}] counterexample, got: {exc}"
         return exc
-    finally:
-        checks.only = None
     pytest.fail(f"Hypothesis found no [{tag}] counterexample against the broken variant")
 
 
@@ -382,27 +391,22 @@ def machine_counterexample(tag: str) -> None:
     """Run the gate state machine; assert Hypothesis finds a run breaking invariant `tag`."""
     from hypothesis.stateful import run_state_machine_as_test
 
-    from . import test_gate
     from .test_gate import GateMachine
 
-    test_gate.only = tag  # the other invariants' failures do not count (test_gate.only)
-    try:
-        with pytest.raises(AssertionError, match=re.escape(f"[{tag}]")):
-            run_state_machine_as_test(
-                GateMachine,
-                settings=settings(
-                    max_examples=MACHINE_BUDGET,
-                    derandomize=True,
-                    database=None,
-                    deadline=None,
-                    phases=(Phase.generate,),
-                    report_multiple_bugs=False,
-                    print_blob=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-                ),
-            )
-    finally:
-        test_gate.only = None
+    with only_invariant(tag), pytest.raises(AssertionError, match=re.escape(f"[{tag}]")):
+        run_state_machine_as_test(
+            GateMachine,
+            settings=settings(
+                max_examples=MACHINE_BUDGET,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                phases=(Phase.generate,),
+                report_multiple_bugs=False,
+                print_blob=False,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            ),
+        )
 
 
 def test_gate_machine_catches_admission_one_version_too_old(
