@@ -425,7 +425,9 @@ HONOURED_FIELDS = (
 )
 
 
-def _field(config: Any, name: str, default: Any) -> Any:
+def config_field(config: Any, name: str, default: Any) -> Any:
+    """A field of an autotune config: the attribute, else an extra field kept by pydantic
+    (art_trio's knobs on ART's class), else `default`."""
     value = getattr(config, name, None)
     if value is None:
         extra = getattr(config, "model_extra", None) or {}
@@ -440,10 +442,12 @@ def initial_runtime(config: Any) -> dict[str, int | None]:
     inference GPUs serve the model: one is assumed), within `max_rollout_workers`. Batch
     sizes: `initial_min/max_groups_per_packed_sequence` (one packed sequence per step).
     """
-    workers = min(int(_field(config, "initial_model_calls_per_inference_gpu", 8)),
-                  int(_field(config, "max_rollout_workers", 1024)))
-    max_batch = int(_field(config, "initial_max_groups_per_packed_sequence", 8))
-    min_batch = min(int(_field(config, "initial_min_groups_per_packed_sequence", 8)), max_batch)
+    workers = min(int(config_field(config, "initial_model_calls_per_inference_gpu", 8)),
+                  int(config_field(config, "max_rollout_workers", 1024)))
+    max_batch = int(config_field(config, "initial_max_groups_per_packed_sequence", 8))
+    min_batch = min(
+        int(config_field(config, "initial_min_groups_per_packed_sequence", 8)), max_batch
+    )
     return {"num_rollout_workers": workers, "min_batch_size": min_batch,
             "max_batch_size": max_batch, "queue_maxsize": None}
 
@@ -458,13 +462,13 @@ def policy_for(config: Any, runtime: dict[str, Any]) -> AutotunePolicy:
         num_rollout_workers=int(runtime["num_rollout_workers"]),
         min_batch_size=int(runtime["min_batch_size"]),
         max_batch_size=int(runtime["max_batch_size"]),
-        target=float(_field(config, "target_utilization", DEFAULT_TARGET_UTILIZATION)),
-        min_workers=int(_field(config, "min_rollout_workers", 1)),
-        max_workers=int(_field(config, "max_rollout_workers", 1024)),
-        window_steps=int(_field(config, "window_steps", 4)),
-        warmup_steps=int(_field(config, "warmup_ignore_steps", 3)),
-        drift_windows=int(_field(config, "worker_load_change_windows", 2)),
-        inference_pressure_limit=float(_field(config, "vllm_pressure_over_ratio", 0.8)),
+        target=float(config_field(config, "target_utilization", DEFAULT_TARGET_UTILIZATION)),
+        min_workers=int(config_field(config, "min_rollout_workers", 1)),
+        max_workers=int(config_field(config, "max_rollout_workers", 1024)),
+        window_steps=int(config_field(config, "window_steps", 4)),
+        warmup_steps=int(config_field(config, "warmup_ignore_steps", 3)),
+        drift_windows=int(config_field(config, "worker_load_change_windows", 2)),
+        inference_pressure_limit=float(config_field(config, "vllm_pressure_over_ratio", 0.8)),
     )
 
 

@@ -23,6 +23,7 @@ from ..autotune import (
     AutotunePolicy,
     Decision,
     InferenceLoad,
+    config_field,
     parse_vllm_metrics,
     profile_document,
     save_profile,
@@ -61,9 +62,7 @@ class AutotuneStage:
     async def __call__(self) -> None:
         run = self.run
         remove = run.observers.add(self._on_event)
-        url = getattr(self.config, "inference_metrics_url", None)
-        if url is None:
-            url = (getattr(self.config, "model_extra", None) or {}).get("inference_metrics_url")
+        url = config_field(self.config, "inference_metrics_url", None)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._wake_at_end)
@@ -137,7 +136,7 @@ class AutotuneStage:
     async def _poll_inference(self, url: str) -> None:
         import httpx
 
-        interval = float(getattr(self.config, "vllm_metric_interval_s", 1.0) or 1.0)
+        interval = float(config_field(self.config, "vllm_metric_interval_s", 1.0) or 1.0)
         warned = False
         async with httpx.AsyncClient(timeout=interval) as client:
             while True:
