@@ -1,0 +1,53 @@
+"""The trainer under ``anyio.run``: on asyncio (anyio's default) or on trio, one program.
+
+Under asyncio no trio-asyncio is involved at all: the trainer's stages are anyio tasks on the
+asyncio loop and your asyncio rollout code runs on that loop directly. The trainer is started
+in an anyio task group with ``await tg.start(trainer.train)``, exactly as in a nursery.
+
+    python examples/anyio_run.py             # asyncio
+    python examples/anyio_run.py trio        # the same program on trio
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # keep ART's import offline
+
+import anyio  # noqa: E402
+import art  # noqa: E402
+import sniffio  # noqa: E402
+
+from art_trio import PipelineTrainer  # noqa: E402
+from art_trio.compat import trainable_model  # noqa: E402
+from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
+
+STEPS = 3
+
+
+async def main() -> None:
+    loop = sniffio.current_async_library()
+    model: art.TrainableModel = trainable_model(
+        name=f"anyio-{loop}", project="examples", base_model="cpu-demo"
+    )
+    async with CpuBackend(seed=0) as backend:
+        await model.register(backend)
+        # --8<-- [start:anyio]
+        trainer = PipelineTrainer(
+            model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
+            num_rollout_workers=4, min_batch_size=2, max_steps_off_policy=1,
+            max_steps=STEPS, eval_every_n_steps=0, learning_rate=0.05,
+        )  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            await tg.start(trainer.train)  # every stage runs from here on
+            print(f"training on {loop}: running={trainer.statistics().running}")
+        # --8<-- [end:anyio]
+    print(f"{loop}: trained {trainer.statistics().steps} steps")
+    assert trainer.statistics().steps == STEPS
+
+
+if __name__ == "__main__":
+    # --8<-- [start:run]
+    anyio.run(main, backend=sys.argv[1] if len(sys.argv) > 1 else "asyncio")
+    # --8<-- [end:run]
