@@ -50,7 +50,9 @@ def score(text: str) -> float:
     return {"maybe": 1.0, "no": 0.75, "yes": 0.5}.get(words[0] if words else "", 0.0)
 
 
-async def rollout_fn(model: art.TrainableModel, scenario: dict, _config: None) -> art.TrajectoryGroup:
+async def rollout_fn(
+    model: art.TrainableModel, scenario: dict, _config: None
+) -> art.TrajectoryGroup:
     messages: art.Messages = [{"role": "user", "content": scenario["prompt"]}]
     response = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(), messages=messages, n=GROUP_SIZE, max_tokens=5

@@ -30,7 +30,9 @@ from art_trio.demo.task import reward_for_answer  # noqa: E402
 STEPS = 3
 
 
-async def rollout(model: art.TrainableModel, scenario: dict, config: TaskConfig) -> art.TrajectoryGroup:
+async def rollout(
+    model: art.TrainableModel, scenario: dict, config: TaskConfig
+) -> art.TrajectoryGroup:
     """Runs in a Ray actor, on a copy of the model: ``get_inference_name()`` names the policy
     version current when the rollout started, and ``openai_client()`` reaches its server."""
     messages: art.Messages = [{"role": "user", "content": scenario["prompt"]}]

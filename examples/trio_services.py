@@ -54,6 +54,8 @@ async def serve_health(
         port = listeners[0].socket.getsockname()[1]
         await nursery.start(trio.serve_listeners, answer, listeners)
         task_status.started(port)
+
+
 # --8<-- [end:health]
 
 

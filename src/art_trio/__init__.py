@@ -5,6 +5,8 @@ bound on how stale the trained data may be. The public names are re-exported her
 """
 
 import os
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
 from typing import Any
 
 # Importing ART fetches a model price table from the network unless told to use the copy it
@@ -46,6 +48,12 @@ from .stages.training import BackendStepError
 from .status import StatusReporter
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+
+try:
+    #: The installed distribution's version; pyproject.toml's `version` is the one source.
+    __version__: str = _distribution_version("art-trio")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
