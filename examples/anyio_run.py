@@ -33,12 +33,19 @@ async def main() -> None:
     )
     async with CpuBackend(seed=0) as backend:
         await model.register(backend)
-        # --8<-- [start:anyio]
         trainer = PipelineTrainer(
-            model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
-            num_rollout_workers=4, min_batch_size=2, max_steps_off_policy=1,
-            max_steps=STEPS, eval_every_n_steps=0, learning_rate=0.05,
-        )  # fmt: skip
+            model,
+            backend,
+            rollout,
+            scenarios(0),
+            TaskConfig(),
+            eval_fn,
+            num_rollout_workers=4,
+            min_batch_size=2,
+            max_steps_off_policy=1,
+            max_steps=STEPS,
+        )
+        # --8<-- [start:anyio]
         async with anyio.create_task_group() as tg:
             await tg.start(trainer.train)  # every stage runs from here on
             print(f"training on {loop}: running={trainer.statistics().running}")
@@ -49,5 +56,6 @@ async def main() -> None:
 
 if __name__ == "__main__":
     # --8<-- [start:run]
-    anyio.run(main, backend=sys.argv[1] if len(sys.argv) > 1 else "asyncio")
+    backend = sys.argv[1] if len(sys.argv) > 1 else "asyncio"
+    anyio.run(main, backend=backend)  # "asyncio": no trio-asyncio involved; or "trio"
     # --8<-- [end:run]

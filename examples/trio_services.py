@@ -19,7 +19,6 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # keep ART's import offline
 
-import art  # noqa: E402
 import httpx  # noqa: E402
 import trio  # noqa: E402
 
@@ -59,17 +58,29 @@ async def serve_health(
 # --8<-- [end:health]
 
 
+async def read_health(port: int) -> dict[str, object]:
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"http://127.0.0.1:{port}/health")).json()
+
+
 async def main() -> None:
-    model: art.TrainableModel = trainable_model(
-        name="trio-services", project="examples", base_model="cpu-demo"
-    )
-    async with CpuBackend(seed=0) as backend:
+    # --8<-- [start:build]
+    model = trainable_model(name="trio-services", project="examples", base_model="cpu-demo")
+    async with CpuBackend(seed=0) as backend:  # any ART backend
         await model.register(backend)
         trainer = PipelineTrainer(
-            model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
-            num_rollout_workers=2, min_batch_size=2, max_steps_off_policy=1,
-            max_steps=STEPS, eval_every_n_steps=0, learning_rate=0.05,
-        )  # fmt: skip
+            model,
+            backend,
+            rollout,  # your asyncio rollout_fn, unchanged
+            scenarios(0),
+            TaskConfig(),
+            eval_fn,
+            num_rollout_workers=2,
+            min_batch_size=2,
+            max_steps_off_policy=1,
+            max_steps=STEPS,
+        )
+        # --8<-- [end:build]
 
         # --8<-- [start:observe]
         steps_heard: list[int] = []
@@ -84,25 +95,20 @@ async def main() -> None:
         # --8<-- [end:observe]
 
         # --8<-- [start:nursery]
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve_health, trainer)
-            done = trio.Event()
-
-            async def train(task_status: trio.TaskStatus[None]) -> None:
-                await trainer.train(task_status=task_status, handle_signals=False)
-                done.set()
-
-            await nursery.start(train)  # returns once every stage of the trainer runs
-            async with httpx.AsyncClient() as client:
-                health = (await client.get(f"http://127.0.0.1:{port}/health")).json()
-            print("health while training:", health)
-            await done.wait()
-            nursery.cancel_scope.cancel()  # training is over: stop our own services too
+        async with trio.open_nursery() as services:
+            port = await services.start(serve_health, trainer)  # your own service
+            async with trio.open_nursery() as training:
+                await training.start(trainer.train)  # returns once every stage runs
+                health = await read_health(port)  # live statistics, while it trains
+                print("health while training:", health)
+            services.cancel_scope.cancel()  # train() returned: stop our own services too
         # --8<-- [end:nursery]
 
     stats = trainer.statistics()
-    print(f"trained {stats.steps} steps (heard {steps_heard}), workers now "
-          f"{stats.num_rollout_workers}")  # fmt: skip
+    print(
+        f"trained {stats.steps} steps (heard {steps_heard}), "
+        f"workers now {stats.num_rollout_workers}"
+    )
     assert health["running"] and stats.steps == STEPS and stats.num_rollout_workers == 4
 
 
