@@ -29,6 +29,7 @@ from ..batching import (
     stamp_policy_versions,
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..events import GroupQueued
 from ..executor import RolloutLost
 from ..fates import Fate
@@ -248,9 +249,10 @@ class RolloutStage:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
                 run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
-        except (BaseExceptionEscaped, CallbackNotAwaitable):
-            # A KeyboardInterrupt or SystemExit, or a rollout_fn that can never work: not
-            # this scenario's failure. The run ends; the scenario stays unresolved.
+        except (BaseExceptionEscaped, CallbackNotAwaitable, *FATAL_ROLLOUT_ERRORS):
+            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, or ART's
+            # local inference gone (LocalServingUnavailableError, 0.5.20+): not this
+            # scenario's failure. The run ends; the scenario stays unresolved.
             run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
@@ -274,7 +276,7 @@ class RolloutStage:
             group = await self._call_rollout(worker_id, scenario, version)
         except (
             anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable,
-            RolloutLost,
+            RolloutLost, *FATAL_ROLLOUT_ERRORS,
         ):
             raise
         except Exception as exc:
@@ -329,6 +331,10 @@ class RolloutStage:
         run.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
         copy_scenario_metadata(group, scenario)
+        # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
+        # (held zero-variance groups too) carry their serving usage.
+        for trajectory in group.trajectories:
+            record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
             group, initial=version, final=run.gate.policy_version
         )
