@@ -29,6 +29,8 @@ from typing import Any, Literal
 import art
 import pydantic
 
+from .hooks import backend_hook
+
 
 def _release(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
@@ -187,16 +189,14 @@ def eval_lease(backend: object) -> Any | None:
     ART 0.5.20+ evaluates under `exact_adapter_lease` (the served weights are exactly that
     step's); older lines, and backends without it, under `adapter_lease`.
     """
-    if ART_0520 and getattr(type(backend), "exact_adapter_lease", None) is not None:
-        return backend.exact_adapter_lease  # type: ignore[attr-defined]
-    return rollout_lease(backend)
+    exact = backend_hook(backend, "exact_adapter_lease") if ART_0520 else None
+    return exact if exact is not None else rollout_lease(backend)
 
 
 def rollout_lease(backend: object) -> Any | None:
-    """The lease a rollout holds on the weights of the step it samples from, if any."""
-    if getattr(type(backend), "adapter_lease", None) is not None:
-        return backend.adapter_lease  # type: ignore[attr-defined]
-    return None
+    """The lease a rollout holds on the weights of the step it samples from, if any (on the
+    backend's class or set on the instance, see art_trio.hooks)."""
+    return backend_hook(backend, "adapter_lease")
 
 
 def local_backend_is_dedicated(backend: Any, model: art.TrainableModel) -> bool:

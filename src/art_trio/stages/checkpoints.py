@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compat import CHECKPOINT_ROW_WALL_CLOCK
+from ..hooks import backend_hook
 from ..retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -93,11 +94,10 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
-    if getattr(type(run.backend), "prune_model_adapters", None) is not None:
+    prune = backend_hook(run.backend, "prune_model_adapters")
+    if prune is not None:
         oldest = max(0, step - run.freshness.retention_window)
-        await run.bridge.call(
-            run.backend.prune_model_adapters, run.model, retain_steps=set(range(oldest, step + 1))
-        )
+        await run.bridge.call(prune, run.model, retain_steps=set(range(oldest, step + 1)))
     await apply_retention(run, step)
 
 
