@@ -295,13 +295,17 @@ def test_the_kl_reference_lags_the_step_trained_from(
     test_pipeline_trainer_kl_step_lag_computes_reference (step 3, lag 2: step 1)."""
     backend = uses(RecordingBackend(step=start), model)
     run(
-        trainer_for(model, backend, two_rewards, [0], kl_penalty_coef=0.25, kl_penalty_step_lag=lag),
+        trainer_for(
+            model, backend, two_rewards, [0], kl_penalty_coef=0.25, kl_penalty_step_lag=lag
+        ),
         loop,
     )
     assert [c.kwargs["kl_penalty_reference_step"] for c in backend.calls] == [reference]
 
 
-def test_a_kl_lag_below_one_is_refused(model: art.TrainableModel, backend: RecordingBackend) -> None:
+def test_a_kl_lag_below_one_is_refused(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
     """test_pipeline_trainer_rejects_zero_kl_step_lag."""
     with pytest.raises(ValueError, match="kl_penalty_step_lag must be >= 1"):
         trainer_for(model, backend, two_rewards, [], kl_penalty_coef=0.25, kl_penalty_step_lag=0)

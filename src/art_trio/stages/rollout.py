@@ -44,6 +44,13 @@ logger = logging.getLogger("art_trio")
 MAX_LOSSES = 3
 
 
+#: Exceptions from a rollout that end the run, not count as that rollout's failure: a
+#: KeyboardInterrupt or SystemExit carried out of a callback, a rollout_fn that can never
+#: work, and ART 0.5.20+'s LocalServingUnavailableError (its inference server is gone).
+ENDS_THE_RUN: tuple[type[BaseException], ...] = (
+    BaseExceptionEscaped, CallbackNotAwaitable, *FATAL_ROLLOUT_ERRORS,
+)
+
 #: What `_call_tracked` returns for a rollout the gate cancelled as doomed.
 DOOMED = object()
 
@@ -249,7 +256,7 @@ class RolloutStage:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
                 run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
-        except (BaseExceptionEscaped, CallbackNotAwaitable, *FATAL_ROLLOUT_ERRORS):
+        except ENDS_THE_RUN:
             # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, or ART's
             # local inference gone (LocalServingUnavailableError, 0.5.20+): not this
             # scenario's failure. The run ends; the scenario stays unresolved.
@@ -274,10 +281,9 @@ class RolloutStage:
         gate.track(version, doom_scope)
         try:
             group = await self._call_rollout(worker_id, scenario, version)
-        except (
-            anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable,
-            RolloutLost, *FATAL_ROLLOUT_ERRORS,
-        ):
+        except (anyio.get_cancelled_exc_class(), RolloutLost):
+            raise
+        except ENDS_THE_RUN:
             raise
         except Exception as exc:
             return DOOMED if doom_scope.cancel_called else exc
