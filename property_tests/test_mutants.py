@@ -28,6 +28,7 @@ import art_trio.admission
 import art_trio.gate
 import art_trio.ledger
 import art_trio.settings
+import art_trio.stages.checkpoints
 import art_trio.stages.evaluation
 import art_trio.stages.rollout
 import art_trio.stages.training
@@ -41,6 +42,7 @@ from art_trio.stages.training import TrainingStage
 from . import checks
 from .harness import Case
 from .strategies import cases, resume_cases
+from .test_kl_reference import KL_REFERENCE, kl_cases, prop_kl_reference_kept
 from .test_trainer_invariants import (
     STRATEGIES,
     prop_all_failed_group,
@@ -382,6 +384,18 @@ def test_all_failed_catches_trainer_ignoring_all_failed_groups(
 ) -> None:
     monkeypatch.setattr(art_trio.stages.training, "all_failed_error", lambda group: None)
     counterexample(prop_all_failed_group, STRATEGIES[prop_all_failed_group], checks.ALL_FAILED)
+
+
+# the KL reference ------------------------------------------------------------------------------
+
+
+def test_kl_reference_catches_retention_forgetting_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention protecting only the current, leased and eval-pending steps (art_trio before
+    issue 24, and ART 0.5.18) deletes the KL penalty's reference checkpoint."""
+    monkeypatch.setattr(
+        art_trio.stages.checkpoints, "kl_reference_steps", lambda settings, step: set()
+    )
+    counterexample(prop_kl_reference_kept, kl_cases(), KL_REFERENCE)
 
 
 # the gate alone --------------------------------------------------------------------------------

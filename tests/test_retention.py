@@ -165,7 +165,9 @@ def stand_in_run(
     scheduled: set[int] | None = None,
     completed: set[int] | None = None,
     history: list[dict[str, Any]] | None = None,
+    kl: dict[str, Any] | None = None,
 ) -> Any:
+    """A run with checkpoints `steps` on disk; `kl` sets the KL penalty settings."""
     for step in steps:
         (tmp_path / "checkpoints" / f"{step:04d}").mkdir(parents=True)
     (tmp_path / "checkpoints" / "notes").mkdir(parents=True)  # not a step: ignored
@@ -184,7 +186,14 @@ def stand_in_run(
         backend=DeletingBackend(tmp_path),
         bridge=Bridge(),
         settings=SimpleNamespace(
-            checkpoint_retention_strategy=recording, checkpoint_retention_interval=interval
+            checkpoint_retention_strategy=recording,
+            checkpoint_retention_interval=interval,
+            **{
+                "kl_penalty_coef": 0.0,
+                "kl_penalty_reference_step": None,
+                "kl_penalty_step_lag": None,
+                **(kl or {}),
+            },
         ),
         state=SimpleNamespace(
             completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
@@ -213,6 +222,48 @@ async def test_current_leased_and_scheduled_checkpoints_are_never_offered_or_del
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "0002", "0004", "0006", "notes",
     ]
+
+
+@pytest.mark.parametrize(
+    ("kl", "steps", "current", "offered", "kept"),
+    [
+        # ART 0.5.23's default reference: step 0, whatever the strategy keeps.
+        ({"kl_penalty_coef": 0.25}, [0, 1, 2, 3], 3, [1, 2], [0, 3]),
+        # With a lag, the window from current - lag up (the references still to come).
+        ({"kl_penalty_coef": 0.25, "kl_penalty_step_lag": 5}, list(range(7)), 6, [0],
+         [1, 2, 3, 4, 5, 6]),
+        ({"kl_penalty_coef": 0.25, "kl_penalty_step_lag": 2}, list(range(7)), 6, [0, 1, 2, 3],
+         [4, 5, 6]),
+        # art_trio's explicit reference step (both lines): that one step.
+        ({"kl_penalty_coef": 0.25, "kl_penalty_reference_step": 2}, [0, 1, 2, 3], 3, [0, 1],
+         [2, 3]),
+        # No KL penalty: nothing extra is protected.
+        ({"kl_penalty_coef": 0.0, "kl_penalty_step_lag": 2}, [0, 1, 2, 3], 3, [0, 1, 2], [3]),
+    ],
+    ids=["default-step-0", "lag-5", "lag-2", "explicit", "no-penalty"],
+)
+async def test_the_kl_reference_is_never_offered_or_deleted(
+    tmp_path: Path,
+    kl: dict[str, Any],
+    steps: list[int],
+    current: int,
+    offered: list[int],
+    kept: list[int],
+) -> None:
+    run = stand_in_run(tmp_path, steps, keep_none, kl=kl)
+    await apply_retention(run, current)
+    [context] = run.seen
+    assert [c.step for c in context.checkpoints] == offered
+    assert run.backend.keep_lists == [kept]
+
+
+async def test_a_lag_window_covering_every_checkpoint_asks_nothing(tmp_path: Path) -> None:
+    run = stand_in_run(
+        tmp_path, [0, 1, 2, 3, 4], keep_none, kl={"kl_penalty_coef": 0.25, "kl_penalty_step_lag": 5}
+    )
+    await apply_retention(run, 4)
+    assert run.seen == []
+    assert run.backend.keep_lists == []
 
 
 async def test_nothing_to_delete_means_no_backend_call(tmp_path: Path) -> None:

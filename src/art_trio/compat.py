@@ -11,7 +11,9 @@ art_trio runs on two lines of `openpipe-art`, each the newest its Python allows:
   Its trainer also logs a wider set of per-step train metrics (`discarded/...`, `queue/...`,
   `offpolicy/...`, `sample_efficiency/...`; see `art_trio.metrics`), which only this
   line's `model.log` keeps unprefixed, and its checkpoint rows carry no
-  `time/wall_clock_sec`.
+  `time/wall_clock_sec`. Its trainer also stops on `LocalServingUnavailableError` from a
+  rollout, records `completion_tokens` on each trajectory a rollout returns, validates eval
+  `policy_token_spans`, and warns about the direct runtime keyword arguments.
 
 Everything else in art_trio, its tests, demo, simulator and benchmark asks this module
 instead of testing versions itself.
@@ -21,10 +23,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import warnings
 from typing import Any, Literal
 
 import art
 import pydantic
+
+from .hooks import backend_hook
 
 
 def _release(text: str) -> tuple[int, ...]:
@@ -184,16 +189,14 @@ def eval_lease(backend: object) -> Any | None:
     ART 0.5.20+ evaluates under `exact_adapter_lease` (the served weights are exactly that
     step's); older lines, and backends without it, under `adapter_lease`.
     """
-    if ART_0520 and getattr(type(backend), "exact_adapter_lease", None) is not None:
-        return backend.exact_adapter_lease  # type: ignore[attr-defined]
-    return rollout_lease(backend)
+    exact = backend_hook(backend, "exact_adapter_lease") if ART_0520 else None
+    return exact if exact is not None else rollout_lease(backend)
 
 
 def rollout_lease(backend: object) -> Any | None:
-    """The lease a rollout holds on the weights of the step it samples from, if any."""
-    if getattr(type(backend), "adapter_lease", None) is not None:
-        return backend.adapter_lease  # type: ignore[attr-defined]
-    return None
+    """The lease a rollout holds on the weights of the step it samples from, if any (on the
+    backend's class or set on the instance, see art_trio.hooks)."""
+    return backend_hook(backend, "adapter_lease")
 
 
 def local_backend_is_dedicated(backend: Any, model: art.TrainableModel) -> bool:
@@ -207,10 +210,12 @@ def local_backend_is_dedicated(backend: Any, model: art.TrainableModel) -> bool:
 
 
 def record_completion_tokens(trajectory: art.Trajectory) -> None:
-    """Set a trajectory's `completion_tokens` metric from its choices' usage, as ART 0.5.20+'s
-    rollout workers do (a no-op on lines whose trainer does not, and where it is already set).
+    """Set a trajectory's `completion_tokens` metric from its serving usage, as ART 0.5.20+'s
+    rollout workers do with every trajectory a rollout returns (ART's own function: the
+    exchanges' usage, else the choices' counts when every choice has one; it overwrites a
+    value already there, as ART's does). A no-op on lines whose trainer does not record it.
     """
-    if _record_completion_tokens is not None and "completion_tokens" not in trajectory.metrics:
+    if _record_completion_tokens is not None:
         _record_completion_tokens(trajectory)
 
 
@@ -219,6 +224,37 @@ _record_completion_tokens: Any = (
     if ART_0520
     else None
 )
+
+
+#: Rollout errors that end the run instead of counting as one failed rollout: ART 0.5.20+
+#: re-raises `LocalServingUnavailableError` ("ART-managed local inference is unavailable and
+#: training must stop"). Older lines have no such error.
+FATAL_ROLLOUT_ERRORS: tuple[type[BaseException], ...] = (
+    (importlib.import_module("art.errors").LocalServingUnavailableError,) if ART_0520 else ()
+)
+
+
+#: ART 0.5.20+'s `PolicyTokenSpan` (which policy version produced which tokens of a served
+#: completion), the model its trainer validates eval provenance with; None on older lines,
+#: whose servers annotate nothing (see art_trio.provenance).
+POLICY_TOKEN_SPAN: Any = (
+    importlib.import_module("art.preprocessing.policy_spans").PolicyTokenSpan
+    if ART_0520
+    else None
+)
+
+
+def deprecate_direct_runtime(given: dict[str, Any], *, stacklevel: int) -> None:
+    """ART 0.5.20+'s DeprecationWarning for the runtime settings given as keyword arguments
+    (`num_rollout_workers=` and the rest), with ART's text; nothing on older lines, where
+    they are the only spelling. `given` holds the ones set (not None)."""
+    if ART_0520 and given:
+        warnings.warn(
+            "Direct PipelineTrainer runtime settings are deprecated; pass "
+            "pipeline=PipelineRuntimeConfig(...) instead.",
+            DeprecationWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def art_pipeline_trainer() -> type[Any]:
@@ -232,12 +268,15 @@ __all__ = [
     "ART_0520",
     "ART_VERSION",
     "CHECKPOINT_ROW_WALL_CLOCK",
+    "FATAL_ROLLOUT_ERRORS",
+    "POLICY_TOKEN_SPAN",
     "RUNTIME_FIELDS",
     "PipelineAutotuneConfig",
     "PipelineRuntimeConfig",
     "art_pipeline_trainer",
     "art_trainer_kwargs",
     "check_line_supports",
+    "deprecate_direct_runtime",
     "eval_lease",
     "line_train_kwargs",
     "local_backend_is_dedicated",

@@ -1,7 +1,8 @@
 """Checkpoint retention: which saved checkpoints a run keeps (ART 0.5.18's vocabulary).
 
 A strategy sees only the checkpoints the trainer may delete (never the current step, one a
-rollout or eval holds a lease on, or one scheduled for eval) and returns the steps to keep.
+rollout or eval holds a lease on, one scheduled for eval, or the KL penalty's reference with
+`kl_penalty_coef > 0`) and returns the steps to keep.
 """
 
 from __future__ import annotations

@@ -117,8 +117,9 @@ def resolve_runtime(
     """The four runtime settings, from `pipeline=PipelineRuntimeConfig(...)` or the direct kwargs.
 
     ART 0.5.20 moved them into a config object and kept the keyword arguments as aliases;
-    both spellings work here on every ART line (the aliases without a warning), and giving
-    both is ART's ValueError.
+    both spellings work here on every ART line (the trainer warns about the aliases as the
+    installed ART does, see compat.deprecate_direct_runtime), and giving both is ART's
+    ValueError.
     """
     given = {name: value for name, value in direct.items() if value is not None}
     mode = getattr(autotune, "mode", "off") if autotune is not None else "off"

@@ -25,7 +25,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .autotune import load_profile_settings, policy_for, profile_path
 from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
-from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, local_backend_is_dedicated
+from .compat import (
+    PipelineAutotuneConfig,
+    PipelineRuntimeConfig,
+    deprecate_direct_runtime,
+    local_backend_is_dedicated,
+)
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
 from .fates import RunCounters
@@ -55,7 +60,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     Takes every parameter of the installed ART's trainer (0.5.17-0.5.18 or 0.5.20+) with the
     same name and default, and raises ART's ValueError text for the same bad value. Both
-    lines' spellings work on either: the runtime settings as keyword arguments or as
+    lines' spellings work on either: the runtime settings as keyword arguments (on 0.5.20+
+    with ART's DeprecationWarning, and ART's defaults) or as
     `pipeline=PipelineRuntimeConfig(...)`; ART 0.5.20's `limit_mean_steps_off_policy`,
     `rollout_executor` (ART's `RolloutExecutor` protocol; a worker that dies raises
     `RolloutLost` and its scenario is rolled again) and training kwargs. art_trio's own
@@ -169,15 +175,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         fsync_state: bool = _DEFAULTS.fsync_state,
         max_consecutive_rollout_failures: int | None = _DEFAULTS.max_consecutive_rollout_failures,
     ) -> None:
-        runtime = resolve_runtime(
-            pipeline,
-            autotune,
-            {
-                "num_rollout_workers": num_rollout_workers,
-                "min_batch_size": min_batch_size,
-                "max_batch_size": max_batch_size,
-                "queue_maxsize": queue_maxsize,
-            },
+        direct_runtime = {
+            "num_rollout_workers": num_rollout_workers,
+            "min_batch_size": min_batch_size,
+            "max_batch_size": max_batch_size,
+            "queue_maxsize": queue_maxsize,
+        }
+        runtime = resolve_runtime(pipeline, autotune, direct_runtime)
+        # After resolve_runtime's ValueErrors, as ART orders them; ART 0.5.20+ only.
+        deprecate_direct_runtime(
+            {k: v for k, v in direct_runtime.items() if v is not None}, stacklevel=2
         )
         #: The `autotune=` config (None or mode "off": the sizes stay as set).
         self.autotune = autotune

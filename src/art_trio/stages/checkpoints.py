@@ -3,7 +3,8 @@
 - a `checkpoint/saved` event in the model's `history.jsonl` when the step left a checkpoint;
 - `backend.prune_model_adapters(model, retain_steps=...)`, when the backend has it, keeping
   the steps that `max_steps_off_policy` still lets rollouts sample from;
-- the retention strategy, which may delete checkpoints nothing needs any more.
+- the retention strategy, which may delete checkpoints nothing needs any more (never the
+  current step, one leased or awaiting eval, or the KL penalty's reference).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compat import CHECKPOINT_ROW_WALL_CLOCK
+from ..hooks import backend_hook
 from ..retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -92,11 +94,10 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
-    if getattr(type(run.backend), "prune_model_adapters", None) is not None:
+    prune = backend_hook(run.backend, "prune_model_adapters")
+    if prune is not None:
         oldest = max(0, step - run.freshness.retention_window)
-        await run.bridge.call(
-            run.backend.prune_model_adapters, run.model, retain_steps=set(range(oldest, step + 1))
-        )
+        await run.bridge.call(prune, run.model, retain_steps=set(range(oldest, step + 1)))
     await apply_retention(run, step)
 
 
@@ -154,8 +155,33 @@ def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
 
 
 def protected_steps(run: PipelineRun, current_step: int) -> set[int]:
-    """Checkpoints retention must keep: current, leased by a rollout or eval, awaiting eval."""
-    return {current_step} | set(run.leased_steps) | set(run.state.pending_eval_steps)
+    """Checkpoints retention must keep: current, leased by a rollout or eval, awaiting eval,
+    and the KL penalty's reference (see `kl_reference_steps`)."""
+    return (
+        {current_step}
+        | set(run.leased_steps)
+        | set(run.state.pending_eval_steps)
+        | kl_reference_steps(run.settings, current_step)
+    )
+
+
+def kl_reference_steps(settings: Any, current_step: int) -> set[int]:
+    """The checkpoints the KL penalty reads, now or in the steps to come, after `current_step`.
+
+    ART 0.5.23's rule, on every line: with `kl_penalty_coef > 0`, step 0 (the default
+    reference), or with `kl_penalty_step_lag` the whole window from `current_step - lag`
+    (floored at 0) up, since each later step's reference moves into it. art_trio's explicit
+    `kl_penalty_reference_step` is that one step. Deleting one of them would leave
+    `backend.train` without the reference it is asked to use.
+    """
+    if settings.kl_penalty_coef <= 0.0:
+        return set()
+    if settings.kl_penalty_reference_step is not None:
+        return {settings.kl_penalty_reference_step}
+    lag = settings.kl_penalty_step_lag
+    if lag is None:
+        return {0}
+    return set(range(max(0, current_step - lag), current_step + 1))
 
 
 async def apply_retention(run: PipelineRun, step: int) -> None:
@@ -176,4 +202,10 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
     await run.bridge.call(run.backend._delete_checkpoint_files, run.model, steps_to_keep)
 
 
-__all__ = ["after_step", "apply_retention", "checkpoint_infos", "note_eval_completed"]
+__all__ = [
+    "after_step",
+    "apply_retention",
+    "checkpoint_infos",
+    "kl_reference_steps",
+    "note_eval_completed",
+]

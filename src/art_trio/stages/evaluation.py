@@ -1,10 +1,12 @@
 """The eval stage: runs requested evals one at a time, in the background of training.
 
 Requests arrive over a channel from the training stage (eval steps are few and tiny, so the
-channel is unbounded: the trainer never waits on eval). An eval that raises is reported and
-training goes on; it is not retried. After a stop no new eval starts and the running one gets
-the grace period; those evals stay in the persisted `pending_eval_steps` and a resumed run
-does them first. A finished eval is persisted at once in `completed_eval_steps`.
+channel is unbounded: the trainer never waits on eval). An eval that raises, or whose
+`policy_token_spans` show tokens of another policy than the step's (see provenance.py), is
+reported and training goes on; it is not logged and not retried. After a stop no new eval
+starts and the running one gets the grace period; those evals stay in the persisted
+`pending_eval_steps` and a resumed run does them first. A finished eval is persisted at once
+in `completed_eval_steps`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..provenance import check_eval_provenance
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
@@ -59,9 +62,13 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         finally:
             token.var.reset(token)
             elapsed = run.now() - started
+        splits = {split: split_eval_items(items) for split, items in eval_splits(result).items()}
+        # Every split checked before any is logged: an eval of another policy's tokens is
+        # dropped whole (ART 0.5.20+ checks each split as it logs it).
+        for _groups, trajectories in splits.values():
+            check_eval_provenance(step, trajectories)
         timing_logged = False
-        for split, items in eval_splits(result).items():
-            groups, trajectories = split_eval_items(items)
+        for split, (groups, trajectories) in splits.items():
             if split == "val":
                 rewards = [t.reward for t in trajectories]
                 reward = sum(rewards) / len(rewards) if rewards else None

@@ -29,6 +29,7 @@ from ..batching import (
     stamp_policy_versions,
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..events import GroupQueued
 from ..executor import RolloutLost
 from ..fates import Fate
@@ -42,6 +43,13 @@ logger = logging.getLogger("art_trio")
 #: counts as that rollout's error: a scenario that kills its worker must not loop forever.
 MAX_LOSSES = 3
 
+
+#: Exceptions from a rollout that end the run, not count as that rollout's failure: a
+#: KeyboardInterrupt or SystemExit carried out of a callback, a rollout_fn that can never
+#: work, and ART 0.5.20+'s LocalServingUnavailableError (its inference server is gone).
+ENDS_THE_RUN: tuple[type[BaseException], ...] = (
+    BaseExceptionEscaped, CallbackNotAwaitable, *FATAL_ROLLOUT_ERRORS,
+)
 
 #: What `_call_tracked` returns for a rollout the gate cancelled as doomed.
 DOOMED = object()
@@ -248,9 +256,10 @@ class RolloutStage:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
                 run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
-        except (BaseExceptionEscaped, CallbackNotAwaitable):
-            # A KeyboardInterrupt or SystemExit, or a rollout_fn that can never work: not
-            # this scenario's failure. The run ends; the scenario stays unresolved.
+        except ENDS_THE_RUN:
+            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, or ART's
+            # local inference gone (LocalServingUnavailableError, 0.5.20+): not this
+            # scenario's failure. The run ends; the scenario stays unresolved.
             run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
@@ -272,10 +281,9 @@ class RolloutStage:
         gate.track(version, doom_scope)
         try:
             group = await self._call_rollout(worker_id, scenario, version)
-        except (
-            anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable,
-            RolloutLost,
-        ):
+        except (anyio.get_cancelled_exc_class(), RolloutLost):
+            raise
+        except ENDS_THE_RUN:
             raise
         except Exception as exc:
             return DOOMED if doom_scope.cancel_called else exc
@@ -329,6 +337,10 @@ class RolloutStage:
         run.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
         copy_scenario_metadata(group, scenario)
+        # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
+        # (held zero-variance groups too) carry their serving usage.
+        for trajectory in group.trajectories:
+            record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
             group, initial=version, final=run.gate.policy_version
         )
