@@ -14,6 +14,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
+from .batching import FuturePolicyError
 from .bridge import AsyncioTaskCancelled, CallbackNotAwaitable, trio_native
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from .events import (
@@ -46,6 +47,7 @@ from .settings import PipelineSettings
 from .stages.rollout import RolloutRejected, RolloutsKeepFailing
 from .stages.training import BackendStepError
 from .status import StatusReporter
+from .threads import LoopUnresponsive
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
@@ -80,8 +82,10 @@ __all__ = [
     "EagerAdmission",
     "Fate",
     "ForeignStateError",
+    "FuturePolicyError",
     "GroupQueued",
     "GroupReceived",
+    "LoopUnresponsive",
     "PolicyPublished",
     "Resized",
     "RolloutRejected",

@@ -85,10 +85,43 @@ class Freshness:
         limit = self.limit_mean_steps_off_policy
         if limit is None:
             return False
-        if mean_version is None:
-            # No per-token weights known: the group's start version stands for all its tokens.
+        if mean_version is None or not math.isfinite(mean_version):
+            # No per-token weights known (or none that add up to a number): the group's start
+            # version, its oldest, stands for all its tokens. Never weaker than the mean.
             mean_version = version
         return mean_version is not None and step - mean_version > limit
+
+
+class FuturePolicyError(RuntimeError):
+    """A trajectory claims tokens from a policy version the trainer has not published yet.
+
+    A replayed trajectory, a reset version counter or a bug in the rollout: its age cannot be
+    known, so it cannot be trained under either staleness bound. ART 0.5.23's trainer stops
+    the run on it ("Trajectory tokens came from a future policy"); so does art_trio, on
+    every ART line, with the same words first.
+    """
+
+
+def newest_version(versions: Iterable[int | None]) -> int | None:
+    """The newest of the versions given (None for none)."""
+    known = [v for v in versions if v is not None]
+    return max(known) if known else None
+
+
+def future_policy_error(
+    newest: int | None, trainer_version: int, *, scenario_index: int, context: str = ""
+) -> FuturePolicyError | None:
+    """The error for a group whose newest token version is ahead of the trainer's policy."""
+    if newest is None or newest <= trainer_version:
+        return None
+    return FuturePolicyError(
+        f"Trajectory tokens came from a future policy: policy={newest}, "
+        f"trainer={trainer_version} (scenario index {scenario_index}{context}). A trajectory's "
+        "initial_policy_version (or its per-token policy versions) must not be newer than the "
+        "trainer's policy: is it replayed from another run, or was the version counter reset? "
+        "Its age is unknown, so it is trained under no bound; the run stops here and the "
+        "scenario stays unresolved (a resumed run rolls it again)."
+    )
 
 
 def is_zero_variance(group: TrajectoryGroup) -> bool:
@@ -209,9 +242,12 @@ __all__ = [
     "all_failed_error",
     "average_steps_off_policy",
     "copy_scenario_metadata",
+    "FuturePolicyError",
     "eval_splits",
+    "future_policy_error",
     "group_initial_version",
     "is_zero_variance",
+    "newest_version",
     "non_finite_reward_error",
     "reward_stats",
     "scenario_context",

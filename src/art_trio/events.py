@@ -7,16 +7,23 @@ at any time. Both are read-only views: nothing a caller does with them changes t
 An observer must return quickly and must not await (it runs inside the pipeline's hot path,
 and is not awaited); an exception it raises ends the run like a failing stage. While no
 observer is registered, no event object is even built.
+
+The first error wins: once the run is failing (a stage raised, or an observer did), an
+observer that raises while the run winds down (scenarios settled as dropped, the channel
+closed) does not replace that error; its own is logged and noted on the first one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .fates import Fate
+
+logger = logging.getLogger("art_trio")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,19 @@ class Observers:
     def __init__(self) -> None:
         self._callbacks: list[Observer] = []
         self.emit: Callable[[RunEvent], None] | None = None
+        #: The running run's first error (None while it is not failing; see `note_failure`).
+        self.failure: BaseException | None = None
+        self._late_errors = 0
+
+    def begin_run(self) -> None:
+        """A new run starts: nothing has failed yet."""
+        self.failure = None
+        self._late_errors = 0
+
+    def note_failure(self, exc: BaseException) -> None:
+        """The run is failing with `exc`, unless it already was (the first error wins)."""
+        if self.failure is None:
+            self.failure = exc
 
     def add(self, callback: Observer) -> Callable[[], None]:
         if not callable(callback):
@@ -135,7 +155,34 @@ class Observers:
 
     def _emit(self, event: RunEvent) -> None:
         for callback in tuple(self._callbacks):
-            callback(event)
+            try:
+                callback(event)
+            except Exception as exc:
+                failure = self.failure
+                if failure is None or failure is exc:
+                    self.failure = exc  # the run's first error: it ends the run
+                    raise
+                self._late(failure, callback, event, exc)
+
+    def _late(
+        self, failure: BaseException, callback: Observer, event: RunEvent, exc: Exception
+    ) -> None:
+        """An observer raised while the run was already failing: keep it visible, raise the
+        first error."""
+        self._late_errors += 1
+        if self._late_errors == 1:
+            logger.error(
+                "An observer raised while the run was ending after an earlier error; the "
+                "earlier error is the one train() raises. Observer %r on %r raised:",
+                callback, event, exc_info=exc,
+            )
+            failure.add_note(
+                f"while the run was ending, observer {callback!r} also raised "
+                f"{type(exc).__name__}: {exc} (on {type(event).__name__}); logged on the "
+                "'art_trio' logger"
+            )
+        else:
+            logger.debug("observer %r raised again while the run was ending: %r", callback, exc)
 
 
 @dataclass(frozen=True, slots=True)

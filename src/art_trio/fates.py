@@ -152,10 +152,24 @@ class FateRecord:
         if emit is not None:
             emit(ScenarioSettled(index, fate, rollout_s, queued))
 
+    def settle_many(
+        self, fate: Fate, entries: Iterable[tuple[int, float]], *, queued: bool = False
+    ) -> None:
+        """Settle each (scenario index, rollout seconds) as `fate`, every one of them even if
+        an observer raises on one (its first error is raised after the last is settled):
+        otherwise the rest of a batch would end in no fate at all."""
+        first: Exception | None = None
+        for index, seconds in entries:
+            try:
+                self.settle(fate, index, rollout_s=seconds, queued=queued)
+            except Exception as exc:  # an observer's: counted and recorded already
+                first = first or exc
+        if first is not None:
+            raise first
+
     def settle_trained(self, indices: Iterable[int], rollout_seconds: Iterable[float]) -> None:
         """A batch was trained (its scenarios are resolved with its step by the ledger)."""
-        for index, seconds in zip(indices, rollout_seconds, strict=True):
-            self.settle(Fate.TRAINED, index, rollout_s=seconds)
+        self.settle_many(Fate.TRAINED, zip(indices, rollout_seconds, strict=True))
 
 
 __all__ = ["Fate", "FateRecord", "RESOLVED_AT_ONCE", "RunCounters"]

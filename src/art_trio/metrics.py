@@ -107,12 +107,52 @@ class StepTimes:
     backend_train: float
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def completion_weight(trajectory: Trajectory) -> float:
-    """The trajectory's `completion_tokens` metric, or 1.0 (warned once) if it has none."""
+    """The trajectory's `completion_tokens` metric, or 1.0 (warned once) if it has none.
+
+    NaN for a count no weight can stand for (infinite, NaN, negative): such a trajectory is
+    rejected by the rollout stage (`token_count_error`) before any bound sees it, and a
+    non-finite weight makes `mean_policy_version` fall back to the oldest version.
+    """
     value = trajectory.metrics.get("completion_tokens")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value > 0 and math.isfinite(value):
+            return float(value)
+        if not math.isfinite(value) or value < 0:
+            return math.nan
     return _missing_tokens(value)
+
+
+def token_count_error(group: Any) -> str | None:
+    """Why a group's token counts cannot weigh its policy age, else None.
+
+    A `completion_tokens` metric (or a per-token version count) that is infinite, NaN or
+    negative would turn the token-weighted mean age into NaN, or pull it outside the versions
+    the tokens came from, and let an old group through `limit_mean_steps_off_policy`. Such a
+    group is rejected as errored, as a NaN reward is. (A missing or zero count is one token,
+    warned about once: ART 0.5.18 trajectories often have none.)
+    """
+    for i, trajectory in enumerate(group.trajectories):
+        value = trajectory.metrics.get("completion_tokens")
+        if _is_number(value) and (not math.isfinite(value) or value < 0):
+            return (
+                f"trajectory {i} has completion_tokens={value!r}: the token-weighted policy "
+                "age cannot weigh it. Record a finite, non-negative count (the serving "
+                "response's usage.completion_tokens), or leave the metric out"
+            )
+        counts = getattr(trajectory, "_policy_token_counts", None) or {}
+        for version, count in counts.items():
+            if _is_number(count) and (not math.isfinite(count) or count < 0):
+                return (
+                    f"trajectory {i} says {count!r} tokens came from policy version "
+                    f"{version} (_policy_token_counts): token counts must be finite and "
+                    "non-negative"
+                )
+    return None
 
 
 def _missing_tokens(value: object) -> float:
@@ -160,7 +200,11 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     """
     counts = getattr(trajectory, "_policy_token_counts", None)
     if counts:
-        return [(int(v), float(n)) for v, n in counts.items() if n > 0]
+        return [
+            (int(v), float(n) if math.isfinite(n) else math.nan)
+            for v, n in counts.items()
+            if not n <= 0
+        ]
     spans = [span for item in _served_items(trajectory) for span in _spans(item)]
     if spans:
         return spans
@@ -192,23 +236,49 @@ def _spans(item: Any) -> list[tuple[int, float]]:
         try:
             tokens = float(span["end_token"]) - float(span["start_token"])
             found.append((int(span["policy_version"]), tokens))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue  # a malformed span says nothing about the version
-    return [(v, n) for v, n in found if n > 0]
+    # A non-finite span is kept (as NaN): the group's mean then falls back to its oldest
+    # version rather than silently losing the span's tokens.
+    return [(v, n if math.isfinite(n) else math.nan) for v, n in found if not n <= 0]
 
 
 def mean_policy_version(group: Any) -> float | None:
     """The token-weighted mean policy version of a group's tokens (None if none is known).
 
     A group's token-weighted mean policy age at step s is `s - mean_policy_version(group)`:
-    ART 0.5.20's `limit_mean_steps_off_policy` bounds that.
+    ART 0.5.20's `limit_mean_steps_off_policy` bounds that. If some token count is not a
+    usable weight (NaN from `completion_weight`), the oldest version known stands for the
+    group: the bound is then at its strictest, never weaker (such groups are rejected before
+    this anyway, see `token_count_error`).
     """
     total = weight = 0.0
+    oldest: int | None = None
+    usable = True
     for trajectory in group.trajectories:
         for version, tokens in version_tokens(trajectory):
+            oldest = version if oldest is None else min(oldest, version)
+            if not math.isfinite(tokens):
+                usable = False
+                continue
             total += version * tokens
             weight += tokens
+    if not usable:
+        return None if oldest is None else float(oldest)
     return total / weight if weight > 0 else None
+
+
+def newest_token_version(group: Any) -> int | None:
+    """The newest policy version any of a group's tokens (or trajectories) came from."""
+    newest: int | None = None
+    for trajectory in group.trajectories:
+        versions = [v for v, _ in version_tokens(trajectory)]
+        if trajectory.initial_policy_version is not None:
+            versions.append(trajectory.initial_policy_version)
+        for version in versions:
+            if newest is None or version > newest:
+                newest = version
+    return newest
 
 
 def policy_age_metrics(
@@ -224,10 +294,12 @@ def policy_age_metrics(
     for item in batch:
         for trajectory in item.group.trajectories:
             for version, weight in version_tokens(trajectory):
-                tokens[version] = tokens.get(version, 0.0) + weight
+                if math.isfinite(weight):
+                    tokens[version] = tokens.get(version, 0.0) + weight
     if not tokens:
         return {}, None
-    # A version newer than the trainer's counts as fresh (ART refuses it and stops the run).
+    # A version newer than the trainer's never gets here: the rollout stage stops the run on
+    # it (batching.FuturePolicyError), as ART does. Clamped all the same.
     points = [(float(max(0, training_step - v)), w) for v, w in tokens.items()]
     weight_sum = sum(w for _, w in points)
     age_sum = sum(age * w for age, w in points)
@@ -452,6 +524,8 @@ __all__ = [
     "batch_factor",
     "completion_weight",
     "mean_policy_version",
+    "newest_token_version",
+    "token_count_error",
     "policy_age_metrics",
     "version_tokens",
     "weighted_percentile",

@@ -135,6 +135,7 @@ class PipelineRun:
             new_event=loop_event_factory(),
         )
         self.observers = observers or Observers()
+        self.observers.begin_run()
         self.counters = RunCounters()
         self.fates = FateRecord(
             self.counters,
@@ -162,6 +163,12 @@ class PipelineRun:
         self.workers_running = 0
         #: Changes the groups channel's capacity (set by whoever made the channel).
         self.resize_queue: Callable[[int], None] | None = None
+
+    def note_failure(self, exc: BaseException) -> None:
+        """The run is failing with `exc` (unless it already was): from now on an observer
+        that raises while the run winds down does not replace the first error."""
+        if isinstance(exc, Exception):  # cancellation is not a failure
+            self.observers.note_failure(exc)
 
     def emit(self, event: RunEvent) -> None:
         """Tell the observers (callers check `self.observers.emit` first on hot paths)."""

@@ -8,6 +8,7 @@ validate the same way: the message names the parameter and the range it accepts.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -214,13 +215,88 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
+#: Settings that count or size something: whole numbers (`int`, not `bool`), `True` where
+#: None is allowed. A float count used to get through the checks above and break the run
+#: later (`num_rollout_workers=inf` started workers forever, `max_batch_size=inf` ended
+#: the run with a TypeError, 2.5 workers were accepted).
+COUNTS: dict[str, bool] = {
+    "num_rollout_workers": False,
+    "min_batch_size": False,
+    "max_batch_size": False,
+    "max_steps_off_policy": True,
+    "queue_maxsize": True,
+    "kl_penalty_reference_step": True,
+    "kl_penalty_step_lag": True,
+    "grad_accumulation_sequences": True,
+    "optimizer_save_interval": False,
+    "packed_sequence_length": True,
+    "max_steps": True,
+    "discard_queue_multiplier": False,
+    "total_scenarios": True,
+    "eval_every_n_steps": False,
+    "checkpoint_retention_interval": False,
+    "max_rollouts_beyond_bound": True,
+    "max_consecutive_rollout_failures": True,
+}
+
+#: Settings that are real numbers (None allowed for all of them but the interval).
+REALS: dict[str, bool] = {
+    "limit_mean_steps_off_policy": True,
+    "log_interval_seconds": False,
+    "status_ewa_alpha": False,
+    "shutdown_grace_seconds": True,
+}
+
+
+def count_error(name: str, value: object, *, optional: bool) -> str | None:
+    """Why `value` cannot be the count `name`, else None."""
+    if value is None and optional:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return None
+    what = "a whole number (an int)" + (" or None" if optional else "")
+    return f"{name} must be {what}, got {value!r}"
+
+
+def _not_a_number(name: str, value: object, optional: bool) -> str | None:
+    """Checked before the reference's value checks, which would fail with a bare TypeError
+    comparing a string (or None) to a number."""
+    if value is None and optional:
+        return None
+    if isinstance(value, numbers.Real):
+        return None
+    what = "a number" + (" or None" if optional else "")
+    return f"{name} must be {what}, got {value!r} ({type(value).__name__})"
+
+
 def validate(settings: PipelineSettings) -> None:
-    """Raise the first failing check's ValueError (see CHECKS)."""
+    """Raise the first failing check's ValueError (see CHECKS), then the type checks'.
+
+    Values that are not numbers at all are refused first (the reference's checks would raise
+    a bare TypeError on them); numbers its checks accept but no count can be (2.5, inf,
+    True) after them, so every ValueError the reference raises keeps its text.
+    """
+    for name, optional in (COUNTS | REALS).items():
+        problem = _not_a_number(name, getattr(settings, name), optional)
+        if problem is not None:
+            raise ValueError(problem)
     for check, message in CHECKS:
         if not check(settings):
             if message.startswith("admission "):
                 message = f"{message}, got {settings.admission!r}"
             raise ValueError(message)
+    for name, optional in COUNTS.items():
+        problem = count_error(name, getattr(settings, name), optional=optional)
+        if problem is not None:
+            raise ValueError(problem)
+    limit = settings.limit_mean_steps_off_policy
+    if limit is not None and (isinstance(limit, bool) or not math.isfinite(limit)):
+        # ART 0.5.23 accepts inf and then fails sizing its queue (math.ceil(inf)); None is
+        # the one spelling of "no mean-age bound" on every line.
+        raise ValueError(
+            f"limit_mean_steps_off_policy must be a finite number of steps, got {limit!r}; "
+            "pass None for no mean policy-age bound"
+        )
     check_line_supports(grad_accumulation_sequences=settings.grad_accumulation_sequences)
 
 

@@ -8,6 +8,7 @@ still running.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -38,7 +39,13 @@ from .ledger import PipelineState, StateStore
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun
-from .settings import Admission, PipelineSettings, build_settings, resolve_runtime
+from .settings import (
+    Admission,
+    PipelineSettings,
+    build_settings,
+    count_error,
+    resolve_runtime,
+)
 from .source import ScenarioSource
 from .stages.autotune import AutotuneStage
 from .stages.control import control_stage
@@ -47,6 +54,7 @@ from .stages.rollout import RolloutStage
 from .stages.status import status_stage
 from .stages.training import TrainingStage
 from .status import StatusReporter
+from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
 logger = logging.getLogger("art_trio")
@@ -252,6 +260,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             else runtime_config.score_reference_rollouts_per_group,
         )
         self._run: PipelineRun | None = None
+        #: The running run's event loop, for calls from other threads (None between runs).
+        self._loop: LoopHandle | None = None
         #: A stop requested before the run existed: None, "graceful" or "force".
         self._stop_before_start: str | None = None
         self._prepare_scope: anyio.CancelScope | None = None
@@ -364,6 +374,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return
         run, eval_send, eval_receive = prepared
         self._run = run
+        self._loop = LoopHandle()
         if self._stop_before_start is not None:
             if self._stop_before_start == "force":
                 run.cancel_everything()
@@ -384,10 +395,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         `failure`, with the saving error in a note; without a failure, the saving error is
         raised (the run's state on disk is then the last journal record).
         """
+        # The last view first: a thread reading statistics() never finds neither.
+        self._last_statistics = run.statistics(running=False)
         self._run = None
+        self._loop = None
         self._rollouts = None
         self.last_counters = run.counters
-        self._last_statistics = run.statistics(running=False)
         counters = run.counters
         if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
             warnings.warn(
@@ -430,14 +443,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts = rollouts
         with anyio.CancelScope() as run_scope:
             run.stop.run_scope = run_scope
+            stage = functools.partial(_stage, run)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stage, "rollout", rollouts)
-                tg.start_soon(_stage, "training", TrainingStage(run, receive, eval_send))
-                tg.start_soon(_stage, "eval", eval_stage, run, eval_receive)
-                tg.start_soon(_stage, "status", status_stage, run)
-                tg.start_soon(_stage, "control", _control(handle_signals), run)
+                tg.start_soon(stage, "rollout", rollouts)
+                tg.start_soon(stage, "training", TrainingStage(run, receive, eval_send))
+                tg.start_soon(stage, "eval", eval_stage, run, eval_receive)
+                tg.start_soon(stage, "status", status_stage, run)
+                tg.start_soon(stage, "control", _control(handle_signals), run)
                 if getattr(self.autotune, "mode", "off") == "online":
-                    tg.start_soon(_stage, "autotune", self._autotune_stage(run))
+                    tg.start_soon(stage, "autotune", self._autotune_stage(run))
                 task_status.started()
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
@@ -456,12 +470,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             ),
         )
 
-    def statistics(self) -> RunStatistics:
+    def statistics(self, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> RunStatistics:
         """The run as it is now: an immutable snapshot, cheap enough to take every step.
 
         During `train()` it is live; afterwards it is the finished run's last view; before
         the first `train()` it shows the configured sizes and zero counts.
+
+        Callable from any thread (a metrics exporter, a watchdog): from another thread than
+        the run's event loop, the snapshot is taken on the loop, between two tasks' steps,
+        so it is one consistent instant; the caller waits for it for up to `timeout`
+        seconds, then gets `art_trio.LoopUnresponsive` (something is blocking the loop).
         """
+        loop = self._loop
+        if loop is not None and not loop.in_loop_thread():
+            try:
+                return loop.call(
+                    self.statistics, timeout=timeout, what="trainer.statistics()"
+                )
+            except LoopClosed:
+                pass  # the run ended meanwhile: its last view follows
         if self._run is not None:
             return self._run.statistics(running=True)
         if self._last_statistics is not None:
@@ -506,8 +533,31 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         A larger `queue_maxsize` lets blocked rollout workers hand over as the trainer takes
         groups; a smaller one leaves what is queued in place. Values given are checked as
         the constructor checks them (ValueError); before `train()` they change the settings
-        the next run starts with. Returns the statistics after the change.
+        the next run starts with. Returns the statistics after the change. From another
+        thread than the run's event loop, the change is made on the loop (waiting up to
+        10 s for it, else `art_trio.LoopUnresponsive` and nothing changed).
         """
+        loop = self._loop
+        if loop is not None and not loop.in_loop_thread():
+            return loop.call(
+                functools.partial(
+                    self.resize, num_rollout_workers=num_rollout_workers,
+                    min_batch_size=min_batch_size, max_batch_size=max_batch_size,
+                    queue_maxsize=queue_maxsize, reason=reason,
+                ),
+                timeout=DEFAULT_TIMEOUT_S, what="trainer.resize()",
+            )
+        for name, value in (
+            ("num_rollout_workers", num_rollout_workers),
+            ("min_batch_size", min_batch_size),
+            ("max_batch_size", max_batch_size),
+            ("queue_maxsize", queue_maxsize),
+        ):
+            # Before anything compares or counts with it (inf workers started workers
+            # forever); None keeps the current value.
+            problem = count_error(name, value, optional=True)
+            if problem is not None:
+                raise ValueError(f"resize: {problem}; nothing was changed")
         run = self._run
         s = run.settings if run is not None else self.settings
         workers = _fit_executor(
@@ -550,10 +600,21 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         backend's step on resume); the state is still saved and `train()` returns normally.
         Call `request_stop()` first and `request_stop(force=True)` later to escalate.
 
-        Call it from the thread running the trainer's event loop (a task, a callback);
-        during start-up it ends `train()` before anything runs; before `train()` starts, it
-        makes the next `train()` stop at once.
+        Call it from anywhere: from another thread than the run's event loop it is handed
+        to the loop (and returns once the loop took it, or after 10 s with
+        `art_trio.LoopUnresponsive`). During start-up it ends `train()` before anything
+        runs; before `train()` starts, it makes the next `train()` stop at once.
         """
+        loop = self._loop
+        if loop is not None and not loop.in_loop_thread():
+            try:
+                loop.call(
+                    functools.partial(self.request_stop, force=force),
+                    timeout=DEFAULT_TIMEOUT_S, what="trainer.request_stop()",
+                )
+            except LoopClosed:
+                pass  # the run has ended: nothing left to stop
+            return
         if self._run is None:
             if self._stop_before_start != "force":
                 self._stop_before_start = "force" if force else "graceful"
@@ -803,9 +864,10 @@ def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
 
 
 async def _stage(
-    name: str, fn: Callable[..., Awaitable[None]], *args: Any
+    run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any
 ) -> None:
-    """Run one stage; an exception leaving it is labelled with the stage's name.
+    """Run one stage; an exception leaving it is labelled with the stage's name, and is the
+    run's first error unless another came first (`PipelineRun.note_failure`).
 
     A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
     group holding one exception is unwrapped, so the caller gets one group, not two nested.
@@ -819,6 +881,7 @@ async def _stage(
                 raise
             raise leaves[0] from None
     except Exception as exc:
+        run.note_failure(exc)
         exc.add_note(f"raised in art_trio's {name} stage")
         if isinstance(exc, BaseExceptionEscaped):
             logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)

@@ -24,6 +24,8 @@ from art import TrajectoryGroup
 
 from ..batching import (
     copy_scenario_metadata,
+    future_policy_error,
+    newest_version,
     non_finite_reward_error,
     scenario_context,
     stamp_policy_versions,
@@ -34,7 +36,7 @@ from ..events import GroupQueued
 from ..executor import RolloutLost
 from ..fates import Fate
 from ..gate import GateClosed
-from ..metrics import mean_policy_version
+from ..metrics import mean_policy_version, newest_token_version, token_count_error
 from ..run import Delivered, PipelineRun
 
 logger = logging.getLogger("art_trio")
@@ -138,6 +140,11 @@ class RolloutStage:
                     if not doom_scope.cancel_called:
                         return
                     # A doomed rollout (already settled by `_roll`) ended the scope.
+        except Exception as exc:
+            # The run's first error, before the other workers are cancelled and settle what
+            # they hold (an observer raising then must not replace it).
+            self.run.note_failure(exc)
+            raise
         finally:
             self._live.discard(worker_id)
             self.run.workers_running = len(self._live)
@@ -344,11 +351,26 @@ class RolloutStage:
         group_version = stamp_policy_versions(
             group, initial=version, final=run.gate.policy_version
         )
-        mean_version = (
-            mean_policy_version(group)
-            if run.freshness.limit_mean_steps_off_policy is not None
-            else None
+        mean_bound = run.freshness.limit_mean_steps_off_policy is not None
+        # Checked before either bound: a version ahead of the trainer's would count as fresh
+        # (a negative age). Policy versions only grow, so a group not ahead of the policy now
+        # is not ahead of any step that trains it. Per-token versions matter only to the
+        # mean bound, so they are read only under it (they cost a pass over the choices).
+        newest = (
+            newest_token_version(group)
+            if mean_bound
+            else newest_version(t.initial_policy_version for t in group.trajectories)
         )
+        future = future_policy_error(
+            newest, run.gate.policy_version, scenario_index=index,
+            context=scenario_context(scenario),
+        )
+        if future is not None:
+            # The run stops; the scenario is neither trained nor resolved.
+            run.note_failure(future)
+            run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+            raise future
+        mean_version = mean_policy_version(group) if mean_bound else None
         if run.policy.drops_stale_early and run.freshness.is_stale(
             group_version, mean_version, run.gate.next_training_step
         ):
@@ -414,7 +436,7 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
-    problem = non_finite_reward_error(group)
+    problem = non_finite_reward_error(group) or token_count_error(group)
     if problem is not None:
         raise RolloutRejected(problem)
 

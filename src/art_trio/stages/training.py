@@ -87,8 +87,13 @@ class TrainingStage:
             async with self._eval_send:
                 try:
                     await self._train_until_done()
-                finally:
+                except BaseException as exc:
+                    # Noted first: an observer raising while the channel closes must not
+                    # replace this error.
+                    run.note_failure(exc)
                     self._close_channel()
+                    raise
+                self._close_channel()
         finally:
             if not run.stopping:
                 # Ended on its own (max_steps, end of source, collapse): rollouts still in
@@ -111,8 +116,9 @@ class TrainingStage:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
         self._receive.close()
-        for item in left:
-            self.run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
+        self.run.fates.settle_many(
+            Fate.DROPPED_AT_STOP, ((item.scenario_index, 0.0) for item in left), queued=True
+        )
         self.run.emit(ChannelClosed(in_channel))
 
     async def _train_until_done(self) -> None:
@@ -271,16 +277,24 @@ class TrainingStage:
         run.persist()
 
         run.status.note_training_start(len(groups))
+        settled = False
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
-            result, train_s = await run.bridge.call(
-                _train_and_log, run, batch, groups, expected, eval_this_step, step_started,
-                metrics,
-            )
-            new_step = int(result.step)
-            await self._log_held_zero_variance(new_step)
-            self._settle_trained(batch, new_step, step_started, train_s)
+            try:
+                result, train_s = await run.bridge.call(
+                    _train_and_log, run, batch, groups, expected, eval_this_step,
+                    step_started, metrics,
+                )
+                new_step = int(result.step)
+                await self._log_held_zero_variance(new_step)
+                settled = True
+                self._settle_trained(batch, new_step, step_started, train_s)
+            except BaseException as exc:
+                if not settled:
+                    run.note_failure(exc)
+                    self._settle_unfinished(batch)
+                raise
             if eval_this_step:
                 run.state.pending_eval_steps.add(new_step)
                 run.state.last_eval_step = new_step
@@ -319,6 +333,22 @@ class TrainingStage:
                     train_s=train_s,
                 )
             )
+
+    def _settle_unfinished(self, batch: CollectedBatch) -> None:
+        """The batch's `backend.train` (or the logging after it) ended without a result: a
+        forced stop cancelled it, or it raised.
+
+        Its scenarios end as DROPPED_AT_STOP: this run cannot tell whether the backend
+        trained them. The ledger keeps the batch pending (written before the call), and a
+        resumed run settles it against the backend's step: counted as trained if the step
+        advanced, rolled again if not. Nothing is lost or trained twice, and every scenario
+        taken still ends in exactly one fate (with its event). Its groups left the gate's
+        queue with the batch (`BatchTaken`), so they are not "queued" any more.
+        """
+        self.run.fates.settle_many(
+            Fate.DROPPED_AT_STOP,
+            ((item.scenario_index, item.rollout_wall_s) for item in batch.items),
+        )
 
     async def _log_held_zero_variance(self, step: int) -> None:
         if not self.held_zero_variance:
