@@ -93,16 +93,20 @@ def scenario_digest(scenario: object) -> str | None:
 
     Dicts, lists, strings and numbers, pydantic models and dataclasses of them have one; for
     anything else (objects whose repr holds an address) the check is skipped, never guessed.
+    A fingerprint never ends the run: whatever computing it raises means "no stable form".
     """
     data: object = scenario
     try:
-        dump = getattr(scenario, "model_dump", None)
+        # Looked up on the type, not the instance: an attribute-dict (`__getattr__ =
+        # dict.__getitem__`, a common idiom) raises KeyError for a missing attribute, which
+        # getattr's default does not catch; and a dict key named `model_dump` is not a method.
+        dump = getattr(type(scenario), "model_dump", None)
         if callable(dump):
-            data = dump(mode="json")
+            data = dump(scenario, mode="json")
         elif dataclasses.is_dataclass(scenario) and not isinstance(scenario, type):
             data = dataclasses.asdict(scenario)
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001  (a user's model_dump, a cycle, keys sort cannot order)
         return None
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
