@@ -21,7 +21,15 @@ What a user may rely on (each is a test below, named after it):
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import functools
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +38,11 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
+from art_trio import lock as lock_module
+from art_trio.compat import trainable_model
 from art_trio.ledger import ForeignStateError, StateStore, scenario_digest
+from art_trio.lock import LOCK_ENV, ModelDirectoryError, RunLock, RunLockedError
+from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 from tests.errors import find_leaf
 
@@ -163,3 +175,197 @@ async def test_a_rollout_annotating_its_scenario_does_not_make_the_same_list_for
 
 def _unused(_: Any) -> None:  # keeps json imported for the tests below
     json.dumps(_)
+
+
+# == 7: a forked helper outliving a kill -9'd trainer =========================================
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not reaped, does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _run_dir_model_dir(run_dir: Path) -> Path:
+    return run_dir / ".art" / "p" / "models" / "crash"
+
+
+@pytest.mark.parametrize("kind", ["mp-fork", "os-fork", "subprocess"])
+def test_a_forked_helper_outliving_a_killed_trainer_does_not_keep_the_directory_locked(
+    harness: Harness, tmp_path: Path, kind: str
+) -> None:
+    """A rollout forks a helper (multiprocessing "fork", os.fork, subprocess without
+    close_fds) that sleeps on; the trainer is killed with -9; a resume trains at once."""
+    run_dir = tmp_path / "run"
+    first = Child(harness, f"train {run_dir} 100000 1 {kind}")
+    assert first.wait_for("helper"), first.lines
+    helper = int(next(line for line in first.lines if line.startswith("helper")).split()[1])
+    try:
+        assert first.wait_for("step", 2), first.lines
+        assert first.kill() == -signal.SIGKILL
+        assert _alive(helper), "the helper died with the trainer: nothing was tested"
+        steps = len(read_trained(run_dir / TRAINED_LOG))
+        resumed = Child(harness, f"train {run_dir} {steps + 3} 3")
+        assert not resumed.wait_for("never")
+        stderr = (tmp_path / "harness-stderr.txt").read_text()
+        assert resumed.exit_code == 0, (resumed.lines, stderr[-2000:])
+        assert _alive(helper)
+        records = read_trained(run_dir / TRAINED_LOG)
+        assert len(records) == steps + 3
+        trained = [i for r in records for i in r["ids"]]
+        assert len(trained) == len(set(trained)), "a scenario was trained twice"
+    finally:
+        try:
+            os.kill(helper, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    # And the other way round: the helper holds no lock of its own either (it was forked
+    # while the trainer held it): with the trainer gone, a RunLock here is free.
+    lock = RunLock(_run_dir_model_dir(run_dir))
+    lock.acquire()
+    lock.release()
+
+
+def _hold_in_other_process(path: Path) -> subprocess.Popen[str] | None:
+    """Another process holding the POSIX lock on `path` until its stdin closes; None if it
+    could not take it."""
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(path)!r}, os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except OSError:\n"
+        "    print('busy', flush=True)\n"
+        "    sys.exit(0)\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline() == "locked\n":
+        return proc
+    proc.communicate("")
+    return None
+
+
+def test_a_lock_dropped_by_this_process_reopening_the_file_is_taken_back_or_reported(
+    tmp_path: Path,
+) -> None:
+    """POSIX locks drop when the process closes any descriptor of the file (a copy of the
+    directory made in the trainer's process): `check()`, run at every state write, takes it
+    back, or reports that another process took it meanwhile."""
+    lock = RunLock(tmp_path / "m")
+    lock.acquire()
+    (lock.path).read_bytes()  # opens and closes the file: the kernel drops the lock
+    assert lock.check() is None  # taken back
+    assert _hold_in_other_process(lock.path) is None  # held again: another process fails
+    (lock.path).read_bytes()
+    other = _hold_in_other_process(lock.path)
+    assert other is not None
+    try:
+        problem = lock.check()
+        assert problem is not None and "another run took it" in problem, problem
+    finally:
+        other.communicate("")
+    lock.release()
+
+
+# == 13 and beyond: directories the lock cannot use ==========================================
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS])
+async def test_a_filesystem_without_locks_is_a_clear_error_with_a_way_out(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+) -> None:
+    def unsupported(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(lock_module, "_os_lock", unsupported)
+    with pytest.raises(ModelDirectoryError) as excinfo:
+        await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    message = str(excinfo.value)
+    assert excinfo.value.errno == code
+    assert str(_out(model)) in message and "does not support file locks" in message
+    assert f"{LOCK_ENV}=off" in message
+    assert backend.calls == []
+    # The way out: without the OS lock the run trains, and this process still refuses a
+    # second trainer on the directory.
+    monkeypatch.setenv(LOCK_ENV, "off")
+    first = _trainer(model, backend, max_steps=3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(first.train, handle_signals=False))
+        with pytest.raises(RunLockedError):
+            await _trainer(model, backend, max_steps=1).train(handle_signals=False)
+    assert backend.step == 3
+    _assert_exactly_once(model, backend)
+
+
+async def test_a_file_in_the_model_directorys_place_is_a_clear_error(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    out = _out(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("not a directory")
+    with pytest.raises(ModelDirectoryError) as excinfo:
+        await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    assert str(out) in str(excinfo.value) and "not a directory" in str(excinfo.value)
+    assert out.read_text() == "not a directory"  # left as it was
+    assert backend.calls == []
+
+
+def test_two_trainers_in_two_threads_or_through_a_symlink_are_refused(
+    tmp_path: Path, backend: RecordingBackend
+) -> None:
+    """Two threads of one program (each its own trio.run), one of them reaching the model
+    directory through a symlinked base_path: the lock is per file, not per path or thread."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+
+    def model_at(base: Path) -> art.TrainableModel:
+        m = trainable_model(name="m", project="p", base_model="b", base_path=str(base))
+        asyncio.run(m.register(backend))
+        return m
+
+    real, linked = model_at(tmp_path / "real"), model_at(tmp_path / "link")
+    running = threading.Event()
+    release = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def first() -> None:
+        async def main() -> None:
+            trainer = _trainer(real, backend, max_steps=2)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(trainer.train, handle_signals=False))
+                running.set()
+                await trio.to_thread.run_sync(release.wait)
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert running.wait(60)
+        with pytest.raises(RunLockedError) as excinfo:
+            trio.run(functools.partial(_trainer(linked, backend, max_steps=2).train,
+                                       handle_signals=False))
+        assert f"pid {os.getpid()}" in str(excinfo.value)
+    finally:
+        release.set()
+        thread.join(60)
+    assert outcome == [None]
+    assert backend.step == 2
+    _assert_exactly_once(real, backend)
