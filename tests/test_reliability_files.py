@@ -38,12 +38,22 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
+from art_trio import ledger as ledger_module
 from art_trio import lock as lock_module
 from art_trio.compat import trainable_model
-from art_trio.ledger import ForeignStateError, StateStore, scenario_digest
+from art_trio.ledger import (
+    JOURNAL_FILE,
+    SIDECAR_FILE,
+    TALLY_FIELDS,
+    ForeignStateError,
+    PipelineState,
+    StateStore,
+    eval_runs,
+    scenario_digest,
+)
 from art_trio.lock import LOCK_ENV, ModelDirectoryError, RunLock, RunLockedError
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
 
 
@@ -171,10 +181,6 @@ async def test_a_rollout_annotating_its_scenario_does_not_make_the_same_list_for
     leaf, _ = find_leaf(excinfo.value, ForeignStateError)
     assert isinstance(leaf, ForeignStateError) and "scenario 0" in str(leaf)
     assert backend.step == 8
-
-
-def _unused(_: Any) -> None:  # keeps json imported for the tests below
-    json.dumps(_)
 
 
 # == 7: a forked helper outliving a kill -9'd trainer =========================================
@@ -369,3 +375,130 @@ def test_two_trainers_in_two_threads_or_through_a_symlink_are_refused(
     assert outcome == [None]
     assert backend.step == 2
     _assert_exactly_once(real, backend)
+
+
+# == 8: completed evals, incrementally ========================================================
+
+
+def test_eval_runs_round_trip_and_stay_few() -> None:
+    for steps in [set(), {0}, {3, 4}, {0, 2, 4, 6, 9}, set(range(0, 4000, 5)) - {35, 700}]:
+        runs = eval_runs(steps)
+        data = {"completed_eval_runs": runs}
+        assert PipelineState.from_json(data).completed_eval_steps == steps
+    assert eval_runs(range(0, 10_000, 3)) == [[0, 3, 3334]]
+    assert len(eval_runs(set(range(0, 4000, 5)) - {35, 700})) == 3
+
+
+async def test_journal_records_do_not_grow_with_the_evals_done(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eval every step for 120 steps: every record carries only what changed, and the
+    final snapshot the completed evals as one run; the resumed run knows all of them."""
+    records: list[dict[str, Any]] = []
+    real_write = ledger_module._os_write
+
+    def spy(fd: int, data: bytes | memoryview) -> int:
+        records.append(json.loads(bytes(data)))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(ledger_module, "_os_write", spy)
+    evaluated: list[int] = []
+
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        evaluated.append(step)
+        return [trajectory(0.5)]
+
+    await _trainer(
+        model, backend, scenarios(300), eval_fn=eval_fn, max_steps=120, eval_every_n_steps=1,
+        eval_step_0=True,
+    ).train(handle_signals=False)
+    assert backend.step == 120 and len(evaluated) == 121
+    assert len(records) >= 240  # one per step, one per eval
+    assert not any("completed_eval_steps" in r for r in records)
+    assert max(len(r["evals_completed"]) for r in records) <= 2
+    sizes = [len(json.dumps(r)) for r in records]
+    # Records late in the run are as small as early ones (digits of growing numbers aside).
+    assert max(sizes[-20:]) <= max(sizes[5:25]) + 16, (sizes[5:25], sizes[-20:])
+    sidecar = json.loads((_out(model) / SIDECAR_FILE).read_text())
+    assert sidecar["completed_eval_runs"] == [[0, 1, 121]]
+    assert "completed_eval_steps" not in sidecar
+    state = StateStore(_out(model)).read()
+    assert state is not None and state.completed_eval_steps == set(range(121))
+
+
+def _old_format_dir(out: Path) -> None:
+    """A state directory as the previous format wrote it (art_trio/1): whole eval lists in the
+    snapshot and in every record. Steps 0-4 trained (scenarios 0-9), evals 0-3 done, step 4's
+    eval interrupted, and step 5 (scenarios 10, 11) in backend.train when the run was killed."""
+    out.mkdir(parents=True, exist_ok=True)
+    run = {"model": "m", "project": "p"}
+    tallies = {name: 0 for name in TALLY_FIELDS}
+    snapshot = {
+        "scenario_offset": 6, "total_scenarios_consumed": 6, "training_step": 3,
+        "last_eval_step": 3, "completed_eval_steps": [0, 1, 2], "pending_eval_steps": [3],
+        "resolved_scenarios": [], "pending_batch": None, **tallies, "scenario_digests": [],
+        "format": "art_trio/1", "journal_seq": 7, "journal_epoch": "0123abcd", "run": run,
+    }
+    (out / SIDECAR_FILE).write_text(json.dumps(snapshot, indent=2))
+    lines = [
+        {"seq": 8, "resolved": [], "total_scenarios_consumed": 8, "training_step": 3,
+         "last_eval_step": 3, "completed_eval_steps": [0, 1, 2, 3], "pending_eval_steps": [],
+         "pending_batch": {"step": 4, "scenario_indices": [6, 7]}, **tallies},
+        {"seq": 9, "resolved": [6, 7, 8, 9], "total_scenarios_consumed": 12, "training_step": 4,
+         "last_eval_step": 4, "completed_eval_steps": [0, 1, 2, 3], "pending_eval_steps": [4],
+         "pending_batch": {"step": 5, "scenario_indices": [10, 11]}, **tallies},
+    ]
+    (out / JOURNAL_FILE).write_text(
+        "".join(json.dumps({**line, "epoch": "0123abcd"}) + "\n" for line in lines)
+    )
+
+
+async def test_a_state_directory_of_the_previous_format_resumes_exactly(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    _old_format_dir(_out(model))
+    backend.step = 4  # the kill came before step 5 trained
+    evaluated: list[int] = []
+
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        evaluated.append(step)
+        return [trajectory(0.5)]
+
+    await _trainer(model, backend, eval_fn=eval_fn, max_steps=3, eval_every_n_steps=1).train(
+        handle_signals=False
+    )
+    # Step 4's interrupted eval first; 0-3 are not evaluated again; then every new step.
+    assert evaluated == [4, 5, 6, 7]
+    trained = _trained_ids(backend)
+    assert sorted(trained) == list(range(10, 16))  # 0-9 not again, 10-11 (step 5's) again
+    state = StateStore(_out(model)).read()
+    assert state is not None
+    assert state.completed_eval_steps == set(range(8)) and state.ledger.watermark == 16
+    sidecar = json.loads((_out(model) / SIDECAR_FILE).read_text())
+    assert sidecar["format"] == "art_trio/2" and sidecar["completed_eval_runs"] == [[0, 1, 8]]
+
+
+def test_an_eval_set_changed_behind_complete_eval_is_journaled_whole_once(
+    tmp_path: Path,
+) -> None:
+    """Code that adds to `completed_eval_steps` directly (not through complete_eval) is not
+    lost: the next record carries the whole list, replayed as the set itself."""
+    store = StateStore(tmp_path)
+    state = PipelineState()
+    store.write(state)
+    state.complete_eval(0)
+    store.append(state)
+    state.completed_eval_steps.add(1)  # behind complete_eval's back
+    state.complete_eval(2)
+    store.append(state)
+    state.complete_eval(3)
+    store.append(state)
+    lines = [json.loads(line) for line in (tmp_path / JOURNAL_FILE).read_text().splitlines()]
+    assert [("completed_eval_steps" in r, r["evals_completed"]) for r in lines] == [
+        (False, [0]), (True, [2]), (False, [3])
+    ]
+    again = StateStore(tmp_path).read()
+    assert again is not None and again.completed_eval_steps == {0, 1, 2, 3}

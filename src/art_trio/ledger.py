@@ -32,6 +32,11 @@ What a write guarantees (issue 19):
   epoch of the snapshot it follows. Replay takes only records of the snapshot's epoch, so a
   crash between a snapshot (`resume=False`'s fresh one, or a periodic one) and the journal's
   reset never replays another generation's records onto it.
+- incremental (issue 25): a record carries the evals completed since the previous one
+  (`evals_completed`), the snapshot the completed evals as arithmetic runs
+  (`completed_eval_runs`), so neither grows with the number of evals; only the mirror in
+  `state.json` keeps ART's whole `completed_eval_steps` list. Files of the previous format
+  (whole lists in every record and snapshot) are still read.
 - validated: a malformed, hand-edited or foreign file raises `StateFileError` naming the
   file, what is wrong and what to do; a state whose recorded model, project or first
   scenarios differ from this run's is refused (`ForeignStateError`).
@@ -70,7 +75,9 @@ JOURNAL_FILE = "art_trio_journal.jsonl"
 SNAPSHOT_EVERY = 200
 """Journal records between two snapshots: bounds the journal's size and the replay on resume."""
 
-STATE_FORMAT = "art_trio/1"
+STATE_FORMAT = "art_trio/2"
+"""2: completed evals as runs in the snapshot and as increments in records (1: whole lists,
+still read)."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
@@ -199,6 +206,18 @@ class PipelineState:
     scenario_digests: list[str | None] = field(default_factory=list)
     #: Whether `scenario_digests` grew since the last journal record.
     digests_unjournaled: bool = False
+    #: Evals completed since the last journal record (what the next record must carry).
+    evals_unjournaled: list[int] = field(default_factory=list)
+    #: How many completed evals the journal and snapshot hold; a set that grew otherwise
+    #: (code adding to it directly) makes the next record carry the whole list once.
+    evals_journaled: int = 0
+
+    def complete_eval(self, step: int) -> None:
+        """An eval finished: persisted with the next record, which carries only the new ones."""
+        if step in self.completed_eval_steps:
+            return
+        self.completed_eval_steps.add(step)
+        self.evals_unjournaled.append(step)
 
     def _small_fields(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -206,8 +225,7 @@ class PipelineState:
             "total_scenarios_consumed": self.total_scenarios_consumed,
             "training_step": self.training_step,
             "last_eval_step": self.last_eval_step,
-            "completed_eval_steps": sorted(self.completed_eval_steps),
-            "pending_eval_steps": sorted(self.pending_eval_steps - self.completed_eval_steps),
+            "pending_eval_steps": self._pending_evals(),
             "pending_batch": (
                 None
                 if pending is None
@@ -215,6 +233,11 @@ class PipelineState:
             ),
             **self._tallies(),
         }
+
+    def _pending_evals(self) -> list[int]:
+        # O(pending), never O(completed): this runs at every step.
+        done = self.completed_eval_steps
+        return sorted(step for step in self.pending_eval_steps if step not in done)
 
     def _tallies(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TALLY_FIELDS}
@@ -227,6 +250,16 @@ class PipelineState:
         """
         resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
         record = {"seq": seq, "resolved": resolved, **self._small_fields()}
+        evals, self.evals_unjournaled = self.evals_unjournaled, []
+        if len(self.completed_eval_steps) == self.evals_journaled + len(evals):
+            # Incremental (issue 25): a record is O(what changed), not O(evals so far).
+            record["evals_completed"] = evals
+        else:
+            # The set changed behind complete_eval(): the whole list, which replay takes as
+            # the set itself (the previous format's way), once.
+            record["completed_eval_steps"] = sorted(self.completed_eval_steps)
+            record["evals_completed"] = evals
+        self.evals_journaled = len(self.completed_eval_steps)
         if self.digests_unjournaled:
             record["scenario_digests"] = list(self.scenario_digests)
             self.digests_unjournaled = False
@@ -235,6 +268,10 @@ class PipelineState:
     def unjournal(self, record: dict[str, Any]) -> None:
         """A record was not written: what it carried must go into the next one."""
         self.ledger.unjournaled[:0] = record["resolved"]
+        self.evals_unjournaled[:0] = record["evals_completed"]
+        self.evals_journaled -= len(record["evals_completed"])
+        if "completed_eval_steps" in record:
+            self.evals_journaled = -1  # the next record carries the whole list again
         if "scenario_digests" in record:
             self.digests_unjournaled = True
 
@@ -248,22 +285,38 @@ class PipelineState:
         self.total_scenarios_consumed = newer.total_scenarios_consumed
         self.training_step = newer.training_step
         self.last_eval_step = newer.last_eval_step
-        self.completed_eval_steps = newer.completed_eval_steps
+        if "completed_eval_steps" in record:
+            # The previous format (and the fallback above): the record holds the whole set.
+            self.completed_eval_steps = set(newer.completed_eval_steps)
+        self.completed_eval_steps.update(_index_list(record, "evals_completed", where))
+        self.evals_unjournaled.clear()
+        self.evals_journaled = len(self.completed_eval_steps)
         self.pending_eval_steps = newer.pending_eval_steps
         for name in TALLY_FIELDS:
             setattr(self, name, getattr(newer, name))
         if "scenario_digests" in record:
             self.scenario_digests = newer.scenario_digests
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, compact: bool = False) -> dict[str, Any]:
+        """The whole state; the reference's fields as ART writes them.
+
+        `compact` (art_trio's own snapshot): the completed evals as arithmetic runs
+        (`completed_eval_runs`, one `[first, stride, count]` for an eval every n steps)
+        instead of ART's whole `completed_eval_steps` list, which only the mirror in
+        `state.json` keeps, for ART's trainer.
+        """
         pending = self.ledger.pending
+        if compact:
+            evals: dict[str, Any] = {"completed_eval_runs": eval_runs(self.completed_eval_steps)}
+        else:
+            evals = {"completed_eval_steps": sorted(self.completed_eval_steps)}
         return {
             "scenario_offset": self.ledger.watermark,
             "total_scenarios_consumed": self.total_scenarios_consumed,
             "training_step": self.training_step,
             "last_eval_step": self.last_eval_step,
-            "completed_eval_steps": sorted(self.completed_eval_steps),
-            "pending_eval_steps": sorted(self.pending_eval_steps - self.completed_eval_steps),
+            **evals,
+            "pending_eval_steps": self._pending_evals(),
             "resolved_scenarios": sorted(self.ledger.resolved_above),
             "pending_batch": (
                 None
@@ -324,6 +377,8 @@ class PipelineState:
                 f"{where}: `scenario_digests` must be a list of strings or nulls, "
                 f"found {digests!r:.80}"
             )
+        completed = set(_index_list(data, "completed_eval_steps", where))
+        completed.update(_expand_runs(data, "completed_eval_runs", where))
         return cls(
             ledger=ledger,
             total_scenarios_consumed=_count(
@@ -333,7 +388,8 @@ class PipelineState:
                 None if stored_step is None else _count(data, "training_step", where, None)
             ),
             last_eval_step=_count(data, "last_eval_step", where, default=0),
-            completed_eval_steps=set(_index_list(data, "completed_eval_steps", where)),
+            completed_eval_steps=completed,
+            evals_journaled=len(completed),
             pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
             scenario_digests=list(digests),
             accepted_trainable_groups=_count(data, TALLY_FIELDS[0], where, default=0),
@@ -369,6 +425,47 @@ def _index_list(data: Mapping[str, Any], key: str, where: str) -> list[int]:
             f"{where}: `{key}` must be a list of non-negative integers, found {value!r:.80}"
         )
     return value
+
+
+#: A bound on one run's length when a snapshot is read, so a hand-edited count cannot
+#: exhaust memory (a million evals is far beyond any run).
+_MAX_RUN = 10**6
+
+
+def eval_runs(steps: Iterable[int]) -> list[list[int]]:
+    """Sorted steps as arithmetic runs `[first, stride, count]`: `{0, 2, 4, 6, 9}` is
+    `[[0, 2, 4], [9, 1, 1]]`. Evals every n steps, with gaps only where one failed, are a
+    handful of runs whatever the run's length."""
+    runs: list[list[int]] = []
+    for step in sorted(steps):
+        if runs:
+            first, stride, count = runs[-1]
+            last = first + stride * (count - 1)
+            if count == 1 and step > first:
+                runs[-1] = [first, step - first, 2]
+                continue
+            if step - last == stride:
+                runs[-1][2] += 1
+                continue
+        runs.append([step, 1, 1])
+    return runs
+
+
+def _expand_runs(data: Mapping[str, Any], key: str, where: str) -> list[int]:
+    """The steps of `eval_runs`' form (null or missing: none)."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(
+        isinstance(run, list) and len(run) == 3 and all(_is_count(v) for v in run)
+        and 1 <= run[2] <= _MAX_RUN and (run[1] >= 1 or run[2] == 1)
+        for run in value
+    ):
+        return [first + stride * k for first, stride, count in value for k in range(count)]
+    raise StateFileError(
+        f"{where}: `{key}` must be a list of [first, stride, count] runs of non-negative "
+        f"integers (stride >= 1, 1 <= count <= {_MAX_RUN}), found {value!r:.80}"
+    )
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None:
@@ -628,22 +725,25 @@ class StateStore:
     def write(self, state: PipelineState) -> None:
         """Snapshot the whole state atomically and durably, then start a new journal."""
         epoch = secrets.token_hex(4)
-        data = {**state.to_json(), "journal_seq": self._seq, "journal_epoch": epoch}
+        stamp: dict[str, Any] = {"journal_seq": self._seq, "journal_epoch": epoch}
         if self.identity is not None:
-            data["run"] = dict(self.identity)
-        _atomic_write_json(self.sidecar_path, data, fsync=True)
+            stamp["run"] = dict(self.identity)
+        _atomic_write_json(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
         state.ledger.unjournaled.clear()
         state.digests_unjournaled = False
+        state.evals_unjournaled.clear()
+        state.evals_journaled = len(state.completed_eval_steps)
         self._records_since_snapshot = 0
-        # The mirror keeps ART's trainer and tools able to read the reference's fields. It
-        # need not be durable: the snapshot above already is, and resume prefers it.
+        # The mirror keeps ART's trainer and tools able to read the reference's fields (the
+        # whole `completed_eval_steps` list: ART reads no other form). It need not be
+        # durable: the snapshot above already is, and resume prefers it.
         try:
             art_state = _read_json(self.art_state_path) or {}
         except ValueError:
             art_state = {}
-        art_state[PIPELINE_STATE_KEY] = data
+        art_state[PIPELINE_STATE_KEY] = {**state.to_json(), **stamp}
         _atomic_write_json(self.art_state_path, art_state, fsync=False)
         # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
@@ -733,5 +833,6 @@ __all__ = [
     "StateFileError",
     "StateStore",
     "StateWriteError",
+    "eval_runs",
     "scenario_digest",
 ]
