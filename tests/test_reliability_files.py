@@ -26,6 +26,7 @@ import errno
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,12 +47,13 @@ from art_trio.ledger import (
     SIDECAR_FILE,
     TALLY_FIELDS,
     ForeignStateError,
+    ModelDirectoryLostError,
     PipelineState,
     StateStore,
     eval_runs,
     scenario_digest,
 )
-from art_trio.lock import LOCK_ENV, ModelDirectoryError, RunLock, RunLockedError
+from art_trio.lock import LOCK_ENV, LOCK_FILE, ModelDirectoryError, RunLock, RunLockedError
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
@@ -502,3 +504,135 @@ def test_an_eval_set_changed_behind_complete_eval_is_journaled_whole_once(
     ]
     again = StateStore(tmp_path).read()
     assert again is not None and again.completed_eval_steps == {0, 1, 2, 3}
+
+
+# == 3: the model directory deleted while train() runs ========================================
+
+
+class _DeletingBackend(RecordingBackend):
+    """Deletes the model directory (a wrong `rm -rf`) right after training step `delete_at`."""
+
+    delete_at = 3
+
+    async def train(self, model: Any, trajectory_groups: Any, **kwargs: Any) -> Any:
+        result = await super().train(model, trajectory_groups, **kwargs)
+        if self.step == self.delete_at:
+            shutil.rmtree(model._get_output_dir())
+        return result
+
+
+def _deleted_files_open(directory: Path) -> list[str]:
+    """Files under `directory` this process still holds open although they were deleted."""
+    return [
+        path for path in _open_files()
+        if path.startswith(str(directory)) and path.endswith(" (deleted)")
+    ]
+
+
+def _open_files() -> set[str]:
+    paths = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return paths
+
+
+@pytest.mark.parametrize("with_eval", [False, True])
+async def test_the_model_directory_deleted_mid_run_stops_it_and_nothing_trains_twice(
+    model: art.TrainableModel, autojump_clock: trio.abc.Clock, with_eval: bool
+) -> None:
+    backend = _DeletingBackend()
+    object.__setattr__(model, "_backend", backend)
+    out = _out(model)
+
+    async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+        return [trajectory(0.5)]
+
+    kwargs: dict[str, Any] = {"eval_fn": eval_fn, "eval_every_n_steps": 1} if with_eval else {}
+    with pytest.raises(BaseExceptionGroup) as excinfo:
+        await _trainer(model, backend, max_steps=10, **kwargs).train(handle_signals=False)
+    leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+    assert isinstance(leaf, ModelDirectoryLostError) and isinstance(leaf, ModelDirectoryError)
+    message = str(leaf)
+    assert str(out) in message and "deleted" in message
+    assert "neither repeats nor skips" in message and "checkpoints" in message
+    # Stopped at the next state write: no step after the deletion reached backend.train.
+    assert backend.step == backend.delete_at == backend.train_started
+    assert _deleted_files_open(out) == []
+    # The resume state is there again, whole: the resume trains on, nothing twice.
+    assert (out / SIDECAR_FILE).exists()
+    backend.delete_at = -1
+    await _trainer(model, backend, max_steps=3, **kwargs).train(handle_signals=False)
+    assert backend.step == 6
+    _assert_exactly_once(model, backend)
+
+
+@pytest.mark.parametrize("victim", [LOCK_FILE, JOURNAL_FILE, SIDECAR_FILE])
+async def test_one_of_the_runs_files_deleted_mid_run_stops_it_and_nothing_trains_twice(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    victim: str,
+) -> None:
+    """Only the lock file (another run could lock the directory anew), only the journal, or
+    only the snapshot: each is found at the next write, the state is written again."""
+    out = _out(model)
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        result = await original_train(model, groups, **kwargs)
+        if backend.step == 2:
+            (out / victim).unlink()
+        return result
+
+    backend.train = train  # type: ignore[method-assign]
+    with pytest.raises(BaseExceptionGroup) as excinfo:
+        await _trainer(model, backend, max_steps=10).train(handle_signals=False)
+    leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+    assert str(out / victim) in str(leaf), leaf
+    assert backend.step == 2
+    backend.train = original_train  # type: ignore[method-assign]
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert backend.step == 5
+    _assert_exactly_once(model, backend)
+
+
+def _rmtree_while_written(directory: Path) -> None:
+    """`rm -rf` of a directory a live process keeps writing into (retried if it refills)."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            continue
+    raise AssertionError(f"could not delete {directory}")
+
+
+def test_the_model_directory_deleted_under_a_live_process_then_kill_9_and_resume(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The real thing: another process deletes the model directory of a training process.
+    The trainer stops with the error naming it (or is killed with -9 once it wrote its state
+    again); the resume trains on, nothing twice."""
+    run_dir = tmp_path / "run"
+    out = _run_dir_model_dir(run_dir)
+    first = Child(harness, f"train {run_dir} 100000 5")
+    assert first.wait_for("step", 3), first.lines
+    _rmtree_while_written(out)
+    first.wait_for("never")  # it ends on its own, at its next state write
+    assert first.exit_code == 1, first.lines
+    stderr = (tmp_path / "harness-stderr.txt").read_text()
+    assert "ModelDirectoryLostError" in stderr and str(out) in stderr
+    assert first.kill() == 1  # already gone: a kill -9 now changes nothing
+    steps = len(read_trained(run_dir / TRAINED_LOG))
+    resumed = Child(harness, f"train {run_dir} {steps + 3} 6")
+    assert not resumed.wait_for("never")
+    assert resumed.exit_code == 0, resumed.lines
+    records = read_trained(run_dir / TRAINED_LOG)
+    assert len(records) == steps + 3
+    trained = [i for r in records for i in r["ids"]]
+    assert len(trained) == len(set(trained)), "a scenario was trained twice"

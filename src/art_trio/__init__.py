@@ -28,8 +28,8 @@ from .events import (
 )
 from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
 from .fates import Fate, RunCounters
-from .ledger import ForeignStateError, StateFileError, StateWriteError
-from .lock import RunLockedError
+from .ledger import ForeignStateError, ModelDirectoryLostError, StateFileError, StateWriteError
+from .lock import ModelDirectoryError, RunLockedError
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -74,6 +74,8 @@ __all__ = [
     "ForeignStateError",
     "GroupQueued",
     "GroupReceived",
+    "ModelDirectoryError",
+    "ModelDirectoryLostError",
     "PolicyPublished",
     "Resized",
     "RolloutRejected",

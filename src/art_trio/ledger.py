@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .lock import ModelDirectoryError, RunLock, RunLockedError
+
 logger = logging.getLogger("art_trio")
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -93,6 +95,10 @@ class ForeignStateError(StateFileError):
 
 class StateWriteError(OSError):
     """A resume-state write failed or was short; nothing after it may assume it happened."""
+
+
+class ModelDirectoryLostError(StateWriteError, ModelDirectoryError):
+    """The model directory, or art_trio's files in it, vanished or were replaced mid-run."""
 
 
 def scenario_digest(scenario: object) -> str | None:
@@ -533,8 +539,11 @@ class StateStore:
         *,
         fsync: bool = False,
         identity: Mapping[str, str] | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
+        #: The run's lock on the directory: checked before every write (see `_check_files`).
+        self.lock = lock
         self.fsync = fsync
         self.identity = dict(identity) if identity is not None else None
         self._seq = 0
@@ -661,6 +670,18 @@ class StateStore:
         the previous record and StateWriteError is raised; the state keeps what the record
         carried, for the next write.
         """
+        self._check_files(state)
+        if self._journal_fd is not None and self._journal_changed():
+            # Someone cut or wrote the journal behind the lock's back (a truncation, an
+            # editor): a record appended now could follow a torn one. The snapshot holds
+            # everything and starts the journal over.
+            logger.warning(
+                "%s was changed by something other than this run (its size is not the one "
+                "this run wrote); writing a full snapshot instead of a journal record.",
+                self.journal_path,
+            )
+            self._write_snapshot(state)
+            return
         if self._journal_broken:
             raise StateWriteError(
                 errno.EIO,
@@ -724,6 +745,80 @@ class StateStore:
 
     def write(self, state: PipelineState) -> None:
         """Snapshot the whole state atomically and durably, then start a new journal."""
+        self._check_files(state)
+        self._write_snapshot(state)
+
+    def _journal_changed(self) -> bool:
+        assert self._journal_fd is not None
+        return os.fstat(self._journal_fd).st_size != self._journal_size
+
+    def _check_files(self, state: PipelineState) -> None:
+        """Stop the run if its directory or files vanished or were replaced (issue 25).
+
+        A cleanup job or a wrong `rm -rf` takes the resume state, the journal and the lock
+        file with it, while this process would go on writing to the deleted journal (and
+        another run could lock the directory anew). Checked before every write, so at the
+        latest at the next step. What this run knows is still whole in memory: it is written
+        again (the lock taken again first) before the error is raised, so a resume neither
+        repeats nor skips a scenario; what else the directory held is gone.
+        """
+        problems = []
+        if self.lock is not None:
+            problem = self.lock.check()
+            if problem is not None:
+                problems.append(problem)
+        if self._journal_fd is not None:
+            try:
+                here = os.stat(self.journal_path)
+            except OSError:
+                problems.append(f"{self.journal_path} was deleted")
+            else:
+                held = os.fstat(self._journal_fd)
+                if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+                    problems.append(f"{self.journal_path} was replaced by another file")
+        if self._epoch is not None and not self.sidecar_path.exists():
+            problems.append(f"{self.sidecar_path} was deleted")
+        if problems:
+            self._recover(state, problems)
+
+    def _recover(self, state: PipelineState, problems: list[str]) -> None:
+        self.close()  # the descriptor of a deleted journal: nothing written there survives
+        why = "; ".join(problems)
+        try:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock.acquire()
+            self._epoch = None
+            self._write_snapshot(state)
+        except (OSError, RunLockedError) as exc:
+            outcome = (
+                f"art_trio could not write the run's resume state there again ({exc}): a "
+                f"resume from {self.output_dir} as it is now would start at scenario 0 and "
+                "train every scenario again. Restore the directory from a backup, or keep "
+                "this error's step in mind and skip what was trained by hand"
+            )
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOENT
+        else:
+            outcome = (
+                f"art_trio wrote the run's resume state (training step {state.training_step}, "
+                f"which scenarios are trained: every one below {state.ledger.watermark} and "
+                f"{len(state.ledger.resolved_above)} above) into {self.output_dir} again, so a "
+                "resume neither repeats nor skips a scenario. What else the directory held is "
+                "gone and art_trio cannot bring it back: ART's checkpoints (with LocalBackend, "
+                "the trained weights: the backend resumes from the step it still has), "
+                "history.jsonl, logs. Restore them from a backup if you have one; to start "
+                "over instead, train with resume=False"
+            )
+            code = errno.ENOENT
+        raise ModelDirectoryLostError(
+            code,
+            f"the model directory {self.output_dir} was deleted or replaced while this run "
+            f"was training it ({why}). The run stops: nothing more is written to deleted "
+            f"files. {outcome}",
+            str(self.output_dir),
+        )
+
+    def _write_snapshot(self, state: PipelineState) -> None:
         epoch = secrets.token_hex(4)
         stamp: dict[str, Any] = {"journal_seq": self._seq, "journal_epoch": epoch}
         if self.identity is not None:
@@ -825,6 +920,7 @@ _JOURNAL_ADVICE = (
 __all__ = [
     "JOURNAL_FILE",
     "PIPELINE_STATE_KEY",
+    "ModelDirectoryLostError",
     "SIDECAR_FILE",
     "ForeignStateError",
     "PendingBatch",
