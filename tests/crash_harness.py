@@ -6,8 +6,8 @@ Run from the repository root (`python -m tests.crash_harness ...`):
         A fork server. Importing ART costs seconds, so it imports everything once, then
         forks one child per command read from stdin, replying `@ child <pid>` and, when the
         child ends, `@ exit <pid> <code>` (negative code: killed by that signal).
-        Commands (one per line): `train <dir> <total_steps> <seed>`, `write-loop <dir>`,
-        `quit`. Children inherit stdout; the lines meant for the test start with "@ ".
+        Commands (one per line): `train <dir> <total_steps> <seed> [<fork>]`, `write-loop
+        <dir>`, `quit`. Children inherit stdout; the lines meant for the test start with "@ ".
     train <dir> <total_steps> <seed>
         One training run in this process, resuming from <dir>: PipelineTrainer under trio with
         a backend double that appends every trained step (its scenario ids) to
@@ -15,6 +15,9 @@ Run from the repository root (`python -m tests.crash_harness ...`):
         lines there, so it survives the kill. Rollouts sleep a few random milliseconds (asyncio
         or anyio, by seed). Runs until the backend reaches <total_steps>. Prints
         `@ started <step>`, `@ step <n>` after each durable step, `@ done <step> <counters>`.
+        With <fork> (`mp-fork`, `os-fork` or `subprocess`), the first rollout starts a helper
+        that sleeps for 10 minutes (multiprocessing's "fork" context, a bare os.fork, or
+        `sleep` through subprocess with close_fds=False) and prints `@ helper <pid>`.
     write-loop <dir>
         Persists ever larger states with a StateStore, printing `@ ack <n>` after each write
         returned (state n has training_step n and the ledger `expected_ledger(n)`, so a
@@ -51,6 +54,7 @@ import trio
 from art.types import TrainResult
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.bridge import is_native
 from art_trio.compat import trainable_model
 from art_trio.ledger import PipelineState, ScenarioLedger, StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
@@ -124,7 +128,32 @@ def _group(scenario: dict[str, Any]) -> art.TrajectoryGroup:
     return art.TrajectoryGroup([trajectory(0.0), trajectory(0.5), trajectory(1.0)])
 
 
-async def run_training(directory: Path, total_steps: int, seed: int) -> None:
+def start_helper(kind: str) -> int:
+    """A helper process a rollout forks, sleeping far longer than any test (see `serve`)."""
+    if kind == "mp-fork":
+        import multiprocessing
+        import time
+
+        process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        process.start()
+        assert process.pid is not None
+        return process.pid
+    if kind == "os-fork":
+        pid = os.fork()
+        if pid == 0:
+            import time
+
+            try:
+                time.sleep(600)
+            finally:
+                os._exit(0)
+        return pid
+    if kind == "subprocess":
+        return subprocess.Popen(["sleep", "600"], close_fds=False).pid
+    raise SystemExit(f"unknown helper kind {kind!r}")
+
+
+async def run_training(directory: Path, total_steps: int, seed: int, fork: str = "") -> None:
     rng = random.Random(seed)
     backend = DurableBackend(directory / TRAINED_LOG, rng)
     model: art.TrainableModel[Any, Any] = trainable_model(
@@ -149,6 +178,19 @@ async def run_training(directory: Path, total_steps: int, seed: int) -> None:
         async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
             await anyio.sleep(rng.uniform(0.0, 0.01))
             return _group(scenario)
+
+    if fork:
+        plain_rollout = rollout
+
+        async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
+            nonlocal fork
+            if fork:
+                kind, fork = fork, ""
+                emit(f"helper {start_helper(kind)}")
+            return await plain_rollout(model, scenario, config)
+
+        if is_native(plain_rollout):
+            rollout = trio_native(rollout)
 
     trainer = PipelineTrainer(
         model,
@@ -218,8 +260,9 @@ def write_loop(directory: Path) -> None:
 def run_command(args: list[str]) -> None:
     if args[0] == "train":
         directory, total, seed = Path(args[1]), int(args[2]), int(args[3])
+        fork = args[4] if len(args) > 4 else ""
         directory.mkdir(parents=True, exist_ok=True)
-        trio.run(run_training, directory, total, seed)
+        trio.run(run_training, directory, total, seed, fork)
     elif args[0] == "write-loop":
         write_loop(Path(args[1]))
     else:

@@ -31,8 +31,8 @@ from .events import (
 )
 from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
 from .fates import Fate, RunCounters
-from .ledger import ForeignStateError, StateFileError, StateWriteError
-from .lock import RunLockedError
+from .ledger import ForeignStateError, ModelDirectoryLostError, StateFileError, StateWriteError
+from .lock import ModelDirectoryError, RunLockedError
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -86,6 +86,8 @@ __all__ = [
     "GroupQueued",
     "GroupReceived",
     "LoopUnresponsive",
+    "ModelDirectoryError",
+    "ModelDirectoryLostError",
     "PolicyPublished",
     "Resized",
     "RolloutRejected",

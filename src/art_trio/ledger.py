@@ -32,6 +32,11 @@ What a write guarantees (issue 19):
   epoch of the snapshot it follows. Replay takes only records of the snapshot's epoch, so a
   crash between a snapshot (`resume=False`'s fresh one, or a periodic one) and the journal's
   reset never replays another generation's records onto it.
+- incremental (issue 25): a record carries the evals completed since the previous one
+  (`evals_completed`), the snapshot the completed evals as arithmetic runs
+  (`completed_eval_runs`), so neither grows with the number of evals; only the mirror in
+  `state.json` keeps ART's whole `completed_eval_steps` list. Files of the previous format
+  (whole lists in every record and snapshot) are still read.
 - validated: a malformed, hand-edited or foreign file raises `StateFileError` naming the
   file, what is wrong and what to do; a state whose recorded model, project or first
   scenarios differ from this run's is refused (`ForeignStateError`).
@@ -52,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .lock import ModelDirectoryError, RunLock, RunLockedError
+
 logger = logging.getLogger("art_trio")
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -70,7 +77,9 @@ JOURNAL_FILE = "art_trio_journal.jsonl"
 SNAPSHOT_EVERY = 200
 """Journal records between two snapshots: bounds the journal's size and the replay on resume."""
 
-STATE_FORMAT = "art_trio/1"
+STATE_FORMAT = "art_trio/2"
+"""2: completed evals as runs in the snapshot and as increments in records (1: whole lists,
+still read)."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
@@ -88,21 +97,29 @@ class StateWriteError(OSError):
     """A resume-state write failed or was short; nothing after it may assume it happened."""
 
 
+class ModelDirectoryLostError(StateWriteError, ModelDirectoryError):
+    """The model directory, or art_trio's files in it, vanished or were replaced mid-run."""
+
+
 def scenario_digest(scenario: object) -> str | None:
     """A stable fingerprint of one scenario, or None if it has no stable JSON form.
 
     Dicts, lists, strings and numbers, pydantic models and dataclasses of them have one; for
     anything else (objects whose repr holds an address) the check is skipped, never guessed.
+    A fingerprint never ends the run: whatever computing it raises means "no stable form".
     """
     data: object = scenario
     try:
-        dump = getattr(scenario, "model_dump", None)
+        # Looked up on the type, not the instance: an attribute-dict (`__getattr__ =
+        # dict.__getitem__`, a common idiom) raises KeyError for a missing attribute, which
+        # getattr's default does not catch; and a dict key named `model_dump` is not a method.
+        dump = getattr(type(scenario), "model_dump", None)
         if callable(dump):
-            data = dump(mode="json")
+            data = dump(scenario, mode="json")
         elif dataclasses.is_dataclass(scenario) and not isinstance(scenario, type):
             data = dataclasses.asdict(scenario)
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001  (a user's model_dump, a cycle, keys sort cannot order)
         return None
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -195,6 +212,18 @@ class PipelineState:
     scenario_digests: list[str | None] = field(default_factory=list)
     #: Whether `scenario_digests` grew since the last journal record.
     digests_unjournaled: bool = False
+    #: Evals completed since the last journal record (what the next record must carry).
+    evals_unjournaled: list[int] = field(default_factory=list)
+    #: How many completed evals the journal and snapshot hold; a set that grew otherwise
+    #: (code adding to it directly) makes the next record carry the whole list once.
+    evals_journaled: int = 0
+
+    def complete_eval(self, step: int) -> None:
+        """An eval finished: persisted with the next record, which carries only the new ones."""
+        if step in self.completed_eval_steps:
+            return
+        self.completed_eval_steps.add(step)
+        self.evals_unjournaled.append(step)
 
     def _small_fields(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -202,8 +231,7 @@ class PipelineState:
             "total_scenarios_consumed": self.total_scenarios_consumed,
             "training_step": self.training_step,
             "last_eval_step": self.last_eval_step,
-            "completed_eval_steps": sorted(self.completed_eval_steps),
-            "pending_eval_steps": sorted(self.pending_eval_steps - self.completed_eval_steps),
+            "pending_eval_steps": self._pending_evals(),
             "pending_batch": (
                 None
                 if pending is None
@@ -211,6 +239,11 @@ class PipelineState:
             ),
             **self._tallies(),
         }
+
+    def _pending_evals(self) -> list[int]:
+        # O(pending), never O(completed): this runs at every step.
+        done = self.completed_eval_steps
+        return sorted(step for step in self.pending_eval_steps if step not in done)
 
     def _tallies(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TALLY_FIELDS}
@@ -223,6 +256,16 @@ class PipelineState:
         """
         resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
         record = {"seq": seq, "resolved": resolved, **self._small_fields()}
+        evals, self.evals_unjournaled = self.evals_unjournaled, []
+        if len(self.completed_eval_steps) == self.evals_journaled + len(evals):
+            # Incremental (issue 25): a record is O(what changed), not O(evals so far).
+            record["evals_completed"] = evals
+        else:
+            # The set changed behind complete_eval(): the whole list, which replay takes as
+            # the set itself (the previous format's way), once.
+            record["completed_eval_steps"] = sorted(self.completed_eval_steps)
+            record["evals_completed"] = evals
+        self.evals_journaled = len(self.completed_eval_steps)
         if self.digests_unjournaled:
             record["scenario_digests"] = list(self.scenario_digests)
             self.digests_unjournaled = False
@@ -231,6 +274,10 @@ class PipelineState:
     def unjournal(self, record: dict[str, Any]) -> None:
         """A record was not written: what it carried must go into the next one."""
         self.ledger.unjournaled[:0] = record["resolved"]
+        self.evals_unjournaled[:0] = record["evals_completed"]
+        self.evals_journaled -= len(record["evals_completed"])
+        if "completed_eval_steps" in record:
+            self.evals_journaled = -1  # the next record carries the whole list again
         if "scenario_digests" in record:
             self.digests_unjournaled = True
 
@@ -244,22 +291,38 @@ class PipelineState:
         self.total_scenarios_consumed = newer.total_scenarios_consumed
         self.training_step = newer.training_step
         self.last_eval_step = newer.last_eval_step
-        self.completed_eval_steps = newer.completed_eval_steps
+        if "completed_eval_steps" in record:
+            # The previous format (and the fallback above): the record holds the whole set.
+            self.completed_eval_steps = set(newer.completed_eval_steps)
+        self.completed_eval_steps.update(_index_list(record, "evals_completed", where))
+        self.evals_unjournaled.clear()
+        self.evals_journaled = len(self.completed_eval_steps)
         self.pending_eval_steps = newer.pending_eval_steps
         for name in TALLY_FIELDS:
             setattr(self, name, getattr(newer, name))
         if "scenario_digests" in record:
             self.scenario_digests = newer.scenario_digests
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, compact: bool = False) -> dict[str, Any]:
+        """The whole state; the reference's fields as ART writes them.
+
+        `compact` (art_trio's own snapshot): the completed evals as arithmetic runs
+        (`completed_eval_runs`, one `[first, stride, count]` for an eval every n steps)
+        instead of ART's whole `completed_eval_steps` list, which only the mirror in
+        `state.json` keeps, for ART's trainer.
+        """
         pending = self.ledger.pending
+        if compact:
+            evals: dict[str, Any] = {"completed_eval_runs": eval_runs(self.completed_eval_steps)}
+        else:
+            evals = {"completed_eval_steps": sorted(self.completed_eval_steps)}
         return {
             "scenario_offset": self.ledger.watermark,
             "total_scenarios_consumed": self.total_scenarios_consumed,
             "training_step": self.training_step,
             "last_eval_step": self.last_eval_step,
-            "completed_eval_steps": sorted(self.completed_eval_steps),
-            "pending_eval_steps": sorted(self.pending_eval_steps - self.completed_eval_steps),
+            **evals,
+            "pending_eval_steps": self._pending_evals(),
             "resolved_scenarios": sorted(self.ledger.resolved_above),
             "pending_batch": (
                 None
@@ -320,6 +383,8 @@ class PipelineState:
                 f"{where}: `scenario_digests` must be a list of strings or nulls, "
                 f"found {digests!r:.80}"
             )
+        completed = set(_index_list(data, "completed_eval_steps", where))
+        completed.update(_expand_runs(data, "completed_eval_runs", where))
         return cls(
             ledger=ledger,
             total_scenarios_consumed=_count(
@@ -329,7 +394,8 @@ class PipelineState:
                 None if stored_step is None else _count(data, "training_step", where, None)
             ),
             last_eval_step=_count(data, "last_eval_step", where, default=0),
-            completed_eval_steps=set(_index_list(data, "completed_eval_steps", where)),
+            completed_eval_steps=completed,
+            evals_journaled=len(completed),
             pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
             scenario_digests=list(digests),
             accepted_trainable_groups=_count(data, TALLY_FIELDS[0], where, default=0),
@@ -365,6 +431,47 @@ def _index_list(data: Mapping[str, Any], key: str, where: str) -> list[int]:
             f"{where}: `{key}` must be a list of non-negative integers, found {value!r:.80}"
         )
     return value
+
+
+#: A bound on one run's length when a snapshot is read, so a hand-edited count cannot
+#: exhaust memory (a million evals is far beyond any run).
+_MAX_RUN = 10**6
+
+
+def eval_runs(steps: Iterable[int]) -> list[list[int]]:
+    """Sorted steps as arithmetic runs `[first, stride, count]`: `{0, 2, 4, 6, 9}` is
+    `[[0, 2, 4], [9, 1, 1]]`. Evals every n steps, with gaps only where one failed, are a
+    handful of runs whatever the run's length."""
+    runs: list[list[int]] = []
+    for step in sorted(steps):
+        if runs:
+            first, stride, count = runs[-1]
+            last = first + stride * (count - 1)
+            if count == 1 and step > first:
+                runs[-1] = [first, step - first, 2]
+                continue
+            if step - last == stride:
+                runs[-1][2] += 1
+                continue
+        runs.append([step, 1, 1])
+    return runs
+
+
+def _expand_runs(data: Mapping[str, Any], key: str, where: str) -> list[int]:
+    """The steps of `eval_runs`' form (null or missing: none)."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(
+        isinstance(run, list) and len(run) == 3 and all(_is_count(v) for v in run)
+        and 1 <= run[2] <= _MAX_RUN and (run[1] >= 1 or run[2] == 1)
+        for run in value
+    ):
+        return [first + stride * k for first, stride, count in value for k in range(count)]
+    raise StateFileError(
+        f"{where}: `{key}` must be a list of [first, stride, count] runs of non-negative "
+        f"integers (stride >= 1, 1 <= count <= {_MAX_RUN}), found {value!r:.80}"
+    )
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None:
@@ -432,8 +539,11 @@ class StateStore:
         *,
         fsync: bool = False,
         identity: Mapping[str, str] | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
+        #: The run's lock on the directory: checked before every write (see `_check_files`).
+        self.lock = lock
         self.fsync = fsync
         self.identity = dict(identity) if identity is not None else None
         self._seq = 0
@@ -560,6 +670,18 @@ class StateStore:
         the previous record and StateWriteError is raised; the state keeps what the record
         carried, for the next write.
         """
+        self._check_files(state)
+        if self._journal_fd is not None and self._journal_changed():
+            # Someone cut or wrote the journal behind the lock's back (a truncation, an
+            # editor): a record appended now could follow a torn one. The snapshot holds
+            # everything and starts the journal over.
+            logger.warning(
+                "%s was changed by something other than this run (its size is not the one "
+                "this run wrote); writing a full snapshot instead of a journal record.",
+                self.journal_path,
+            )
+            self._write_snapshot(state)
+            return
         if self._journal_broken:
             raise StateWriteError(
                 errno.EIO,
@@ -623,23 +745,100 @@ class StateStore:
 
     def write(self, state: PipelineState) -> None:
         """Snapshot the whole state atomically and durably, then start a new journal."""
+        self._check_files(state)
+        self._write_snapshot(state)
+
+    def _journal_changed(self) -> bool:
+        assert self._journal_fd is not None
+        return os.fstat(self._journal_fd).st_size != self._journal_size
+
+    def _check_files(self, state: PipelineState) -> None:
+        """Stop the run if its directory or files vanished or were replaced (issue 25).
+
+        A cleanup job or a wrong `rm -rf` takes the resume state, the journal and the lock
+        file with it, while this process would go on writing to the deleted journal (and
+        another run could lock the directory anew). Checked before every write, so at the
+        latest at the next step. What this run knows is still whole in memory: it is written
+        again (the lock taken again first) before the error is raised, so a resume neither
+        repeats nor skips a scenario; what else the directory held is gone.
+        """
+        problems = []
+        if self.lock is not None:
+            problem = self.lock.check()
+            if problem is not None:
+                problems.append(problem)
+        if self._journal_fd is not None:
+            try:
+                here = os.stat(self.journal_path)
+            except OSError:
+                problems.append(f"{self.journal_path} was deleted")
+            else:
+                held = os.fstat(self._journal_fd)
+                if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+                    problems.append(f"{self.journal_path} was replaced by another file")
+        if self._epoch is not None and not self.sidecar_path.exists():
+            problems.append(f"{self.sidecar_path} was deleted")
+        if problems:
+            self._recover(state, problems)
+
+    def _recover(self, state: PipelineState, problems: list[str]) -> None:
+        self.close()  # the descriptor of a deleted journal: nothing written there survives
+        why = "; ".join(problems)
+        try:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock.acquire()
+            self._epoch = None
+            self._write_snapshot(state)
+        except (OSError, RunLockedError) as exc:
+            outcome = (
+                f"art_trio could not write the run's resume state there again ({exc}): a "
+                f"resume from {self.output_dir} as it is now would start at scenario 0 and "
+                "train every scenario again. Restore the directory from a backup, or keep "
+                "this error's step in mind and skip what was trained by hand"
+            )
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOENT
+        else:
+            outcome = (
+                f"art_trio wrote the run's resume state (training step {state.training_step}, "
+                f"which scenarios are trained: every one below {state.ledger.watermark} and "
+                f"{len(state.ledger.resolved_above)} above) into {self.output_dir} again, so a "
+                "resume neither repeats nor skips a scenario. What else the directory held is "
+                "gone and art_trio cannot bring it back: ART's checkpoints (with LocalBackend, "
+                "the trained weights: the backend resumes from the step it still has), "
+                "history.jsonl, logs. Restore them from a backup if you have one; to start "
+                "over instead, train with resume=False"
+            )
+            code = errno.ENOENT
+        raise ModelDirectoryLostError(
+            code,
+            f"the model directory {self.output_dir} was deleted or replaced while this run "
+            f"was training it ({why}). The run stops: nothing more is written to deleted "
+            f"files. {outcome}",
+            str(self.output_dir),
+        )
+
+    def _write_snapshot(self, state: PipelineState) -> None:
         epoch = secrets.token_hex(4)
-        data = {**state.to_json(), "journal_seq": self._seq, "journal_epoch": epoch}
+        stamp: dict[str, Any] = {"journal_seq": self._seq, "journal_epoch": epoch}
         if self.identity is not None:
-            data["run"] = dict(self.identity)
-        _atomic_write_json(self.sidecar_path, data, fsync=True)
+            stamp["run"] = dict(self.identity)
+        _atomic_write_json(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
         state.ledger.unjournaled.clear()
         state.digests_unjournaled = False
+        state.evals_unjournaled.clear()
+        state.evals_journaled = len(state.completed_eval_steps)
         self._records_since_snapshot = 0
-        # The mirror keeps ART's trainer and tools able to read the reference's fields. It
-        # need not be durable: the snapshot above already is, and resume prefers it.
+        # The mirror keeps ART's trainer and tools able to read the reference's fields (the
+        # whole `completed_eval_steps` list: ART reads no other form). It need not be
+        # durable: the snapshot above already is, and resume prefers it.
         try:
             art_state = _read_json(self.art_state_path) or {}
         except ValueError:
             art_state = {}
-        art_state[PIPELINE_STATE_KEY] = data
+        art_state[PIPELINE_STATE_KEY] = {**state.to_json(), **stamp}
         _atomic_write_json(self.art_state_path, art_state, fsync=False)
         # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
@@ -721,6 +920,7 @@ _JOURNAL_ADVICE = (
 __all__ = [
     "JOURNAL_FILE",
     "PIPELINE_STATE_KEY",
+    "ModelDirectoryLostError",
     "SIDECAR_FILE",
     "ForeignStateError",
     "PendingBatch",
@@ -729,5 +929,6 @@ __all__ = [
     "StateFileError",
     "StateStore",
     "StateWriteError",
+    "eval_runs",
     "scenario_digest",
 ]

@@ -1,32 +1,47 @@
-"""One run per model directory: an OS lock that dies with the process holding it.
+"""One run per model directory: an OS lock that dies with the trainer's process, and only it.
 
 Two runs writing one directory's resume state train scenarios twice (each takes what the
 other already trained) and can read each other's half-written files. `RunLock` takes an
-exclusive `fcntl.flock` on `art_trio.lock` in the model's output directory before anything
-is read, and keeps it until the last state write of the run is done.
+exclusive lock on `art_trio.lock` in the model's output directory before anything is read,
+and keeps it until the last state write of the run is done.
 
-Why flock:
+Why a classic POSIX record lock (`fcntl(F_SETLK)`, Python's `fcntl.lockf`), not `flock`:
 - the kernel releases it when the process dies, however it dies (kill -9, OOM): no stale
   lock to clean up, ever;
-- it belongs to the open file description, so a second `open()` of the same file in the
-  *same* process conflicts too: two trainers on one model in one program are refused like two
-  processes are;
-- taken with LOCK_NB it never waits: a second run fails at once instead of queueing behind
-  the first.
+- it belongs to the *process*, and a fork does not inherit it. `flock` locks (and Linux's
+  OFD locks) belong to the open file description, which every forked child shares: a rollout
+  that forks a helper (multiprocessing's "fork" start method, `os.fork`, a C library) would
+  keep the directory locked after a kill -9 of the trainer, for as long as the helper lives.
+  `O_CLOEXEC` only closes the descriptor at `exec`, not at fork;
+- it works on NFS (through the NFS lock protocol), where `flock` is emulated with it anyway.
+
+POSIX locks have two traps, both closed here:
+- they do not conflict within one process: a registry of the lock files this process holds
+  (by device and inode, so a symlinked path is the same directory) refuses a second trainer
+  in the same program, in any thread;
+- closing *any* descriptor of the locked file drops the process's lock: the lock file is
+  opened by `RunLock` alone, and a descriptor opened by a refused second `RunLock` of this
+  process is kept open until the holder releases.
 
 The file's content (pid, host, start time, command line) only names the holder in the error;
-the lock itself is the flock, never the file's existence, so the file is left in place.
-flock is advisory and, on NFS, emulated with byte-range locks by Linux (still exclusive
-between clients on NFSv4); it is not available on Windows.
+the lock itself is the kernel's, never the file's existence, so the file is left in place.
+The lock is advisory and not available on Windows. On a filesystem without locks (some FUSE
+or SMB mounts) `acquire` raises `ModelDirectoryError` saying so; setting the environment
+variable `ART_TRIO_RUN_LOCK=off` runs without the OS lock (this process still refuses a
+second trainer; other processes are then not kept out: you must make sure of it).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import socket
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +51,16 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = "art_trio.lock"
+
+LOCK_ENV = "ART_TRIO_RUN_LOCK"
+"""Set to `off` to run without the OS lock (a filesystem without lock support)."""
+
+logger = logging.getLogger("art_trio")
+
+#: What `fcntl` raises on a filesystem that has no locks (or refuses them).
+_UNSUPPORTED = {
+    errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL, errno.EBADF,
+}
 
 
 class RunLockedError(RuntimeError):
@@ -53,12 +78,63 @@ class RunLockedError(RuntimeError):
         )
 
 
+class ModelDirectoryError(OSError):
+    """The model directory cannot hold a run: not a directory, not writable, no locks, or
+    deleted while the run used it. Carries the errno; `filename` is the directory."""
+
+
+def lock_disabled() -> bool:
+    """Whether `ART_TRIO_RUN_LOCK` turns the OS lock off."""
+    return os.environ.get(LOCK_ENV, "").strip().lower() in {"off", "0", "false", "no"}
+
+
+@dataclass
+class _Holding:
+    """One lock file this process holds (see the registry below)."""
+
+    pid: int
+    #: Descriptors of the same file opened by refused RunLocks: closing one would drop the
+    #: lock (POSIX semantics), so they are closed when the holder releases.
+    extra_fds: list[int] = field(default_factory=list)
+
+
+#: Lock files held by this process, by (device, inode). POSIX locks never conflict within one
+#: process: this is what refuses a second trainer on the directory in the same program.
+_HELD: dict[tuple[int, int], _Holding] = {}
+_REGISTRY = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    # A forked child holds none of the parent's POSIX locks; its copy of the registry would
+    # make it refuse itself for the wrong reason, and the registry's lock may have been held
+    # by another thread at the fork. Closing the child's copies of the descriptors is only
+    # tidiness: the child holds no lock they could release.
+    global _REGISTRY
+    _REGISTRY = threading.Lock()
+    for holding in _HELD.values():
+        for fd in holding.extra_fds:
+            _close_quietly(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 class RunLock:
     """An exclusive, non-blocking lock on one model directory (see the module docstring)."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
 
     @property
     def path(self) -> Path:
@@ -69,34 +145,142 @@ class RunLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock now or raise RunLockedError naming the holder; never waits."""
+        """Take the lock now or raise RunLockedError naming the holder; never waits.
+
+        Raises ModelDirectoryError (naming the directory and what to do) if the directory
+        cannot be created or written, is a file, or its filesystem has no locks.
+        """
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this RunLock")
         if fcntl is None:  # pragma: no cover - Windows
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _describe_holder(fd)
-            os.close(fd)
-            raise RunLockedError(self.directory, holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
+        self._make_directory()
+        with _REGISTRY:
+            fd = self._open()
+            try:
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                holding = _HELD.get(key)
+                if holding is not None and holding.pid == os.getpid():
+                    holder = _describe_holder(fd)
+                    # Not closed: that would drop the other trainer's lock (POSIX semantics).
+                    holding.extra_fds.append(fd)
+                    fd = -1
+                    raise RunLockedError(self.directory, holder)
+                if not lock_disabled():
+                    self._lock(fd)
+                _HELD[key] = _Holding(pid=os.getpid())
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
+        self._fd, self._key = fd, key
         try:
             _write_holder(fd)
         except OSError:
-            # Naming the holder is a courtesy (the disk may be full); the flock is the lock.
+            # Naming the holder is a courtesy (the disk may be full); the lock is the kernel's.
             pass
 
+    def _make_directory(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as exc:
+            raise ModelDirectoryError(
+                errno.ENOTDIR,
+                f"the model directory {self.directory} exists but is not a directory (a file "
+                "is in its place): art_trio keeps the run's lock and resume state there. Move "
+                "the file away, or give the model another name or base_path",
+                str(self.directory),
+            ) from exc
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
+
+    def _unwritable(self, exc: OSError) -> ModelDirectoryError:
+        return ModelDirectoryError(
+            exc.errno or errno.EIO,
+            f"cannot create or open {self.path} ({exc.strerror or exc}): art_trio needs a "
+            f"writable model directory ({self.directory}) for the run's lock and resume state. "
+            "Make it writable (a read-only mount, permissions, a path component that is a "
+            "file), or give the model a base_path that is",
+            str(self.directory),
+        )
+
+    def _lock(self, fd: int) -> None:
+        assert fcntl is not None
+        try:
+            _os_lock(fd)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise RunLockedError(self.directory, _describe_holder(fd)) from None
+            if exc.errno in _UNSUPPORTED:
+                raise ModelDirectoryError(
+                    exc.errno,
+                    f"the filesystem of the model directory {self.directory} does not support "
+                    f"file locks ({exc.strerror or exc}; some NFS, FUSE or SMB mounts), so "
+                    "art_trio cannot make sure that only one run uses it (two would train the "
+                    "same scenarios twice). Use a directory on a local filesystem (the model's "
+                    f"base_path), or set the environment variable {LOCK_ENV}=off to run "
+                    "without the lock if you make sure yourself that no other process trains "
+                    "in this directory meanwhile",
+                    str(self.directory),
+                ) from exc
+            raise
+
+    def check(self) -> str | None:
+        """None while the lock file at `path` is the one locked; otherwise what happened to it.
+
+        A deleted directory (a cleanup job, a wrong `rm -rf`) takes the lock file with it:
+        another run could then lock a new file there while this one still writes.
+        """
+        if self._fd is None:
+            return None
+        try:
+            here = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} was deleted"
+        except OSError as exc:
+            return f"{self.path} can no longer be read ({exc.strerror or exc})"
+        held = os.fstat(self._fd)
+        if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
+            return f"{self.path} was replaced by another file"
+        if fcntl is not None and not lock_disabled():
+            # Re-asserted: a no-op while held. Code of this process that opened and closed the
+            # lock file (a copy of the directory) dropped it (POSIX semantics): this takes it
+            # back, or finds that another process took it meanwhile.
+            try:
+                _os_lock(self._fd)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return (
+                        f"the lock on {self.path} was lost (code in this process opened and "
+                        "closed that file) and another run took it: "
+                        + _describe_holder(self._fd)
+                    )
+        return None
+
     def release(self) -> None:
-        """Give the lock up (closing the descriptor releases the flock). Idempotent."""
+        """Give the lock up (closing the descriptor releases it). Idempotent."""
         fd, self._fd = self._fd, None
-        if fd is not None:
+        key, self._key = self._key, None
+        if fd is None:
+            return
+        with _REGISTRY:
+            holding = _HELD.pop(key, None) if key is not None else None
+            for extra in holding.extra_fds if holding is not None else ():
+                _close_quietly(extra)
             os.close(fd)
+
+
+def _os_lock(fd: int) -> None:
+    # A seam for fault injection (a filesystem without locks); real code is fcntl.lockf.
+    assert fcntl is not None
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _holder_info() -> dict[str, Any]:
@@ -118,8 +302,15 @@ def _describe_holder(fd: int) -> str:
     """Who holds the lock, from what it wrote into the file (best effort)."""
     try:
         raw = os.pread(fd, 4096, 0)
+    except OSError:
+        raw = b""
+    return _describe(raw)
+
+
+def _describe(raw: bytes) -> str:
+    try:
         info = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError):
+    except ValueError:
         return "holder unknown: the lock file names no process yet"
     if not isinstance(info, dict):
         return "holder unknown"
@@ -133,4 +324,4 @@ def _describe_holder(fd: int) -> str:
     return f"held by {who}, since {started}, command: {command}"
 
 
-__all__ = ["LOCK_FILE", "RunLock", "RunLockedError"]
+__all__ = ["LOCK_ENV", "LOCK_FILE", "ModelDirectoryError", "RunLock", "RunLockedError"]

@@ -20,6 +20,15 @@ class _End:
     pass
 
 
+#: Per state file, the fingerprint each of its run's first scenarios had when a source first
+#: yielded it, with the object itself (so its id stays its own). A rollout may annotate its
+#: scenario (`scenario["seen"] = True`): a resume in the same program given the same objects
+#: must be compared by what they were when yielded, not by what rollouts made of them.
+_FIRST_SEEN: dict[str, dict[int, tuple[object, str | None]]] = {}
+#: Entries kept per state file: the first scenarios of the last few sources given for it.
+_FIRST_SEEN_KEPT = 4 * SCENARIO_DIGESTS
+
+
 _END = _End()
 
 
@@ -141,9 +150,22 @@ class ScenarioSource(Generic[T]):
         self._state.total_scenarios_consumed += 1
         return index, item
 
+    def _digest(self, item: T) -> str | None:
+        """The item's fingerprint as first yielded for this state file (see `_FIRST_SEEN`)."""
+        seen = _FIRST_SEEN.setdefault(self._state_file, {})
+        known = seen.pop(id(item), None)
+        if known is not None and known[0] is item:
+            digest = known[1]
+        else:
+            digest = scenario_digest(item)
+        seen[id(item)] = (item, digest)  # re-inserted last: the oldest entries go first
+        while len(seen) > _FIRST_SEEN_KEPT:
+            del seen[next(iter(seen))]
+        return digest
+
     def _check_digest(self, index: int, item: T) -> None:
         """Refuse a source whose first scenarios differ from the stored state's; record them."""
-        digest = scenario_digest(item)
+        digest = self._digest(item)
         stored = self._stored_digests
         if index < len(stored):
             if stored[index] is not None and digest is not None and stored[index] != digest:

@@ -265,6 +265,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: A stop requested before the run existed: None, "graceful" or "force".
         self._stop_before_start: str | None = None
         self._prepare_scope: anyio.CancelScope | None = None
+        #: The lock on the model directory while train() runs (its state store checks it).
+        self._run_lock: RunLock | None = None
         #: True from the first line of train() to its end (the in-process guard).
         self._active = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
@@ -319,10 +321,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         try:
             lock = RunLock(self.model._get_output_dir())
             lock.acquire()
+            self._run_lock = lock
             try:
                 with _long_lived_objects_frozen():
                     await self._train_locked(handle_signals, task_status)
             finally:
+                self._run_lock = None
                 lock.release()
         finally:
             self._active = False
@@ -637,6 +641,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.model._get_output_dir(),
             fsync=settings.fsync_state,
             identity={"model": self.model.name, "project": self.model.project},
+            lock=self._run_lock,
         )
         stored = store.read() if settings.resume else None
         state = stored or PipelineState()

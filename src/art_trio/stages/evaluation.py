@@ -97,7 +97,7 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         if completed:
             run.counters.evals_finished += 1
             run.state.pending_eval_steps.discard(step)
-            run.state.completed_eval_steps.add(step)
+            run.state.complete_eval(step)
             # Persisted now, as ART does, so a run killed before its next step does not
             # evaluate this step again on resume.
             run.persist()
