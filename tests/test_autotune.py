@@ -14,9 +14,12 @@ from art_trio.autotune import (
     AutotuneConfig,
     AutotunePolicy,
     InferenceLoad,
+    ProfileError,
     initial_runtime,
     parse_vllm_metrics,
+    profile_document,
     profile_path,
+    save_profile,
 )
 from art_trio.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from art_trio.events import RunStatistics
@@ -285,3 +288,102 @@ def _endless() -> Any:
 
 
 _ = scenarios  # the shared doubles module (imported for its fixtures' side effects)
+
+
+# -- the saved profile: read with clear errors, written durably (issue 25, cases 14, 18) -----
+
+
+def _write_profile(model: Any, text: str) -> Path:
+    path = profile_path(model._get_output_dir(), "latest")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+_GOOD_SETTINGS = {"num_rollout_workers": 6, "min_batch_size": 2, "max_batch_size": 4}
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"settings": {"num_rollout_workers": 6', "not valid JSON"),  # torn write
+        ("", "not valid JSON"),  # empty (a crash before the data reached the disk)
+        ("[1, 2]", "JSON object"),
+        ('{"decisions": []}', "`settings`"),
+        ('{"settings": [6, 2, 4]}', "`settings`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": "6"}}),
+         "`settings.num_rollout_workers`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": 0}}),
+         "`settings.num_rollout_workers`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "min_batch_size": 2.5}}),
+         "`settings.min_batch_size`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "max_batch_size": True}}),
+         "`settings.max_batch_size`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "queue_maxsize": -1}}),
+         "`settings.queue_maxsize`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "min_batch_size": 8}}),
+         "`settings.min_batch_size` (8) is above `settings.max_batch_size` (4)"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": 5000}}),
+         "exceeds max_rollout_workers=1024"),
+    ],
+)
+def test_a_damaged_profile_is_a_clear_error_naming_the_file_and_field(model, backend, text,
+                                                                      field):
+    path = _write_profile(model, text)
+    with pytest.raises(ProfileError) as caught:
+        PipelineTrainer(model, backend, trio_native(_never), [], None,
+                        autotune=PipelineAutotuneConfig(mode="profile"))
+    message = str(caught.value)
+    assert str(path) in message and field in message, message
+    assert "mode='online'" in message  # what to do
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_profile_with_fields_missing_falls_back_to_the_configs_start(model, backend):
+    _write_profile(model, json.dumps({"settings": {"num_rollout_workers": 3}}))
+    cfg = AutotuneConfig(mode="profile", initial_min_groups_per_packed_sequence=2,
+                         initial_max_groups_per_packed_sequence=5)
+    trainer = PipelineTrainer(model, backend, trio_native(_never), [], None, autotune=cfg)
+    assert (trainer.num_rollout_workers, trainer.min_batch_size, trainer.max_batch_size) == (
+        3, 2, 5)
+
+
+def test_a_profile_saved_by_another_model_is_applied_with_a_warning(model, backend):
+    _write_profile(model, json.dumps({"model_name": "someone-else", "settings": _GOOD_SETTINGS}))
+    with pytest.warns(UserWarning, match="'someone-else'.*retune"):
+        trainer = PipelineTrainer(model, backend, trio_native(_never), [], None,
+                                  autotune=PipelineAutotuneConfig(mode="profile"))
+    assert trainer.num_rollout_workers == 6
+
+
+def test_the_profile_is_saved_durably_and_a_failed_save_keeps_the_old_one(tmp_path,
+                                                                           monkeypatch):
+    import os
+
+    path = tmp_path / "pipeline_tuner" / "latest.json"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    policy = _policy(7)
+    save_profile(path, profile_document(policy, AutotuneConfig(mode="online"),
+                                        model_name="m", queue_maxsize=None))
+    assert synced == ["file", "dir"]  # the data, then the rename
+    assert json.loads(path.read_text())["settings"]["num_rollout_workers"] == 7
+    assert [p.name for p in path.parent.iterdir()] == ["latest.json"]  # no temporary left
+
+    # A write that fails half-way (a full disk) leaves the previous profile whole.
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    policy.num_rollout_workers = 9
+    with pytest.raises(OSError):
+        save_profile(path, profile_document(policy, AutotuneConfig(mode="online"),
+                                            model_name="m", queue_maxsize=None))
+    assert json.loads(path.read_text())["settings"]["num_rollout_workers"] == 7
+    assert [p.name for p in path.parent.iterdir()] == ["latest.json"]

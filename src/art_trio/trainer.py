@@ -742,7 +742,10 @@ def _autotune_start(
             f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
             "(a run with mode='online' saves one there)"
         )
-    loaded = load_profile_settings(path)
+    loaded = load_profile_settings(
+        path, model_name=getattr(model, "name", None),
+        max_workers=getattr(config, "max_rollout_workers", None),
+    )
     return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
 
 
