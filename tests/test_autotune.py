@@ -387,3 +387,88 @@ def test_the_profile_is_saved_durably_and_a_failed_save_keeps_the_old_one(tmp_pa
                                             model_name="m", queue_maxsize=None))
     assert json.loads(path.read_text())["settings"]["num_rollout_workers"] == 7
     assert [p.name for p in path.parent.iterdir()] == ["latest.json"]
+
+
+# -- the user's resize during a tuned run: theirs wins (issue 25, case 12) -------------------
+
+
+def test_a_users_resize_is_adopted_and_pinned_by_the_policy():
+    # At max_workers and starved, the policy lowers min_batch_size; once the user sets the
+    # batch sizes, it leaves them alone (and never returns to its own stale copy).
+    run = FakeRun(_policy(4, max_workers=4), lambda n: 0.5)
+    run.policy.user_resized(min_batch_size=1, max_batch_size=1)
+    decisions = [d for d in (run.step() for _ in range(60)) if d is not None]
+    assert decisions and not any(d.changed for d in decisions)
+    assert (run.policy.min_batch_size, run.policy.max_batch_size) == (1, 1)
+    # Workers pinned: a starved window would add workers; it holds and says why.
+    run = FakeRun(_policy(4), lambda n: 0.5)
+    run.policy.user_resized(num_rollout_workers=3)
+    decisions = [d for d in (run.step() for _ in range(60)) if d is not None]
+    assert decisions and all(d.num_rollout_workers == 3 for d in decisions)
+    assert "user's resize" in decisions[-1].reason
+
+
+def test_a_resize_restarts_the_search_from_the_new_sizes():
+    run = FakeRun(_policy(256), lambda n: 1.0 if n >= 12 else max(0.05, 1 - 0.08 * (12 - n)))
+    for _ in range(200):
+        run.step()
+    assert run.policy.num_rollout_workers == 12 and run.policy.settled_at_step is not None
+    run.policy.user_resized(max_batch_size=4, min_batch_size=2)  # workers not pinned
+    assert run.policy.low is None and run.policy.high is None
+    assert run.policy.settled_at_step is None and run.policy.pinned == {
+        "max_batch_size": 4, "min_batch_size": 2}
+    assert run.step() is None  # the step after a resize is not judged
+
+
+def test_the_policy_judges_from_the_live_sizes():
+    policy = _policy(8)
+    policy.sync(5, 1, 1)
+    assert (policy.num_rollout_workers, policy.min_batch_size, policy.max_batch_size) == (
+        5, 1, 1)
+
+
+@pytest.mark.parametrize("given", [{"min_batch_size": 1, "max_batch_size": 1},
+                                   {"num_rollout_workers": 5}])
+async def test_a_users_resize_during_a_tuned_run_wins_and_the_run_goes_on(
+    model, autojump_clock, given
+):
+    import trio
+
+    from art_trio.events import Resized, StepTrained
+
+    backend = RecordingBackend(train_seconds=0.1)
+    object.__setattr__(model, "_backend", backend)
+    workload = replace(PRESETS["plenty-off1"], rollout_latency=Exponential(0.05),
+                       train_time=Constant(0.1))
+    rollout = trio_native(make_rollout_fn(workload, Recorder(detailed=False)))
+    cfg = AutotuneConfig(mode="online", initial_model_calls_per_inference_gpu=64)
+    trainer = PipelineTrainer(model, backend, rollout, _endless(), None, autotune=cfg,
+                              max_steps_off_policy=1, max_steps=160, resume=False,
+                              log_interval_seconds=1e9)
+    at_step_12 = trio.Event()
+    resizes: list[tuple[int, Resized]] = []
+    steps = [0]
+
+    def observe(event: Any) -> None:
+        if isinstance(event, StepTrained):
+            steps[0] += 1
+            if steps[0] == 12:
+                at_step_12.set()
+        elif isinstance(event, Resized):
+            resizes.append((steps[0], event))
+
+    trainer.add_observer(observe)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trainer.train)
+        await at_step_12.wait()
+        trainer.resize(**given, reason="user")
+    final = trainer.statistics()
+    assert final.steps == 160  # the run went on to its end (no ValueError from the tuner)
+    for name, value in given.items():
+        assert getattr(final, name) == value
+    user = next(i for i, (_, e) in enumerate(resizes) if e.reason == "user")
+    later = [e for _, e in resizes[user + 1:]]
+    # The tuner's own changes after it keep the user's values.
+    assert all(getattr(e, name) == value for e in later for name, value in given.items())
+    if "num_rollout_workers" not in given:
+        assert later, "the tuner went on tuning the worker count"

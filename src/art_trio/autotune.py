@@ -195,6 +195,50 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: Sizes the user set with `trainer.resize` during the run: theirs win, the tuner
+        #: leaves these fields alone from then on.
+        self.pinned: dict[str, int] = {}
+
+    # -- the run's own sizes ---------------------------------------------------------------
+
+    def sync(self, num_rollout_workers: int, min_batch_size: int, max_batch_size: int) -> None:
+        """Adopt the run's live settings before judging (an executor's clamp, a resize the
+        tuner was not told of): decisions start from what runs, never from a stale copy."""
+        live = (num_rollout_workers, min_batch_size, max_batch_size)
+        if live == (self.num_rollout_workers, self.min_batch_size, self.max_batch_size):
+            return
+        if num_rollout_workers != self.num_rollout_workers:
+            self._restart_window()  # the window so far measured another count
+        self.num_rollout_workers, self.min_batch_size, self.max_batch_size = live
+
+    def user_resized(
+        self,
+        *,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """The user resized the run (`trainer.resize`): the user wins. Each field given is
+        adopted and pinned (the tuner does not change it again in this run); what was
+        measured under the old sizes no longer applies, so the search starts over from the
+        new ones (bracket, ceiling, window)."""
+        given = {"num_rollout_workers": num_rollout_workers, "min_batch_size": min_batch_size,
+                 "max_batch_size": max_batch_size}
+        for name, value in given.items():
+            if value is not None:
+                self.pinned[name] = int(value)
+                setattr(self, name, int(value))
+        self.min_batch_size = min(self.min_batch_size, self.max_batch_size)
+        self.low = self.high = self.ceiling = None
+        self.settled_at_step = None
+        self._restart_window()
+
+    def _restart_window(self) -> None:
+        self._skip = max(self._skip, self.skip_steps_after_change)
+        self._start = None
+        self._here = 0
+        self._here_utilization = 1.0
+        self._starved_in_a_row = 0
 
     # -- the one entry point ---------------------------------------------------------------
 
@@ -218,7 +262,7 @@ class AutotunePolicy:
         self._here += 1
         weight = max(1 / self._here, 1 / self.drift_horizon)
         self._here_utilization += weight * (window.utilization - self._here_utilization)
-        decision = self._decide(window, stats.steps, inference)
+        decision = self._respect_pins(self._decide(window, stats.steps, inference))
         self.decisions.append(decision)
         if decision.changed:
             self.num_rollout_workers = decision.num_rollout_workers
@@ -334,6 +378,19 @@ class AutotunePolicy:
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _respect_pins(self, d: Decision) -> Decision:
+        """A change to a size the user set during the run becomes a hold: theirs wins."""
+        if not d.changed:
+            return d
+        for name, value in (("num_rollout_workers", d.num_rollout_workers),
+                            ("min_batch_size", d.min_batch_size)):
+            if name in self.pinned and value != self.pinned[name]:
+                return Decision(d.step, "hold", f"{d.reason} (not applied: {name}="
+                                f"{self.pinned[name]} was set by the user's resize, which "
+                                "wins)", d.previous_workers, self.num_rollout_workers,
+                                self.min_batch_size, False, d.window)
+        return d
 
     def _drift(self) -> str | None:
         """Why the windows at this count say the workload changed, or None (noise so far)."""
