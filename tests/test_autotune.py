@@ -14,9 +14,12 @@ from art_trio.autotune import (
     AutotuneConfig,
     AutotunePolicy,
     InferenceLoad,
+    ProfileError,
     initial_runtime,
     parse_vllm_metrics,
+    profile_document,
     profile_path,
+    save_profile,
 )
 from art_trio.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from art_trio.events import RunStatistics
@@ -285,3 +288,187 @@ def _endless() -> Any:
 
 
 _ = scenarios  # the shared doubles module (imported for its fixtures' side effects)
+
+
+# -- the saved profile: read with clear errors, written durably (issue 25, cases 14, 18) -----
+
+
+def _write_profile(model: Any, text: str) -> Path:
+    path = profile_path(model._get_output_dir(), "latest")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+_GOOD_SETTINGS = {"num_rollout_workers": 6, "min_batch_size": 2, "max_batch_size": 4}
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"settings": {"num_rollout_workers": 6', "not valid JSON"),  # torn write
+        ("", "not valid JSON"),  # empty (a crash before the data reached the disk)
+        ("[1, 2]", "JSON object"),
+        ('{"decisions": []}', "`settings`"),
+        ('{"settings": [6, 2, 4]}', "`settings`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": "6"}}),
+         "`settings.num_rollout_workers`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": 0}}),
+         "`settings.num_rollout_workers`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "min_batch_size": 2.5}}),
+         "`settings.min_batch_size`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "max_batch_size": True}}),
+         "`settings.max_batch_size`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "queue_maxsize": -1}}),
+         "`settings.queue_maxsize`"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "min_batch_size": 8}}),
+         "`settings.min_batch_size` (8) is above `settings.max_batch_size` (4)"),
+        (json.dumps({"settings": {**_GOOD_SETTINGS, "num_rollout_workers": 5000}}),
+         "exceeds max_rollout_workers=1024"),
+    ],
+)
+def test_a_damaged_profile_is_a_clear_error_naming_the_file_and_field(model, backend, text,
+                                                                      field):
+    path = _write_profile(model, text)
+    with pytest.raises(ProfileError) as caught:
+        PipelineTrainer(model, backend, trio_native(_never), [], None,
+                        autotune=PipelineAutotuneConfig(mode="profile"))
+    message = str(caught.value)
+    assert str(path) in message and field in message, message
+    assert "mode='online'" in message  # what to do
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_profile_with_fields_missing_falls_back_to_the_configs_start(model, backend):
+    _write_profile(model, json.dumps({"settings": {"num_rollout_workers": 3}}))
+    cfg = AutotuneConfig(mode="profile", initial_min_groups_per_packed_sequence=2,
+                         initial_max_groups_per_packed_sequence=5)
+    trainer = PipelineTrainer(model, backend, trio_native(_never), [], None, autotune=cfg)
+    assert (trainer.num_rollout_workers, trainer.min_batch_size, trainer.max_batch_size) == (
+        3, 2, 5)
+
+
+def test_a_profile_saved_by_another_model_is_applied_with_a_warning(model, backend):
+    _write_profile(model, json.dumps({"model_name": "someone-else", "settings": _GOOD_SETTINGS}))
+    with pytest.warns(UserWarning, match="'someone-else'.*retune"):
+        trainer = PipelineTrainer(model, backend, trio_native(_never), [], None,
+                                  autotune=PipelineAutotuneConfig(mode="profile"))
+    assert trainer.num_rollout_workers == 6
+
+
+def test_the_profile_is_saved_durably_and_a_failed_save_keeps_the_old_one(tmp_path,
+                                                                           monkeypatch):
+    import os
+
+    path = tmp_path / "pipeline_tuner" / "latest.json"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    policy = _policy(7)
+    save_profile(path, profile_document(policy, AutotuneConfig(mode="online"),
+                                        model_name="m", queue_maxsize=None))
+    assert synced == ["file", "dir"]  # the data, then the rename
+    assert json.loads(path.read_text())["settings"]["num_rollout_workers"] == 7
+    assert [p.name for p in path.parent.iterdir()] == ["latest.json"]  # no temporary left
+
+    # A write that fails half-way (a full disk) leaves the previous profile whole.
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    policy.num_rollout_workers = 9
+    with pytest.raises(OSError):
+        save_profile(path, profile_document(policy, AutotuneConfig(mode="online"),
+                                            model_name="m", queue_maxsize=None))
+    assert json.loads(path.read_text())["settings"]["num_rollout_workers"] == 7
+    assert [p.name for p in path.parent.iterdir()] == ["latest.json"]
+
+
+# -- the user's resize during a tuned run: theirs wins (issue 25, case 12) -------------------
+
+
+def test_a_users_resize_is_adopted_and_pinned_by_the_policy():
+    # At max_workers and starved, the policy lowers min_batch_size; once the user sets the
+    # batch sizes, it leaves them alone (and never returns to its own stale copy).
+    run = FakeRun(_policy(4, max_workers=4), lambda n: 0.5)
+    run.policy.user_resized(min_batch_size=1, max_batch_size=1)
+    decisions = [d for d in (run.step() for _ in range(60)) if d is not None]
+    assert decisions and not any(d.changed for d in decisions)
+    assert (run.policy.min_batch_size, run.policy.max_batch_size) == (1, 1)
+    # Workers pinned: a starved window would add workers; it holds and says why.
+    run = FakeRun(_policy(4), lambda n: 0.5)
+    run.policy.user_resized(num_rollout_workers=3)
+    decisions = [d for d in (run.step() for _ in range(60)) if d is not None]
+    assert decisions and all(d.num_rollout_workers == 3 for d in decisions)
+    assert "user's resize" in decisions[-1].reason
+
+
+def test_a_resize_restarts_the_search_from_the_new_sizes():
+    run = FakeRun(_policy(256), lambda n: 1.0 if n >= 12 else max(0.05, 1 - 0.08 * (12 - n)))
+    for _ in range(200):
+        run.step()
+    assert run.policy.num_rollout_workers == 12 and run.policy.settled_at_step is not None
+    run.policy.user_resized(max_batch_size=4, min_batch_size=2)  # workers not pinned
+    assert run.policy.low is None and run.policy.high is None
+    assert run.policy.settled_at_step is None and run.policy.pinned == {
+        "max_batch_size": 4, "min_batch_size": 2}
+    assert run.step() is None  # the step after a resize is not judged
+
+
+def test_the_policy_judges_from_the_live_sizes():
+    policy = _policy(8)
+    policy.sync(5, 1, 1)
+    assert (policy.num_rollout_workers, policy.min_batch_size, policy.max_batch_size) == (
+        5, 1, 1)
+
+
+@pytest.mark.parametrize("given", [{"min_batch_size": 1, "max_batch_size": 1},
+                                   {"num_rollout_workers": 5}])
+async def test_a_users_resize_during_a_tuned_run_wins_and_the_run_goes_on(
+    model, autojump_clock, given
+):
+    import trio
+
+    from art_trio.events import Resized, StepTrained
+
+    backend = RecordingBackend(train_seconds=0.1)
+    object.__setattr__(model, "_backend", backend)
+    workload = replace(PRESETS["plenty-off1"], rollout_latency=Exponential(0.05),
+                       train_time=Constant(0.1))
+    rollout = trio_native(make_rollout_fn(workload, Recorder(detailed=False)))
+    cfg = AutotuneConfig(mode="online", initial_model_calls_per_inference_gpu=64)
+    trainer = PipelineTrainer(model, backend, rollout, _endless(), None, autotune=cfg,
+                              max_steps_off_policy=1, max_steps=160, resume=False,
+                              log_interval_seconds=1e9)
+    at_step_12 = trio.Event()
+    resizes: list[tuple[int, Resized]] = []
+    steps = [0]
+
+    def observe(event: Any) -> None:
+        if isinstance(event, StepTrained):
+            steps[0] += 1
+            if steps[0] == 12:
+                at_step_12.set()
+        elif isinstance(event, Resized):
+            resizes.append((steps[0], event))
+
+    trainer.add_observer(observe)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trainer.train)
+        await at_step_12.wait()
+        trainer.resize(**given, reason="user")
+    final = trainer.statistics()
+    assert final.steps == 160  # the run went on to its end (no ValueError from the tuner)
+    for name, value in given.items():
+        assert getattr(final, name) == value
+    user = next(i for i, (_, e) in enumerate(resizes) if e.reason == "user")
+    later = [e for _, e in resizes[user + 1:]]
+    # The tuner's own changes after it keep the user's values.
+    assert all(getattr(e, name) == value for e in later for name, value in given.items())
+    if "num_rollout_workers" not in given:
+        assert later, "the tuner went on tuning the worker count"

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ import pydantic
 
 from .compat import PipelineAutotuneConfig
 from .events import RunStatistics
+from .ledger import _atomic_write_json
 
 #: Trainer utilization the autotuner keeps unless told otherwise.
 DEFAULT_TARGET_UTILIZATION = 0.95
@@ -193,6 +195,50 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: Sizes the user set with `trainer.resize` during the run: theirs win, the tuner
+        #: leaves these fields alone from then on.
+        self.pinned: dict[str, int] = {}
+
+    # -- the run's own sizes ---------------------------------------------------------------
+
+    def sync(self, num_rollout_workers: int, min_batch_size: int, max_batch_size: int) -> None:
+        """Adopt the run's live settings before judging (an executor's clamp, a resize the
+        tuner was not told of): decisions start from what runs, never from a stale copy."""
+        live = (num_rollout_workers, min_batch_size, max_batch_size)
+        if live == (self.num_rollout_workers, self.min_batch_size, self.max_batch_size):
+            return
+        if num_rollout_workers != self.num_rollout_workers:
+            self._restart_window()  # the window so far measured another count
+        self.num_rollout_workers, self.min_batch_size, self.max_batch_size = live
+
+    def user_resized(
+        self,
+        *,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """The user resized the run (`trainer.resize`): the user wins. Each field given is
+        adopted and pinned (the tuner does not change it again in this run); what was
+        measured under the old sizes no longer applies, so the search starts over from the
+        new ones (bracket, ceiling, window)."""
+        given = {"num_rollout_workers": num_rollout_workers, "min_batch_size": min_batch_size,
+                 "max_batch_size": max_batch_size}
+        for name, value in given.items():
+            if value is not None:
+                self.pinned[name] = int(value)
+                setattr(self, name, int(value))
+        self.min_batch_size = min(self.min_batch_size, self.max_batch_size)
+        self.low = self.high = self.ceiling = None
+        self.settled_at_step = None
+        self._restart_window()
+
+    def _restart_window(self) -> None:
+        self._skip = max(self._skip, self.skip_steps_after_change)
+        self._start = None
+        self._here = 0
+        self._here_utilization = 1.0
+        self._starved_in_a_row = 0
 
     # -- the one entry point ---------------------------------------------------------------
 
@@ -216,7 +262,7 @@ class AutotunePolicy:
         self._here += 1
         weight = max(1 / self._here, 1 / self.drift_horizon)
         self._here_utilization += weight * (window.utilization - self._here_utilization)
-        decision = self._decide(window, stats.steps, inference)
+        decision = self._respect_pins(self._decide(window, stats.steps, inference))
         self.decisions.append(decision)
         if decision.changed:
             self.num_rollout_workers = decision.num_rollout_workers
@@ -332,6 +378,19 @@ class AutotunePolicy:
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _respect_pins(self, d: Decision) -> Decision:
+        """A change to a size the user set during the run becomes a hold: theirs wins."""
+        if not d.changed:
+            return d
+        for name, value in (("num_rollout_workers", d.num_rollout_workers),
+                            ("min_batch_size", d.min_batch_size)):
+            if name in self.pinned and value != self.pinned[name]:
+                return Decision(d.step, "hold", f"{d.reason} (not applied: {name}="
+                                f"{self.pinned[name]} was set by the user's resize, which "
+                                "wins)", d.previous_workers, self.num_rollout_workers,
+                                self.min_batch_size, False, d.window)
+        return d
 
     def _drift(self) -> str | None:
         """Why the windows at this count say the workload changed, or None (noise so far)."""
@@ -481,12 +540,71 @@ def profile_path(output_dir: str | Path, name: str | None) -> Path:
     return Path(output_dir) / "pipeline_tuner" / f"{name}.json"
 
 
-def load_profile_settings(path: Path) -> dict[str, int | None]:
-    """The runtime settings saved in a profile (ART's `settings` block, or art_trio's)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    settings = data["settings"]
-    return {name: settings.get(name) for name in
-            ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")}
+class ProfileError(ValueError):
+    """A saved autotune profile that cannot be used: names the file, the field and the fix."""
+
+
+_PROFILE_FIX = ("fix the field, or delete the file and run once with mode='online' to save a "
+                "new profile")
+
+
+def load_profile_settings(
+    path: Path, *, model_name: str | None = None, max_workers: int | None = None
+) -> dict[str, int | None]:
+    """The runtime settings saved in a profile (ART's `settings` block, or art_trio's).
+
+    A field missing or null falls back to the config's starting value; a field present must
+    be a whole number the trainer accepts (`ProfileError` otherwise, naming the file and the
+    field). A profile saved for another model is used, with a warning (as ART does for other
+    mismatches: it may fit, a retune is recommended).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"autotune profile {path} is not UTF-8 text ({exc}): "
+                           f"{_PROFILE_FIX}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            f"autotune profile {path} is not valid JSON ({exc.msg} at line {exc.lineno}, "
+            f"column {exc.colno}; a torn or hand-edited file): {_PROFILE_FIX}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"autotune profile {path} must hold a JSON object with a "
+                           f"`settings` object, found {type(data).__name__}: {_PROFILE_FIX}")
+    settings = data.get("settings")
+    if not isinstance(settings, dict):
+        found = "none" if settings is None else f"{settings!r:.60}"
+        raise ProfileError(f"autotune profile {path}: `settings` must be an object with "
+                           f"num_rollout_workers, min_batch_size and max_batch_size, found "
+                           f"{found}: {_PROFILE_FIX}")
+    loaded: dict[str, int | None] = {}
+    for name in ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize"):
+        value = settings.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ProfileError(f"autotune profile {path}: `settings.{name}` must be a whole "
+                               f"number >= 1 (or null), found {value!r:.60}: {_PROFILE_FIX}")
+        loaded[name] = value
+    low, high = loaded["min_batch_size"], loaded["max_batch_size"]
+    if low is not None and high is not None and low > high:
+        raise ProfileError(f"autotune profile {path}: `settings.min_batch_size` ({low}) is "
+                           f"above `settings.max_batch_size` ({high}): {_PROFILE_FIX}")
+    workers = loaded["num_rollout_workers"]
+    if max_workers is not None and workers is not None and workers > max_workers:
+        raise ProfileError(f"autotune profile {path}: `settings.num_rollout_workers` "
+                           f"({workers}) exceeds max_rollout_workers={max_workers}: raise "
+                           "max_rollout_workers, or " + _PROFILE_FIX)
+    saved_for = data.get("model_name")
+    if model_name is not None and isinstance(saved_for, str) and saved_for != model_name:
+        warnings.warn(
+            f"autotune profile {path} was saved by model {saved_for!r}, not {model_name!r}: "
+            "its settings are applied, but a retune (mode='online') is recommended",
+            UserWarning, stacklevel=3,
+        )
+    return loaded
 
 
 def profile_document(
@@ -518,10 +636,13 @@ def profile_document(
 
 
 def save_profile(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=_json_default), encoding="utf-8")
-    tmp.replace(path)
+    """Replace the profile durably: the old one or the new one survives a crash, never a torn
+    or empty file (temporary file, fsync, rename, fsync of the directory: the ledger's write)."""
+    # Through JSON once so that what the ledger's writer dumps is plain JSON (no NaN/inf,
+    # no objects it cannot encode).
+    plain = json.loads(json.dumps(document, default=_json_default, allow_nan=True),
+                       parse_constant=lambda _: None)
+    _atomic_write_json(path, plain, fsync=True)
 
 
 def _json_default(value: Any) -> Any:
@@ -547,6 +668,7 @@ __all__ = [
     "AutotunePolicy",
     "Decision",
     "InferenceLoad",
+    "ProfileError",
     "Window",
     "measure",
     "parse_vllm_metrics",

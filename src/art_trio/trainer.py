@@ -273,6 +273,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.last_counters: RunCounters | None = None
         self._observers = Observers()
         self._rollouts: RolloutStage | None = None
+        #: The online autotuner of the running `train()`, told of the user's own resizes.
+        self._tuner: AutotuneStage | None = None
         self._last_statistics: RunStatistics | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
         if rollout_executor is not None and is_native(rollout_fn):
@@ -404,6 +406,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._run = None
         self._loop = None
         self._rollouts = None
+        self._tuner = None
         self.last_counters = run.counters
         counters = run.counters
         if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
@@ -467,12 +470,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         capacity = getattr(self.rollout_executor, "max_workers", None)
         if capacity is not None:
             policy.max_workers = min(policy.max_workers, capacity)
-        return AutotuneStage(
+        self._tuner = AutotuneStage(
             run, policy, self.autotune, statistics=self.statistics, resize=self.resize,
             profile=profile_path(
                 self.model._get_output_dir(), getattr(self.autotune, "output_name", None)
             ),
         )
+        return self._tuner
 
     def statistics(self, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> RunStatistics:
         """The run as it is now: an immutable snapshot, cheap enough to take every step.
@@ -594,6 +598,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 reason,
             )
         )
+        if self._tuner is not None:
+            # The user's values win over the tuner's (it stops changing what they set).
+            self._tuner.resized(num_rollout_workers=num_rollout_workers,
+                                min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         return self.statistics()
 
     def request_stop(self, *, force: bool = False) -> None:
@@ -815,7 +823,10 @@ def _autotune_start(
             f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
             "(a run with mode='online' saves one there)"
         )
-    loaded = load_profile_settings(path)
+    loaded = load_profile_settings(
+        path, model_name=getattr(model, "name", None),
+        max_workers=getattr(config, "max_rollout_workers", None),
+    )
     return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
 
 

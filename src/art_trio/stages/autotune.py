@@ -54,6 +54,23 @@ class AutotuneStage:
         self._profile = profile
         self._wake = anyio.Event()
         self.inference: InferenceLoad | None = None
+        #: True while the stage's own resize runs (a resize otherwise is the user's).
+        self._applying = False
+
+    def resized(
+        self,
+        *,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """The trainer was resized; unless by this stage, by the user, whose values win."""
+        if self._applying:
+            return
+        self.policy.user_resized(num_rollout_workers=num_rollout_workers,
+                                 min_batch_size=min_batch_size, max_batch_size=max_batch_size)
+        logger.info("autotune: the user resized the run; left alone from now on: %s",
+                    ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
 
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, StepTrained):
@@ -88,17 +105,36 @@ class AutotuneStage:
                 return
             if run.stopping:
                 continue
+            self._sync()  # judge from the settings in force, not a stale copy
             decision = self.policy.observe(self._statistics(), self.inference)
             if decision is not None:
                 self._apply(decision)
 
+    def _sync(self) -> None:
+        # The settings, not the statistics: those count the workers still running, which
+        # lag a decrease until each extra worker finishes its rollout.
+        s = self.run.settings
+        self.policy.sync(s.num_rollout_workers, s.min_batch_size, s.max_batch_size)
+
     def _apply(self, decision: Decision) -> None:
         if decision.changed:
-            self._resize(
-                num_rollout_workers=decision.num_rollout_workers,
-                min_batch_size=decision.min_batch_size,
-                reason=f"autotune: {decision.reason}",
-            )
+            # Only what the decision changes: the batch sizes stay as they are (the user's,
+            # if they resized them) unless the decision lowers min_batch_size.
+            change: dict[str, Any] = {"num_rollout_workers": decision.num_rollout_workers}
+            if decision.action == "lower_min_batch_size":
+                change["min_batch_size"] = decision.min_batch_size
+            self._applying = True
+            try:
+                self._resize(**change, reason=f"autotune: {decision.reason}")
+            except ValueError as exc:
+                # The tuner never ends a run: a change the trainer refuses (an executor's
+                # capacity, sizes changed under it) is logged, and the live sizes kept.
+                logger.warning("autotune step %d: %s not applied (%s); keeping the run's "
+                               "sizes", decision.step, decision.action, exc)
+                self._sync()
+                return
+            finally:
+                self._applying = False
             logger.info("autotune step %d: %s", decision.step, decision.reason)
             self._save()
         else:
