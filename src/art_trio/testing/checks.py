@@ -201,8 +201,7 @@ def check_conservation(result: CaseResult) -> None:
             for a in run.attempts
             if a.outcome == "group"
             and not a.stopping_at_end
-            and a.plan is not None
-            and not a.plan.zero_variance
+            and not a.zero_variance
         }
         expect(
             set(trained) <= trainable,
