@@ -33,7 +33,6 @@ from art_trio.batching import (
     stamp_policy_versions,
 )
 from art_trio.gate import GateSnapshot, PolicyGate
-
 from art_trio.testing.checks import expect
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"

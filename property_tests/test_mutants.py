@@ -37,10 +37,10 @@ from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
 from art_trio.stages.rollout import RolloutStage
 from art_trio.stages.training import TrainingStage
-
 from art_trio.testing import checks
 from art_trio.testing.harness import Case
 from art_trio.testing.strategies import cases, resume_cases
+
 from .test_trainer_invariants import (
     STRATEGIES,
     prop_all_failed_group,

@@ -10,7 +10,8 @@
   trainer under trio's ``MockClock`` and records what its doubles saw;
 - :mod:`art_trio.testing.strategies`: Hypothesis strategies of cases (needs Hypothesis:
   ``pip install "art-trio[testing]"``);
-- :mod:`art_trio.testing.plugin`: the pytest plugin (fixture ``art_trio_pipeline``).
+- the pytest plugin (fixture ``art_trio_pipeline``) is the package ``art_trio_pytest``, apart
+  from ``art_trio`` so that pytest runs that do not use it never import the trainer.
 
 Only the doubles are imported eagerly: they import nothing from the rest of art_trio, so the
 benchmark's ART child process can load them without the trainer (trio-asyncio), and nothing

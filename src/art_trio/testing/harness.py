@@ -428,8 +428,8 @@ def make_rollout_fn(observer: Observer) -> Any:
         try:
             await anyio.sleep(plan.latency)
             if user_fn is not None:
-                assert scenarios is not None
-                result = await _call_user_rollout(user_fn, model, scenarios[sid], config)
+                own = scenario if scenarios is None else scenarios[sid]
+                result = await _call_user_rollout(user_fn, model, own, config)
         except BaseException as exc:
             cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
             attempt.outcome = "cancelled" if cancelled else "raise"

@@ -1,8 +1,10 @@
-"""pytest plugin: the ``art_trio_pipeline`` fixture, to property-test your own pipeline.
+"""pytest plugin of art-trio: the ``art_trio_pipeline`` fixture, to property-test your pipeline.
 
-Registered by the ``pytest11`` entry point of art-trio, so installing art-trio makes it
-available; it costs a run that does not use it nothing: this module imports only pytest,
-and art_trio's trainer and Hypothesis load when a test asks for the fixture.
+Registered by art-trio's ``pytest11`` entry point, so installing art-trio makes it available
+(without the install, ``pytest -p art_trio_pytest``). A package of its own, outside
+``art_trio``: pytest imports every installed plugin on every run, and importing ``art_trio``
+imports ART (seconds). This module imports only pytest; art_trio and Hypothesis load when a
+test asks for the fixture, so runs that do not use it are unchanged.
 
     def test_my_pipeline(art_trio_pipeline):
         art_trio_pipeline.check(settings=MY_SETTINGS, rollout_latency="lognormal:30:1.5")
