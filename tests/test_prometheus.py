@@ -144,3 +144,38 @@ def test_bad_port_is_refused_with_its_value(
         PrometheusExporter(trainer, port=70000)
     with pytest.raises(RuntimeError, match="start"):
         _ = PrometheusExporter(trainer, port=0).port
+
+
+def test_the_guides_example_runs(model: art.TrainableModel, backend: RecordingBackend) -> None:
+    """docs/metrics.md's example, as written but on a free port, with this test's doubles."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    block = text.split("<!-- metrics example", 1)[1].split("```python\n", 1)[1].split("```")[0]
+    assert "port=9464" in block
+    served: list[PrometheusExporter] = []
+
+    class Recording(PrometheusExporter):
+        def start(self) -> PrometheusExporter:
+            served.append(self)
+            return super().start()
+
+    @trio_native
+    async def rollout_fn(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
+
+    code = block.replace("port=9464", "port=0").replace(
+        "from art_trio.prometheus import PrometheusExporter", ""
+    )
+    namespace = {
+        "model": model, "backend": backend, "rollout_fn": rollout_fn,
+        "scenarios": scenarios(8), "config": None, "PrometheusExporter": Recording,
+    }
+    exec(compile(code, "docs/metrics.md", "exec"), namespace)
+    assert backend.step >= 1  # 8 scenarios trained in batches of 4 to 40 groups
+    (exporter,) = served
+    with pytest.raises(RuntimeError):
+        _ = exporter.port  # served, then closed by the with block
+    final = {f.name: f for f in exporter.families()}
+    assert final["art_trio_steps"].samples[0].value == backend.step
+    assert final["art_trio_running"].samples[0].value == 0
