@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
@@ -67,14 +66,8 @@ def _gate_one_version_too_old(s: Any) -> bool:
     return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
 
 
-@contextmanager
-def only_invariant(tag: str) -> Iterator[None]:
-    """Only invariant `tag`'s failures count meanwhile (see checks.only)."""
-    checks.only = tag
-    try:
-        yield
-    finally:
-        checks.only = None
+#: Only invariant `tag`'s failures count meanwhile (see checks.only).
+only_invariant = checks.only_invariant
 
 
 def counterexample(

@@ -120,10 +120,13 @@ def test_explore_passes_a_sound_configuration_and_takes_a_settings_strategy() ->
             "min_batch_size": st.just(2),
             "max_batch_size": st.integers(2, 5),
             "max_steps_off_policy": st.integers(0, 2),
+            "eval_every_n_steps": st.integers(0, 3),
+            "eval_at_start": st.booleans(),
         }
     )
     explore_pipeline(
-        settings, rollout_latency="exp:10", source=8, max_policy_age=2, max_examples=8
+        settings, rollout_latency="exp:10", source=8, eval_seconds=st.floats(0, 20),
+        max_policy_age=2, max_examples=20,
     )
 
 

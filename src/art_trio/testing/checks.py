@@ -415,15 +415,30 @@ def check_max_steps(result: CaseResult) -> None:
 
 
 def expected_eval_steps(result: CaseResult, run: RunRecord) -> list[int]:
-    """The evals the reference schedules for a fresh run: step 0 when eval_at_start (and the
-    run starts at step 0), then each step at least eval_every_n_steps after the last eval."""
+    """The evals scheduled for a run: step 0 when eval_at_start (and the run starts at step
+    0), then each step at least eval_every_n_steps after the last eval.
+
+    A resumed run (one that found a persisted state) first runs again the evals a stop
+    interrupted, and keeps the persisted every-n schedule: art_trio's documented choice
+    (ART 0.5.18 instead evaluates whatever step it resumes at and restarts the schedule).
+    """
     cfg = result.case.config
     if result.case.eval_seconds is None:
         return []
+    state = run.state_before
     expected: list[int] = []
     last = 0
-    if cfg.eval_at_start and run.start_step == 0:
+    seen: set[int] = set()
+    if state is not None:
+        seen = state.pending_eval_steps | state.completed_eval_steps
+        expected += sorted(
+            s for s in state.pending_eval_steps - state.completed_eval_steps
+            if s <= run.start_step
+        )
+        last = state.last_eval_step
+    if cfg.eval_at_start and run.start_step == 0 and run.start_step not in seen:
         expected.append(0)
+        last = 0
     for call in run.calls:
         if cfg.eval_every_n_steps > 0 and call.step - last >= cfg.eval_every_n_steps:
             expected.append(call.step)

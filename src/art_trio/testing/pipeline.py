@@ -197,8 +197,7 @@ def check_case(
         stop_at = case.stop_at if case.stop_at is not None else full.runs[0].ended_at / 2
         resumed = run_resume_case(dataclasses.replace(case, stop_at=stop_at))
         checks.check_resume(resumed)
-        # Not check_evals: it states the schedule of a run from step 0 (as the repository's
-        # suite checks it); a resumed run's own schedule starts at its start step.
+        checks.check_evals(resumed)
         checks.check_capacity(resumed)
         if max_policy_age is not None:
             checks.check_policy_age(resumed, max_policy_age)
