@@ -33,8 +33,7 @@ from art_trio.batching import (
     stamp_policy_versions,
 )
 from art_trio.gate import GateSnapshot, PolicyGate
-
-from .checks import expect
+from art_trio.testing.checks import expect
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
 IN_FLIGHT = "in-flight counts never negative, and match the rollouts admitted"

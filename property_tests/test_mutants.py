@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
@@ -38,10 +37,10 @@ from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
 from art_trio.stages.rollout import RolloutStage
 from art_trio.stages.training import TrainingStage
+from art_trio.testing import checks
+from art_trio.testing.harness import Case
+from art_trio.testing.strategies import cases, resume_cases
 
-from . import checks
-from .harness import Case
-from .strategies import cases, resume_cases
 from .test_kl_reference import KL_REFERENCE, kl_cases, prop_kl_reference_kept
 from .test_trainer_invariants import (
     STRATEGIES,
@@ -69,14 +68,8 @@ def _gate_one_version_too_old(s: Any) -> bool:
     return bool(s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1)
 
 
-@contextmanager
-def only_invariant(tag: str) -> Iterator[None]:
-    """Only invariant `tag`'s failures count meanwhile (see checks.only)."""
-    checks.only = tag
-    try:
-        yield
-    finally:
-        checks.only = None
+#: Only invariant `tag`'s failures count meanwhile (see checks.only).
+only_invariant = checks.only_invariant
 
 
 def counterexample(

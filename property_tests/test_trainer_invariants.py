@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from hypothesis import example, given
 
-from . import checks
-from .harness import Case, Config, RolloutPlan, run_case, run_resume_case
-from .strategies import cases, resume_cases
+from art_trio.testing import checks
+from art_trio.testing.harness import Case, Config, RolloutPlan, run_case, run_resume_case
+from art_trio.testing.strategies import cases, resume_cases
 
 
 def prop_off_policy_bound(case: Case) -> None:

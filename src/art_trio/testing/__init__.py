@@ -1,8 +1,27 @@
-"""Test doubles shared by art_trio's tests, property harness, simulator and benchmark.
+"""Testing art_trio pipelines: the doubles, and the property suite for users.
 
-See :mod:`art_trio.testing.doubles`. Imports nothing from the rest of art_trio, so the
-benchmark's ART child process can load it without art_trio's ``__init__`` (trio-asyncio).
+- :mod:`art_trio.testing.doubles`: ART's Backend protocol and an eval function as doubles
+  (shared by art_trio's tests, the property harness, the simulator and the benchmark);
+- :mod:`art_trio.testing.pipeline`: :func:`check_pipeline` (your settings, latencies, source
+  and rollout function, run in virtual time against every scheduler invariant) and
+  :func:`explore_pipeline`, its Hypothesis-driven variant;
+- :mod:`art_trio.testing.checks`: the invariants, one check each;
+- :mod:`art_trio.testing.harness`: runs a :class:`~art_trio.testing.harness.Case` on the real
+  trainer under trio's ``MockClock`` and records what its doubles saw;
+- :mod:`art_trio.testing.strategies`: Hypothesis strategies of cases (needs Hypothesis:
+  ``pip install "art-trio[testing]"``);
+- the pytest plugin (fixture ``art_trio_pipeline``) is the package ``art_trio_pytest``, apart
+  from ``art_trio`` so that pytest runs that do not use it never import the trainer.
+
+Only the doubles are imported eagerly: they import nothing from the rest of art_trio, so the
+benchmark's ART child process can load them without the trainer (trio-asyncio), and nothing
+here imports Hypothesis until a strategy is asked for. The other names load on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from art_trio.testing.doubles import (
     BackendDouble,
@@ -16,13 +35,53 @@ from art_trio.testing.doubles import (
     trajectory_group,
 )
 
+if TYPE_CHECKING:
+    from art_trio.testing.harness import Case, CaseResult, Config, RolloutPlan
+    from art_trio.testing.pipeline import (
+        PipelineCheckFailed,
+        PipelineReport,
+        check_case,
+        check_pipeline,
+        explore_pipeline,
+    )
+
+#: Public names loaded on first use, and the module each comes from.
+_LAZY = {
+    "Case": "harness",
+    "CaseResult": "harness",
+    "Config": "harness",
+    "RolloutPlan": "harness",
+    "PipelineCheckFailed": "pipeline",
+    "PipelineReport": "pipeline",
+    "check_case": "pipeline",
+    "check_pipeline": "pipeline",
+    "explore_pipeline": "pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"art_trio.testing.{module}"), name)
+
+
 __all__ = [
     "BackendDouble",
+    "Case",
+    "CaseResult",
+    "Config",
     "EvalCall",
     "EvalDouble",
     "Flavor",
+    "PipelineCheckFailed",
+    "PipelineReport",
+    "RolloutPlan",
     "TrainBatch",
+    "check_case",
+    "check_pipeline",
     "clock_for",
+    "explore_pipeline",
     "group_initial_version",
     "trajectory",
     "trajectory_group",

@@ -1,5 +1,9 @@
 """Hypothesis strategies for `harness.Case`: configurations, rollout plans, durations, stops.
 
+Needs Hypothesis (`pip install "art-trio[testing]"`). `pipeline_cases` draws cases around a
+user's own pipeline (see `art_trio.testing.pipeline.explore_pipeline`); the others are the
+repository's property suite's, public so that a user can reuse them.
+
 Durations mix small integers (many events at the same virtual instant, where ordering bugs
 live) with arbitrary floats. Sizes stay small: the invariants are about interleavings, and
 small cases shrink to readable counterexamples.
@@ -7,9 +11,13 @@ small cases shrink to readable counterexamples.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from hypothesis import strategies as st
+
+from art_trio.sim.distributions import LatencyDist, parse_distribution
 
 from .harness import Case, Config, Resize, RolloutPlan
 
@@ -151,4 +159,80 @@ def resume_cases(
     )
 
 
-__all__ = ["COMMON_FAILURES", "cases", "configs", "durations", "resume_cases", "rollout_plans"]
+def _latency_strategy(rollout_latency: Any) -> st.SearchStrategy[float]:
+    """Each rollout's latency: the user's strategy, else a sample of their distribution
+    (sorted, so a failure shrinks towards the shortest latencies), else their values."""
+    if isinstance(rollout_latency, st.SearchStrategy):
+        return rollout_latency
+    if isinstance(rollout_latency, str):
+        rollout_latency = parse_distribution(rollout_latency)
+    if isinstance(rollout_latency, LatencyDist):
+        sample = rollout_latency.sample_n(np.random.default_rng(0), 64)
+        return st.sampled_from(sorted(float(x) for x in sample))
+    if isinstance(rollout_latency, int | float):
+        return st.just(float(rollout_latency))
+    if callable(rollout_latency):
+        return st.integers(0, 63).map(lambda i: float(rollout_latency(i)))
+    return st.sampled_from(sorted(float(x) for x in rollout_latency))
+
+
+def _seconds_strategy(value: Any) -> st.SearchStrategy[tuple[float, ...]]:
+    if isinstance(value, st.SearchStrategy):
+        return st.lists(value, min_size=1, max_size=3).map(tuple)
+    if isinstance(value, int | float):
+        return st.just((float(value),))
+    return st.just(tuple(float(v) for v in value))
+
+
+@st.composite
+def pipeline_cases(
+    draw: st.DrawFn,
+    settings: Mapping[str, Any] | st.SearchStrategy[Mapping[str, Any]],
+    *,
+    rollout_latency: Any = 1.0,
+    source: Iterable[Any] | int | None = None,
+    rollout_fn: Callable[..., Any] | None = None,
+    train_seconds: float | Sequence[float] | st.SearchStrategy[float] = 1.0,
+    eval_seconds: float | Sequence[float] | st.SearchStrategy[float] = 1.0,
+) -> Case:
+    """Cases around a user's pipeline: their settings (or a strategy of them), a prefix of
+    their scenarios (at least one), a latency per rollout, and when the resumed run stops.
+
+    Every argument is as for `art_trio.testing.pipeline.check_pipeline`, or a strategy.
+    """
+    from .pipeline import DEFAULT_SCENARIOS
+
+    chosen = draw(settings) if isinstance(settings, st.SearchStrategy) else settings
+    config = Config.from_settings(chosen)
+    if source is None or isinstance(source, int):
+        total = DEFAULT_SCENARIOS if source is None else source
+        scenarios = None
+    else:
+        scenarios = tuple(source)
+        total = len(scenarios)
+    n = draw(st.integers(min(1, total), total))
+    plans = tuple(
+        RolloutPlan(latency=draw(_latency_strategy(rollout_latency)), rewards=(0.0, 1.0))
+        for _ in range(n)
+    )
+    evals = config.eval_every_n_steps > 0 or config.eval_at_start
+    return Case(
+        config=config,
+        plans=plans,
+        train_seconds=draw(_seconds_strategy(train_seconds)),
+        eval_seconds=draw(_seconds_strategy(eval_seconds)) if evals else None,
+        stop_at=draw(durations),
+        scenarios=None if scenarios is None else scenarios[:n],
+        rollout_fn=rollout_fn,
+    )
+
+
+__all__ = [
+    "COMMON_FAILURES",
+    "cases",
+    "configs",
+    "durations",
+    "pipeline_cases",
+    "resume_cases",
+    "rollout_plans",
+]

@@ -1,5 +1,8 @@
 """Drive the real `PipelineTrainer` under trio's MockClock and record what its doubles saw.
 
+Part of the property suite for users (see :mod:`art_trio.testing.pipeline` for the short way
+in, and docs/property-testing.md); the repository's own property_tests/ run on it too.
+
 One `Case` (a configuration, one `RolloutPlan` per scenario, training and eval durations and
 an optional stop time) is run by `run_case` (or `run_resume_case`: stop, then resume with a
 new trainer on the same model directory and backend). Every example gets a fresh model
@@ -32,6 +35,7 @@ import asyncio
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -44,9 +48,11 @@ import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
 from art_trio import PipelineTrainer, trio_native  # noqa: E402
-from art_trio.compat import trainable_model
-from art_trio.events import ChannelClosed, GroupReceived, PolicyPublished, RunEvent
+from art_trio.bridge import is_native  # noqa: E402
+from art_trio.compat import trainable_model  # noqa: E402
+from art_trio.events import ChannelClosed, GroupReceived, PolicyPublished, RunEvent  # noqa: E402
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
+from art_trio.settings import PipelineSettings  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
     EvalCall,
@@ -111,9 +117,33 @@ class Config:
     admission: str = "staleness_aware"
     shutdown_grace_seconds: float | None = 5.0
     max_rollouts_beyond_bound: int | None = None
+    #: Any other `PipelineTrainer` keyword arguments (name, value), passed through unchecked
+    #: by the invariants (learning rate, loss, ...).
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Config:
+        """The configuration a user's `PipelineTrainer(**settings)` keyword arguments give.
+
+        Names the invariants read take `settings`' value, else `PipelineSettings`' default
+        (the trainer's own); every other keyword goes to `extra`, so the trainer still gets
+        it (and rejects what it does not know, with its own message).
+        """
+        defaults = PipelineSettings()
+        own = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        values: dict[str, Any] = {
+            name: settings.get(name, getattr(defaults, name)) for name in sorted(own)
+        }
+        if "eval_at_start" not in settings and "eval_step_0" in settings:
+            # ART 0.5.18's spelling of the same switch.
+            values["eval_at_start"] = bool(settings["eval_step_0"])
+        extra = tuple(
+            (k, v) for k, v in settings.items() if k not in own and k != "eval_step_0"
+        )
+        return cls(**values, extra=extra)
 
     def kwargs(self) -> dict[str, Any]:
-        return {
+        return dict(self.extra) | {
             "num_rollout_workers": self.num_rollout_workers,
             "min_batch_size": self.min_batch_size,
             "max_batch_size": self.max_batch_size,
@@ -191,6 +221,12 @@ class Case:
     #: Live resizes, applied by `trainer.resize` in each run at their virtual time (one due
     #: before `train()` starts or after it ends changes the settings only).
     resizes: tuple[Resize, ...] = ()
+    #: The user's scenarios, one per plan (None: generated ones). The trainer's source is
+    #: these, each wrapped with its index (`{"metadata": {"scenario_id": i}, "scenario": s}`).
+    scenarios: tuple[Any, ...] | None = None
+    #: The user's rollout function (None: the plan's rewards make the group). Called after
+    #: the plan's latency (virtual time) with the model, the user's scenario and the config.
+    rollout_fn: Any = None
 
     def virtual_time_bound(self) -> float:
         """A generous upper bound on a run's virtual duration, for the no-deadlock property.
@@ -223,6 +259,8 @@ class Attempt:
     stopping_at_end: bool = False
     group: art.TrajectoryGroup | None = None
     plan: RolloutPlan | None = None
+    #: The group returned has one trajectory or fewer, or all its rewards equal.
+    zero_variance: bool = False
     #: Order in which attempts ended, across the run.
     end_seq: int = -1
 
@@ -329,8 +367,50 @@ def _trajectory(reward: float) -> art.Trajectory:
     return trajectory(reward, usage=False)
 
 
+def _planned_group(sid: int, plan: RolloutPlan, attempt: Attempt) -> Any:
+    """What the plan says the rollout of scenario `sid` returns (or raises)."""
+    if plan.failure == "raise":
+        raise PlannedRolloutError(f"planned failure of scenario {sid}")
+    if plan.failure == "wrong_type":
+        return {"not": "a TrajectoryGroup"}
+    items: list[art.Trajectory | BaseException] = [_trajectory(r) for r in plan.rewards]
+    if plan.failure == "nan":
+        items.append(_trajectory(math.nan))
+    if plan.failure == "partial" and plan.rewards:
+        items.append(PlannedRolloutError("one rollout of the group failed"))
+    if plan.failure == "all_failed":
+        attempt.outcome = "all_failed"
+        items = [PlannedRolloutError(f"rollout {k} failed") for k in range(2)]
+    return art.TrajectoryGroup(items)
+
+
+def _outcome(result: Any) -> str:
+    """How the trainer will count what a rollout returned (the reference's rules)."""
+    if not isinstance(result, art.TrajectoryGroup):
+        return "wrong_type"
+    if not result.trajectories and result.exceptions:
+        return "all_failed"
+    if any(math.isnan(t.reward) for t in result.trajectories):
+        return "nan"
+    return "group"
+
+
+async def _call_user_rollout(fn: Any, model: Any, scenario: Any, config: Any) -> Any:
+    """Call the user's rollout function: trio/anyio-native ones directly, asyncio ones (the
+    default, as ART users write them) through the trio-asyncio loop the trainer runs."""
+    if is_native(fn):
+        return await fn(model, scenario, config)
+    import trio_asyncio
+
+    return await trio_asyncio.aio_as_trio(fn)(model, scenario, config)
+
+
 def make_rollout_fn(observer: Observer) -> Any:
-    """A trio-native rollout_fn that follows `observer.case.plans[scenario_id]`."""
+    """A trio-native rollout_fn that follows `observer.case.plans[scenario_id]`: it waits the
+    plan's latency (virtual time), then returns the plan's group, or the user's rollout
+    function's if the case has one."""
+    user_fn = observer.case.rollout_fn
+    scenarios = observer.case.scenarios
 
     @trio_native
     async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
@@ -339,37 +419,39 @@ def make_rollout_fn(observer: Observer) -> Any:
         run = observer.run
         attempt = Attempt(scenario_id=sid, started_at=trio.current_time(), plan=plan)
         run.attempts.append(attempt)
-        try:
-            await anyio.sleep(plan.latency)
-        except BaseException:
-            attempt.outcome = "cancelled"
+
+        def ended(stopping: bool) -> None:
             attempt.ended_at = trio.current_time()
             attempt.end_seq, observer.ended = observer.ended, observer.ended + 1
+            attempt.stopping_at_end = stopping
+
+        try:
+            await anyio.sleep(plan.latency)
+            if user_fn is not None:
+                own = scenario if scenarios is None else scenarios[sid]
+                result = await _call_user_rollout(user_fn, model, own, config)
+        except BaseException as exc:
+            cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+            attempt.outcome = "cancelled" if cancelled else "raise"
+            ended(False if cancelled else run.stop_requested)
             raise
         # No await from here to the return: the worker reads `run.stopping` in the same
         # step, so `stopping_at_end` is exactly what the trainer saw.
-        attempt.ended_at = trio.current_time()
-        attempt.end_seq, observer.ended = observer.ended, observer.ended + 1
-        attempt.stopping_at_end = run.stop_requested
-        attempt.outcome = plan.failure if plan.failure in ERROR_KINDS else "group"
-        if plan.failure == "raise":
-            raise PlannedRolloutError(f"planned failure of scenario {sid}")
-        if plan.failure == "wrong_type":
-            return {"not": "a TrajectoryGroup"}
-        items: list[art.Trajectory | BaseException] = [_trajectory(r) for r in plan.rewards]
-        if plan.failure == "nan":
-            items.append(_trajectory(math.nan))
-        if plan.failure == "partial" and plan.rewards:
-            items.append(PlannedRolloutError("one rollout of the group failed"))
-        if plan.failure == "all_failed":
-            attempt.outcome = "all_failed"
-            items = [PlannedRolloutError(f"rollout {k} failed") for k in range(2)]
-        group = art.TrajectoryGroup(items)
+        ended(run.stop_requested)
+        if user_fn is None:
+            attempt.outcome = plan.failure if plan.failure in ERROR_KINDS else "group"
+            result = _planned_group(sid, plan, attempt)
+        else:
+            attempt.outcome = _outcome(result)
+        if not isinstance(result, art.TrajectoryGroup):
+            return result
+        group = result
         attempt.group = group
         observer.owners[id(group)] = sid
         rewards = [t.reward for t in group.trajectories]
+        attempt.zero_variance = len(rewards) <= 1 or len(set(rewards)) == 1
         observer.groups[sid] = (
-            len(rewards) <= 1 or len(set(rewards)) == 1,
+            attempt.zero_variance,
             not group.trajectories and bool(group.exceptions),
         )
         return group
@@ -475,7 +557,12 @@ def _new_model(base_path: Path) -> art.TrainableModel:
 
 
 def scenarios_for(case: Case) -> list[dict[str, Any]]:
-    return [{"metadata": {"scenario_id": i}} for i in range(len(case.plans))]
+    """The trainer's source: each scenario tagged with its index (the user's inside)."""
+    if case.scenarios is None:
+        return [{"metadata": {"scenario_id": i}} for i in range(len(case.plans))]
+    return [
+        {"metadata": {"scenario_id": i}, "scenario": s} for i, s in enumerate(case.scenarios)
+    ]
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The scheduler's invariants, as checks over what `harness` recorded.
+"""The scheduler's invariants, as checks over what `harness` recorded (public API of
+`art_trio.testing`; `check_pipeline` in `art_trio.testing.pipeline` applies them all).
 
 Each check raises AssertionError whose message starts with the invariant's tag (e.g.
 "[off-policy bound]"), so a test can tell which invariant a counterexample broke. Expected
@@ -9,6 +10,8 @@ functions, which the mutation tests replace with broken ones).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 from .harness import ERROR_KINDS, Case, CaseResult, RunRecord, is_resolved
@@ -24,6 +27,8 @@ COLLAPSE = "collapse"
 CAPACITY = "channel capacity"
 RESUME = "resume"
 ALL_FAILED = "all-failed group"
+#: A user's own bound (`check_pipeline(max_policy_age=...)`), not one of the trainer's.
+POLICY_AGE = "policy age"
 
 
 def fail(tag: str, message: str) -> NoReturn:
@@ -39,8 +44,20 @@ only: str | None = None
 
 
 def expect(condition: bool, tag: str, message: str) -> None:
+    """Fail with invariant `tag` unless `condition` (or unless only another one counts)."""
     if not condition and (only is None or only == tag):
         fail(tag, message)
+
+
+@contextmanager
+def only_invariant(tag: str) -> Iterator[None]:
+    """Meanwhile only invariant `tag`'s failures count (see `only`)."""
+    global only
+    before, only = only, tag
+    try:
+        yield
+    finally:
+        only = before
 
 
 def check_ran_cleanly(result: CaseResult, tag: str = TERMINATION) -> None:
@@ -89,6 +106,23 @@ def check_mean_bound(result: CaseResult) -> None:
                 MEAN_BOUND,
                 f"step {call.step} trained scenario {sid} whose mean policy age is {age} "
                 f"(limit_mean_steps_off_policy={limit})",
+            )
+
+
+def check_policy_age(result: CaseResult, max_policy_age: int) -> None:
+    """A user's own bound: no trained group is older than `max_policy_age` steps (the batch
+    producing step s+1 trains only groups started at version >= s - max_policy_age)."""
+    for call in result.backend.calls:
+        for sid, version in zip(call.scenario_ids, call.initial_versions, strict=True):
+            age = None if version is None else call.step - 1 - version
+            expect(
+                age is not None and age <= max_policy_age,
+                POLICY_AGE,
+                f"step {call.step} trained scenario {sid} started at policy version {version}: "
+                f"policy age {age} > max_policy_age={max_policy_age}; the settings allow "
+                f"max_steps_off_policy={result.case.config.max_steps_off_policy}, "
+                f"limit_mean_steps_off_policy="
+                f"{result.case.config.limit_mean_steps_off_policy}",
             )
 
 
@@ -201,8 +235,7 @@ def check_conservation(result: CaseResult) -> None:
             for a in run.attempts
             if a.outcome == "group"
             and not a.stopping_at_end
-            and a.plan is not None
-            and not a.plan.zero_variance
+            and not a.zero_variance
         }
         expect(
             set(trained) <= trainable,
@@ -382,15 +415,30 @@ def check_max_steps(result: CaseResult) -> None:
 
 
 def expected_eval_steps(result: CaseResult, run: RunRecord) -> list[int]:
-    """The evals the reference schedules for a fresh run: step 0 when eval_at_start (and the
-    run starts at step 0), then each step at least eval_every_n_steps after the last eval."""
+    """The evals scheduled for a run: step 0 when eval_at_start (and the run starts at step
+    0), then each step at least eval_every_n_steps after the last eval.
+
+    A resumed run (one that found a persisted state) first runs again the evals a stop
+    interrupted, and keeps the persisted every-n schedule: art_trio's documented choice
+    (ART 0.5.18 instead evaluates whatever step it resumes at and restarts the schedule).
+    """
     cfg = result.case.config
     if result.case.eval_seconds is None:
         return []
+    state = run.state_before
     expected: list[int] = []
     last = 0
-    if cfg.eval_at_start and run.start_step == 0:
+    seen: set[int] = set()
+    if state is not None:
+        seen = state.pending_eval_steps | state.completed_eval_steps
+        expected += sorted(
+            s for s in state.pending_eval_steps - state.completed_eval_steps
+            if s <= run.start_step
+        )
+        last = state.last_eval_step
+    if cfg.eval_at_start and run.start_step == 0 and run.start_step not in seen:
         expected.append(0)
+        last = 0
     for call in run.calls:
         if cfg.eval_every_n_steps > 0 and call.step - last >= cfg.eval_every_n_steps:
             expected.append(call.step)
@@ -620,6 +668,7 @@ __all__ = [
     "EVAL",
     "MEAN_BOUND",
     "OFF_POLICY",
+    "POLICY_AGE",
     "RESUME",
     "TERMINATION",
     "VERSIONS",
@@ -632,9 +681,13 @@ __all__ = [
     "check_max_steps",
     "check_mean_bound",
     "check_off_policy",
+    "check_policy_age",
     "check_ran_cleanly",
     "check_resume",
     "check_versions",
     "expected_eval_steps",
+    "expect",
+    "fail",
+    "only_invariant",
     "replay_receives",
 ]
