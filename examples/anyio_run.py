@@ -56,6 +56,6 @@ async def main() -> None:
 
 if __name__ == "__main__":
     # --8<-- [start:run]
-    backend = sys.argv[1] if len(sys.argv) > 1 else "asyncio"
-    anyio.run(main, backend=backend)  # "asyncio": no trio-asyncio involved; or "trio"
+    loop = sys.argv[1] if len(sys.argv) > 1 else "asyncio"
+    anyio.run(main, backend=loop)  # "asyncio": no trio-asyncio involved; or "trio"
     # --8<-- [end:run]

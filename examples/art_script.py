@@ -57,8 +57,14 @@ async def rollout_fn(
     response = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(), messages=messages, n=GROUP_SIZE, max_tokens=5
     )
+    # ART 0.5.20+ weighs policy age by tokens: record each answer's share of the usage.
+    tokens = response.usage.completion_tokens / len(response.choices) if response.usage else 1
     return art.TrajectoryGroup(
-        art.Trajectory(messages_and_choices=[*messages, c], reward=score(c.message.content or ""))
+        art.Trajectory(
+            messages_and_choices=[*messages, c],
+            reward=score(c.message.content or ""),
+            metrics={"completion_tokens": tokens},
+        )
         for c in response.choices
     )
 

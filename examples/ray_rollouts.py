@@ -40,11 +40,15 @@ async def rollout(
         model=model.get_inference_name(), messages=messages, n=config.group_size,
         max_tokens=config.max_tokens, logprobs=True, seed=scenario["seed"],
     )  # fmt: skip
+    tokens = response.usage.completion_tokens / len(response.choices) if response.usage else 1
     return art.TrajectoryGroup(
-        art.Trajectory(messages_and_choices=[*messages, choice],
-                       reward=reward_for_answer(choice.message.content or ""))
+        art.Trajectory(
+            messages_and_choices=[*messages, choice],
+            reward=reward_for_answer(choice.message.content or ""),
+            metrics={"completion_tokens": tokens},
+        )
         for choice in response.choices
-    )  # fmt: skip
+    )
 
 
 class RayUnavailable(RuntimeError):

@@ -37,13 +37,23 @@ EXPECTED: dict[str, list[tuple[list[str], list[str]]]] = {
     ],
     "ray_rollouts.py": [([], [r"trained 3 steps, rollouts on 1 Ray node"])],
     "resume_after_crash.py": [
-        ([], [r"killed the training process at step 2 \(exit status -9\)",
-              r"resumed and trained to step 5: \d+ scenarios trained, none twice: True"])
-    ],  # fmt: skip
+        (
+            [],
+            [
+                r"killed the training process at step 2 \(exit status -9\)",
+                r"resumed and trained to step 5: \d+ scenarios trained, none twice: True",
+            ],
+        )
+    ],
     "trio_services.py": [
-        ([], [r"health while training: \{'running': True",
-              r"trained 4 steps \(heard \[1, 2, 3, 4\]\), workers now 4"])
-    ],  # fmt: skip
+        (
+            [],
+            [
+                r"health while training: \{'running': True",
+                r"trained 4 steps \(heard \[1, 2, 3, 4\]\), workers now 4",
+            ],
+        )
+    ],
 }
 
 RUNS = [
