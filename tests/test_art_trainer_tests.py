@@ -663,3 +663,29 @@ def test_leases_set_on_the_backend_instance_are_held(
     assert [s for k, s in held if k == "eval"] == ([0, 1] if ART_0520 else [])
     if not ART_0520:
         assert [s for k, s in held if k == "rollout"] == [0, 0, 1]
+
+
+@LOOPS
+def test_a_batch_the_backend_prepares_nothing_in_is_not_trained(
+    model: art.TrainableModel, backend: RecordingBackend, loop: str
+) -> None:
+    """ART 0.5.23's packing stage: `prepare_pipeline_batch` returning None drops the batch
+    (not trained); art_trio resolves its scenarios as zero variance and trains the next."""
+    prepared: list[list[int]] = []
+
+    async def prepare_pipeline_batch(
+        model: Any, groups: list[art.TrajectoryGroup], **kwargs: Any
+    ) -> dict[str, float] | None:
+        asyncio.get_running_loop()
+        prepared.append([len(g.trajectories) for g in groups])
+        return None if len(prepared) == 1 else {"time/step_test_prepare_s": 0.5}
+
+    backend.prepare_pipeline_batch = prepare_pipeline_batch  # type: ignore[attr-defined]
+    trainer = trainer_for(model, backend, two_rewards, [0, 1, 2])
+    run(trainer, loop)
+    assert len(prepared) == 3
+    assert [c.step for c in backend.calls] == [1, 2]
+    counters = trainer.last_counters
+    assert counters is not None and (counters.trained, counters.zero_variance) == (2, 1)
+    train_rows = [r for r in history(model) if "train/reward" in r]
+    assert all(any("test_prepare" in k for k in r) for r in train_rows) and train_rows

@@ -22,6 +22,7 @@ from art import TrajectoryGroup
 from .admission import admission_policy
 from .bridge import Bridge
 from .compat import eval_lease, rollout_lease
+from .eval_leases import EvalRetentionLeases
 from .events import Observers, RunEvent, RunStatistics
 from .executor import RolloutExecutor
 from .fates import FateRecord, RunCounters
@@ -151,6 +152,8 @@ class PipelineRun:
         self.collapsed = False
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leased_steps: dict[int, int] = {}
+        #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
+        self.eval_leases = EvalRetentionLeases(backend, model, bridge)
         #: The persisted tallies as this run found them: earlier runs' share of the totals.
         self.tally_base = TallyBase(
             state.accepted_trainable_groups,

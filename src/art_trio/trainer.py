@@ -35,6 +35,7 @@ from .compat import (
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
 from .fates import RunCounters
+from .hooks import backend_hook
 from .ledger import PipelineState, StateStore
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
@@ -452,6 +453,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             run.stop.run_scope = run_scope
             stage = functools.partial(_stage, run)
             async with anyio.create_task_group() as tg:
+                run.eval_leases.attach(tg)
                 tg.start_soon(stage, "rollout", rollouts)
                 tg.start_soon(stage, "training", TrainingStage(run, receive, eval_send))
                 tg.start_soon(stage, "eval", eval_stage, run, eval_receive)
@@ -460,6 +462,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 if getattr(self.autotune, "mode", "off") == "online":
                     tg.start_soon(stage, "autotune", self._autotune_stage(run))
                 task_status.started()
+        finalize = backend_hook(self.backend, "finalize_training_session")
+        if finalize is not None and run.counters.steps and not run_scope.cancel_called:
+            # ART 0.5.20+'s end of a training session (the Megatron backend's), once every
+            # stage ended without an error and this run trained a step; not after a forced
+            # stop. Its metrics feed only ART's autotuner attachments, which art_trio has not.
+            await run.bridge.call(finalize, self.model)
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
         s = run.settings

@@ -37,11 +37,17 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
                 try:
                     with anyio.CancelScope() as scope:
                         stop.eval_scope = scope
+                        # Held since the step was scheduled (or from now, for the start
+                        # step and resumed evals) until the eval has ended.
+                        await run.eval_leases.take(step)
                         await run_eval(run, step)
                 finally:
                     stop.eval_scope = None
+                    await run.eval_leases.release(step)
                     stop.eval_idle.set()
     finally:
+        # Evals that will not run now (a stop, the end): their steps need no holding.
+        await run.eval_leases.release_all()
         stop.stage_done("eval")
 
 

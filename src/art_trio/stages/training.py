@@ -24,6 +24,7 @@ from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
 from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
 from ..fates import Fate
+from ..hooks import backend_hook
 from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
 from .checkpoints import after_step
@@ -80,6 +81,7 @@ class TrainingStage:
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
+        self._preparation = batch_preparation(run.backend, run.model)
 
     async def __call__(self) -> None:
         run = self.run
@@ -135,10 +137,47 @@ class TrainingStage:
             batch = await self.collect_batch(step)
             if batch is None or not batch.items:
                 return
-            step = await self._train_step(batch, step, step_started, metrics)
-            steps_done += 1
+            prepared = await self._prepare(batch)
+            if prepared is not None:
+                step = await self._train_step(batch, step, step_started, metrics, prepared)
+                steps_done += 1
             if batch.source_ended and not self.ready:
                 return
+
+    async def _prepare(self, batch: CollectedBatch) -> dict[str, float] | None:
+        """ART 0.5.20+'s `backend.prepare_pipeline_batch` on the batch about to train, where
+        the backend has it (the Megatron path): the metrics it reports for the step's row, or
+        None if it found nothing to train in the batch. Without the hook: no metrics.
+
+        ART prepares the next batch while one trains; art_trio prepares each batch just
+        before its `backend.train`, so no prepared batch is ever left to discard.
+        """
+        prepare = self._preparation
+        if prepare is None:
+            return {}
+        run, groups = self.run, [item.group for item in batch.items]
+        s = run.settings
+        reported = await run.bridge.call(
+            prepare,
+            run.model,
+            groups,
+            normalize_advantages=s.normalize_advantages,
+            grad_accumulation_sequences=s.grad_accumulation_sequences,
+        )
+        if reported is None:
+            # As in ART: the batch is not trained. Its scenarios are done with (nothing in
+            # them the backend could train), counted with the groups nothing was learnt from.
+            logger.warning(
+                "backend.prepare_pipeline_batch found nothing to train in a batch of %d "
+                "groups; they are discarded.", len(groups),
+            )
+            for item in batch.items:
+                run.fates.settle(
+                    Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s,
+                    queued=True,
+                )
+            return None
+        return {k: float(v) for k, v in dict(reported).items() if isinstance(v, (int, float))}
 
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
@@ -262,6 +301,7 @@ class TrainingStage:
         current_step: int,
         step_started: float,
         metrics: TrainMetrics,
+        prepared: dict[str, float],
     ) -> int:
         run = self.run
         expected = current_step + 1
@@ -284,7 +324,7 @@ class TrainingStage:
             try:
                 result, train_s = await run.bridge.call(
                     _train_and_log, run, batch, groups, expected, eval_this_step,
-                    step_started, metrics,
+                    step_started, metrics, prepared,
                 )
                 new_step = int(result.step)
                 await self._log_held_zero_variance(new_step)
@@ -298,6 +338,7 @@ class TrainingStage:
             if eval_this_step:
                 run.state.pending_eval_steps.add(new_step)
                 run.state.last_eval_step = new_step
+                await run.eval_leases.take(new_step)
                 self._eval_send.send_nowait(new_step)
             await after_step(run, result, new_step)
         finally:
@@ -376,6 +417,19 @@ def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
         )
 
 
+def batch_preparation(backend: object, model: Any) -> Callable[..., Any] | None:
+    """The backend's `prepare_pipeline_batch`, if it has one and says it packs this model's
+    batches ahead (`supports_async_pipeline_packing(model)`, where it has that), as ART
+    0.5.23 decides."""
+    prepare = backend_hook(backend, "prepare_pipeline_batch")
+    if not callable(prepare):
+        return None
+    supports = backend_hook(backend, "supports_async_pipeline_packing")
+    if callable(supports) and not supports(model):
+        return None
+    return prepare
+
+
 def train_kwargs(
     run: PipelineRun, *, save_checkpoint: bool, current_step: int
 ) -> dict[str, Any]:
@@ -422,6 +476,7 @@ async def _train_and_log(
     eval_this_step: bool,
     step_started: float,
     metrics: TrainMetrics,
+    prepared: dict[str, float],
 ) -> tuple[Any, float]:
     """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
 
@@ -450,6 +505,9 @@ async def _train_and_log(
     run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
     times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
     row = metrics.build(batch.items, new_step, times, result.metrics)
+    # What backend.prepare_pipeline_batch reported: in the row, under the train result's
+    # own metrics, as ART orders them.
+    row = {**prepared, **row}
     await run.model.log(groups, split="train", step=new_step, metrics=row)
     return result, train_seconds
 
@@ -488,6 +546,7 @@ __all__ = [
     "BackendStepError",
     "CollectedBatch",
     "TrainingStage",
+    "batch_preparation",
     "checked_step",
     "train_kwargs",
 ]
