@@ -554,6 +554,8 @@ class StateStore:
         self._journal_size = 0
         #: Set when a failed append could not be cut back: only a snapshot may follow.
         self._journal_broken = False
+        #: The length of the journal's whole records, as `read()` found them (None: unread).
+        self._journal_whole: int | None = None
 
     @property
     def sidecar_path(self) -> Path:
@@ -700,6 +702,11 @@ class StateStore:
                     self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
                 )
                 self._journal_size = os.fstat(self._journal_fd).st_size
+                if self._journal_whole is not None and self._journal_size > self._journal_whole:
+                    # A record torn by a crash (or a cut copy) ends the file: appended after
+                    # it, the next record would share its line and corrupt the journal.
+                    os.ftruncate(self._journal_fd, self._journal_whole)
+                    self._journal_size = self._journal_whole
             self._write_record(line.encode())
             if self.fsync:
                 os.fsync(self._journal_fd)
@@ -748,6 +755,21 @@ class StateStore:
         self._check_files(state)
         self._write_snapshot(state)
 
+    def _write_file(self, path: Path, data: dict[str, Any], *, fsync: bool) -> None:
+        try:
+            _atomic_write_json(path, data, fsync=fsync)
+        except OSError as exc:
+            if isinstance(exc, StateWriteError):
+                raise
+            raise StateWriteError(
+                exc.errno or errno.EIO,
+                f"could not write {path} ({exc.strerror or exc}); the previous version is left "
+                "whole (a temporary file is renamed over it only once written). The run stops "
+                "before training another batch; fix the cause (free space, a writable "
+                "directory) and resume: nothing trained is lost or repeated",
+                str(path),
+            ) from exc
+
     def _journal_changed(self) -> bool:
         assert self._journal_fd is not None
         return os.fstat(self._journal_fd).st_size != self._journal_size
@@ -763,7 +785,9 @@ class StateStore:
         repeats nor skips a scenario; what else the directory held is gone.
         """
         problems = []
-        if self.lock is not None:
+        if self.lock is not None and not self.lock.held:
+            problems.append(f"the lock on {self.lock.path} is no longer held")
+        elif self.lock is not None:
             problem = self.lock.check()
             if problem is not None:
                 problems.append(problem)
@@ -823,7 +847,7 @@ class StateStore:
         stamp: dict[str, Any] = {"journal_seq": self._seq, "journal_epoch": epoch}
         if self.identity is not None:
             stamp["run"] = dict(self.identity)
-        _atomic_write_json(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
+        self._write_file(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
         state.ledger.unjournaled.clear()
@@ -839,7 +863,7 @@ class StateStore:
         except ValueError:
             art_state = {}
         art_state[PIPELINE_STATE_KEY] = {**state.to_json(), **stamp}
-        _atomic_write_json(self.art_state_path, art_state, fsync=False)
+        self._write_file(self.art_state_path, art_state, fsync=False)
         # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
         if self._journal_fd is not None:
@@ -847,6 +871,7 @@ class StateStore:
         elif self.journal_path.exists():
             os.truncate(self.journal_path, 0)
         self._journal_size = 0
+        self._journal_whole = 0
         self._journal_broken = False
 
     def close(self) -> None:
@@ -867,18 +892,23 @@ class StateStore:
         try:
             raw = self.journal_path.read_bytes()
         except FileNotFoundError:
+            self._journal_whole = 0
             return []
+        # Everything up to the last newline is whole records; a torn tail is left out.
+        self._journal_whole = raw.rfind(b"\n") + 1
         lines = raw.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
         records = []
         for number, line in enumerate(lines, start=1):
-            last = number == len(lines)
+            if number == len(lines) and not raw.endswith(b"\n"):
+                # Torn by a kill mid-append (a record is written with its newline in one
+                # call, which had not returned): that step's train never started. Even if the
+                # line parses, it is left out, as append() cuts it off.
+                break
             try:
                 record = json.loads(line.decode("utf-8"))
             except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-                if last and not raw.endswith(b"\n"):
-                    break  # torn by a kill mid-append: that step's train never started
                 raise StateFileError(
                     f"{self.journal_path} line {number} is not valid UTF-8 JSON ({exc}); only "
                     f"an unterminated last line can be torn by a crash. {_JOURNAL_ADVICE}"
