@@ -894,3 +894,15 @@ async def test_a_wall_clock_going_backwards_changes_nothing_resume_depends_on(
     await _trainer(model, backend, max_steps=4).train(handle_signals=False)
     assert backend.step == 8
     _assert_exactly_once(model, backend)
+
+
+async def test_a_resume_from_state_jsons_record_alone_is_not_taken_for_a_deleted_snapshot(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The documented way out of a damaged snapshot (delete it, resume from state.json's
+    `_pipeline_trainer`) is a resume, not a snapshot deleted mid-run."""
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    (_out(model) / SIDECAR_FILE).unlink()
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert backend.step == 6
+    _assert_exactly_once(model, backend)

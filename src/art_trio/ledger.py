@@ -556,6 +556,8 @@ class StateStore:
         self._journal_broken = False
         #: The length of the journal's whole records, as `read()` found them (None: unread).
         self._journal_whole: int | None = None
+        #: Whether the snapshot file exists as far as this store knows (read or written it).
+        self._has_sidecar = False
 
     @property
     def sidecar_path(self) -> Path:
@@ -596,6 +598,7 @@ class StateStore:
         snapshot: dict[str, Any] | None = None
         where = str(self.sidecar_path)
         advice = _SIDECAR_ADVICE
+        self._has_sidecar = sidecar is not None
         if sidecar is not None:
             snapshot = sidecar
         else:
@@ -800,7 +803,7 @@ class StateStore:
                 held = os.fstat(self._journal_fd)
                 if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
                     problems.append(f"{self.journal_path} was replaced by another file")
-        if self._epoch is not None and not self.sidecar_path.exists():
+        if self._has_sidecar and not self.sidecar_path.exists():
             problems.append(f"{self.sidecar_path} was deleted")
         if problems:
             self._recover(state, problems)
@@ -850,6 +853,7 @@ class StateStore:
         self._write_file(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
+        self._has_sidecar = True
         state.ledger.unjournaled.clear()
         state.digests_unjournaled = False
         state.evals_unjournaled.clear()
