@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import art
 import pytest
 import trio
@@ -904,5 +905,25 @@ async def test_a_resume_from_state_jsons_record_alone_is_not_taken_for_a_deleted
     await _trainer(model, backend, max_steps=3).train(handle_signals=False)
     (_out(model) / SIDECAR_FILE).unlink()
     await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert backend.step == 6
+    _assert_exactly_once(model, backend)
+
+
+def test_the_model_directory_deleted_mid_run_under_asyncio(model: art.TrainableModel) -> None:
+    """The same under `anyio.run` on asyncio (no trio-asyncio): stopped, written again."""
+    backend = _DeletingBackend()
+    object.__setattr__(model, "_backend", backend)
+    out = _out(model)
+
+    async def run(steps: int) -> None:
+        await _trainer(model, backend, max_steps=steps).train(handle_signals=False)
+
+    with pytest.raises(BaseExceptionGroup) as excinfo:
+        anyio.run(run, 10, backend="asyncio")
+    leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+    assert str(out) in str(leaf) and backend.step == backend.delete_at
+    assert _deleted_files_open(out) == []
+    backend.delete_at = -1
+    anyio.run(run, 3, backend="asyncio")
     assert backend.step == 6
     _assert_exactly_once(model, backend)
