@@ -927,3 +927,40 @@ def test_the_model_directory_deleted_mid_run_under_asyncio(model: art.TrainableM
     anyio.run(run, 3, backend="asyncio")
     assert backend.step == 6
     _assert_exactly_once(model, backend)
+
+
+def test_a_forked_child_cannot_take_the_lock_its_parent_holds(tmp_path: Path) -> None:
+    """The child inherits no lock, and no registry entry either: a RunLock in it is refused
+    by the kernel, naming the parent; after the parent releases, the child may take it."""
+    lock = RunLock(tmp_path / "m")
+    lock.acquire()
+    tried_read, tried_write = os.pipe()
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if every expectation holds
+        code = 1
+        try:
+            try:
+                RunLock(tmp_path / "m").acquire()
+            except RunLockedError as exc:
+                refused = f"pid {os.getppid()}" in str(exc)
+            else:
+                refused = False
+            os.write(tried_write, b"t")
+            os.read(go_read, 1)  # the parent released
+            if refused:
+                again = RunLock(tmp_path / "m")
+                again.acquire()
+                again.release()
+                code = 0
+        finally:
+            os._exit(code)
+    try:
+        assert os.read(tried_read, 1) == b"t"
+        lock.release()
+    finally:
+        os.write(go_write, b"g")
+        _, status = os.waitpid(pid, 0)
+        for fd in (tried_read, tried_write, go_read, go_write):
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
