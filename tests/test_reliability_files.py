@@ -964,3 +964,58 @@ def test_a_forked_child_cannot_take_the_lock_its_parent_holds(tmp_path: Path) ->
         for fd in (tried_read, tried_write, go_read, go_write):
             os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_failing_fsync_of_a_record_is_a_state_write_error_naming_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = StateStore(tmp_path, fsync=True)
+    state = PipelineState()
+    store.write(state)
+    _record(store, state, 0)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(ledger_module.os, "fsync", failing)
+    with pytest.raises(StateWriteError) as excinfo:
+        _record(store, state, 1)
+    monkeypatch.undo()
+    assert excinfo.value.errno == errno.EIO
+    assert str(tmp_path / JOURNAL_FILE) in str(excinfo.value)
+    # What the failed record carried goes into the next one: nothing is lost.
+    _record(store, state, 2)
+    store.close()
+    again = StateStore(tmp_path).read()
+    assert again is not None and again.ledger.watermark == 3
+
+
+async def test_deleted_then_locked_by_another_run_before_this_one_noticed(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The directory deleted and a new run started in it before this one's next write: this
+    one stops without writing a byte over the other run's state."""
+    out = _out(model)
+    original_train = backend.train
+    intruder = RunLock(out)
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        result = await original_train(model, groups, **kwargs)
+        if backend.step == 2:
+            shutil.rmtree(out)
+            intruder.acquire()  # a new lock file, locked by "another run"
+        return result
+
+    backend.train = train  # type: ignore[method-assign]
+    try:
+        with warnings.catch_warnings(), pytest.raises(BaseExceptionGroup) as excinfo:
+            warnings.simplefilter("ignore", RuntimeWarning)
+            await _trainer(model, backend, max_steps=10).train(handle_signals=False)
+        leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+        message = str(leaf)
+        assert "could not write the run's resume state there again" in message
+        assert "another art_trio run is training" in message
+        assert backend.step == 2
+        assert not (out / SIDECAR_FILE).exists() and not (out / JOURNAL_FILE).exists()
+    finally:
+        intruder.release()

@@ -713,6 +713,20 @@ class StateStore:
             self._write_record(line.encode())
             if self.fsync:
                 os.fsync(self._journal_fd)
+        except StateWriteError:
+            state.unjournal(record)
+            raise
+        except OSError as exc:
+            # Opening the journal (a read-only or vanished directory) or fsync (an I/O error).
+            state.unjournal(record)
+            raise StateWriteError(
+                exc.errno or errno.EIO,
+                f"could not write the resume record to {self.journal_path} "
+                f"({exc.strerror or exc}). The run stops before training this batch; fix the "
+                "cause (a writable directory, the disk) and resume: nothing trained is lost "
+                "or repeated",
+                str(self.journal_path),
+            ) from exc
         except BaseException:
             state.unjournal(record)
             raise
