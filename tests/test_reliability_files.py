@@ -596,6 +596,9 @@ async def test_one_of_the_runs_files_deleted_mid_run_stops_it_and_nothing_trains
         await _trainer(model, backend, max_steps=10).train(handle_signals=False)
     leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
     assert str(out / victim) in str(leaf), leaf
+    # Only art_trio's file went: the error does not claim the rest of the directory is gone.
+    assert "art_trio's files in the model directory" in str(leaf)
+    assert "neither repeats nor skips" in str(leaf) and "checkpoints" not in str(leaf)
     assert backend.step == 2
     backend.train = original_train  # type: ignore[method-assign]
     await _trainer(model, backend, max_steps=3).train(handle_signals=False)

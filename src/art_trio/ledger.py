@@ -558,6 +558,8 @@ class StateStore:
         self._journal_whole: int | None = None
         #: Whether the snapshot file exists as far as this store knows (read or written it).
         self._has_sidecar = False
+        #: The directory's (device, inode) when this store first wrote to it.
+        self._dir_id: tuple[int, int] | None = None
 
     @property
     def sidecar_path(self) -> Path:
@@ -802,6 +804,14 @@ class StateStore:
         repeats nor skips a scenario; what else the directory held is gone.
         """
         problems = []
+        directory_gone = False
+        if self._dir_id is not None:
+            try:
+                st = os.stat(self.output_dir)
+            except OSError:
+                directory_gone = True
+            else:
+                directory_gone = (st.st_dev, st.st_ino) != self._dir_id
         if self.lock is not None and not self.lock.held:
             problems.append(f"the lock on {self.lock.path} is no longer held")
         elif self.lock is not None:
@@ -819,10 +829,10 @@ class StateStore:
                     problems.append(f"{self.journal_path} was replaced by another file")
         if self._has_sidecar and not self.sidecar_path.exists():
             problems.append(f"{self.sidecar_path} was deleted")
-        if problems:
-            self._recover(state, problems)
+        if problems or directory_gone:
+            self._recover(state, problems, directory_gone)
 
-    def _recover(self, state: PipelineState, problems: list[str]) -> None:
+    def _recover(self, state: PipelineState, problems: list[str], directory_gone: bool) -> None:
         self.close()  # the descriptor of a deleted journal: nothing written there survives
         why = "; ".join(problems)
         try:
@@ -830,6 +840,7 @@ class StateStore:
                 self.lock.release()
                 self.lock.acquire()
             self._epoch = None
+            self._dir_id = None  # the directory written to now is the run's directory
             self._write_snapshot(state)
         except (OSError, RunLockedError) as exc:
             outcome = (
@@ -844,18 +855,27 @@ class StateStore:
                 f"art_trio wrote the run's resume state (training step {state.training_step}, "
                 f"which scenarios are trained: every one below {state.ledger.watermark} and "
                 f"{len(state.ledger.resolved_above)} above) into {self.output_dir} again, so a "
-                "resume neither repeats nor skips a scenario. What else the directory held is "
-                "gone and art_trio cannot bring it back: ART's checkpoints (with LocalBackend, "
-                "the trained weights: the backend resumes from the step it still has), "
-                "history.jsonl, logs. Restore them from a backup if you have one; to start "
-                "over instead, train with resume=False"
+                "resume neither repeats nor skips a scenario."
             )
+            if directory_gone:
+                outcome += (
+                    " What else the directory held is gone and art_trio cannot bring it back: "
+                    "ART's checkpoints (with LocalBackend, the trained weights: the backend "
+                    "resumes from the step it still has), history.jsonl, logs. Restore them "
+                    "from a backup if you have one; to start over instead, train with "
+                    "resume=False"
+                )
             code = errno.ENOENT
+        what = (
+            f"the model directory {self.output_dir} was deleted or replaced"
+            if directory_gone
+            else f"art_trio's files in the model directory {self.output_dir} were deleted or "
+            "replaced"
+        )
         raise ModelDirectoryLostError(
             code,
-            f"the model directory {self.output_dir} was deleted or replaced while this run "
-            f"was training it ({why}). The run stops: nothing more is written to deleted "
-            f"files. {outcome}",
+            f"{what} while this run was training ({why or 'the directory is another one'}). "
+            f"The run stops: nothing more is written to deleted files. {outcome}",
             str(self.output_dir),
         )
 
@@ -882,6 +902,9 @@ class StateStore:
             art_state = {}
         art_state[PIPELINE_STATE_KEY] = {**state.to_json(), **stamp}
         self._write_file(self.art_state_path, art_state, fsync=False)
+        if self._dir_id is None:
+            st = os.stat(self.output_dir)
+            self._dir_id = (st.st_dev, st.st_ino)
         # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
         if self._journal_fd is not None:
