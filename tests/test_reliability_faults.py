@@ -5,7 +5,7 @@ What a user may rely on (each is a test below, named after it):
 
 - one run per model directory, across processes and within one: a second `train()` fails at
   once with `RunLockedError` naming the directory and the holder, and trains nothing; the
-  lock is the kernel's (flock), so a kill -9 never leaves a stale one;
+  lock is the kernel's (a POSIX record lock), so a kill -9 never leaves a stale one;
 - a journal record is written whole or not at all: a short write or ENOSPC stops the run
   before `backend.train` is called for that batch, and a resume once there is space again
   neither loses nor repeats a step (on a real, full tmpfs, and by injection);

@@ -31,9 +31,12 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import art
 import pytest
 import trio
@@ -50,6 +53,7 @@ from art_trio.ledger import (
     ModelDirectoryLostError,
     PipelineState,
     StateStore,
+    StateWriteError,
     eval_runs,
     scenario_digest,
 )
@@ -592,6 +596,9 @@ async def test_one_of_the_runs_files_deleted_mid_run_stops_it_and_nothing_trains
         await _trainer(model, backend, max_steps=10).train(handle_signals=False)
     leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
     assert str(out / victim) in str(leaf), leaf
+    # Only art_trio's file went: the error does not claim the rest of the directory is gone.
+    assert "art_trio's files in the model directory" in str(leaf)
+    assert "neither repeats nor skips" in str(leaf) and "checkpoints" not in str(leaf)
     assert backend.step == 2
     backend.train = original_train  # type: ignore[method-assign]
     await _trainer(model, backend, max_steps=3).train(handle_signals=False)
@@ -636,3 +643,382 @@ def test_the_model_directory_deleted_under_a_live_process_then_kill_9_and_resume
     assert len(records) == steps + 3
     trained = [i for r in records for i in r["ids"]]
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
+
+
+@pytest.mark.parametrize("how", ["moved away", "replaced by a file"])
+async def test_the_model_directory_moved_or_replaced_by_a_file_mid_run(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    how: str,
+) -> None:
+    out = _out(model)
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        result = await original_train(model, groups, **kwargs)
+        if backend.step == 2:
+            out.rename(out.with_name("moved"))
+            if how == "replaced by a file":
+                out.write_text("a file now")
+        return result
+
+    backend.train = train  # type: ignore[method-assign]
+    with warnings.catch_warnings(), pytest.raises(BaseExceptionGroup) as excinfo:
+        warnings.simplefilter("ignore", RuntimeWarning)
+        await _trainer(model, backend, max_steps=10).train(handle_signals=False)
+    assert backend.step == 2
+    backend.train = original_train  # type: ignore[method-assign]
+    if how == "moved away":
+        leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+        message = str(leaf)
+        assert str(out) in message
+        # Written again where the run lives: the resume there trains on, nothing twice.
+        assert "neither repeats nor skips" in message
+        await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+        assert backend.step == 5
+        _assert_exactly_once(model, backend)
+    else:
+        # ART's model.log, writing under the directory right after the step, fails first
+        # (the first error wins); the state's error follows in a note: nowhere to write it,
+        # and what a resume would do. The file is left alone.
+        leaf, notes = find_leaf(excinfo.value, NotADirectoryError)
+        note = next(n for n in notes if "ModelDirectoryLostError" in n)
+        assert str(out) in note and "not a directory" in note
+        assert "could not write the run's resume state there again" in note
+        assert out.read_text() == "a file now"
+
+
+# == beyond: the journal cut mid-record =======================================================
+
+
+def _record(store: StateStore, state: PipelineState, index: int) -> None:
+    state.ledger.resolve(index)
+    state.ledger.begin_batch(index + 1, [1000 + index])
+    state.training_step = index
+    store.append(state)
+
+
+def test_a_journal_cut_mid_record_resumes_and_the_next_record_does_not_join_the_torn_one(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path)
+    state = PipelineState()
+    store.write(state)
+    for i in range(3):
+        _record(store, state, i)
+    store.close()
+    journal = tmp_path / JOURNAL_FILE
+    whole = journal.read_bytes()
+    for cut in (7, 1):  # mid-record, and only its newline (the record itself parses)
+        journal.write_bytes(whole[:-cut])
+        again = StateStore(tmp_path)
+        resumed = again.read()
+        assert resumed is not None
+        # As after the second record: the third one's train call never started.
+        assert resumed.ledger.watermark == 2 and resumed.training_step == 1
+        # Appending goes on after the last whole record, not after the torn bytes.
+        _record(again, resumed, 2)
+        again.close()
+        third = StateStore(tmp_path).read()
+        assert third is not None and third.ledger.watermark == 3
+        assert third.ledger.pending is not None and third.ledger.pending.step == 3
+        assert journal.read_bytes() == whole
+
+
+async def test_a_journal_truncated_by_someone_else_mid_run_is_replaced_by_a_snapshot(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out = _out(model)
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        result = await original_train(model, groups, **kwargs)
+        if backend.step == 3:
+            journal = out / JOURNAL_FILE
+            os.truncate(journal, journal.stat().st_size - 9)  # cut mid-record
+        return result
+
+    backend.train = train  # type: ignore[method-assign]
+    await _trainer(model, backend, max_steps=6).train(handle_signals=False)
+    assert backend.step == 6
+    assert "changed by something other than this run" in caplog.text
+    backend.train = original_train  # type: ignore[method-assign]
+    await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    _assert_exactly_once(model, backend)
+
+
+# == beyond: full disks and read-only directories =============================================
+
+
+def _mount_tmpfs(directory: Path, options: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+        capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def _remount(directory: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(directory)], check=True)
+
+
+@pytest.fixture
+def mounted(model: art.TrainableModel) -> Iterator[Path]:
+    """The model's output directory on a fresh 4 MiB tmpfs, unmounted at the end."""
+    out = _out(model)
+    _mount_tmpfs(out, "size=4m")
+    try:
+        yield out
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Fill the filesystem holding `path` until not one byte fits."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (1 << 16, 4096, 1):
+            try:
+                while f.write(b"\0" * size):
+                    pass
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+
+
+async def test_a_full_disk_before_the_run_is_a_clear_error_and_trains_nothing(
+    model: art.TrainableModel, mounted: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    backend = RecordingBackend(write_checkpoints=False)
+    object.__setattr__(model, "_backend", backend)
+    _fill(mounted / "filler.bin")
+    with pytest.raises(StateWriteError) as excinfo:
+        await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert excinfo.value.errno == errno.ENOSPC
+    assert str(mounted / SIDECAR_FILE) in str(excinfo.value), excinfo.value
+    assert "free space" in str(excinfo.value)
+    assert backend.calls == []
+    (mounted / "filler.bin").unlink()
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert backend.step == 3
+    _assert_exactly_once(model, backend)
+
+
+class _FillingBackend(RecordingBackend):
+    """Fills the disk at the end of step `fill_at`, after ART's model.log wrote its files
+    (checkpoints off): the next write to the disk is the run's state."""
+
+    fill_at = 5
+
+    async def prune_model_adapters(self, model: Any, retain_steps: set[int]) -> None:
+        asyncio.get_running_loop()
+        if self.step == self.fill_at:
+            _fill(Path(model._get_output_dir()) / "filler.bin")
+
+
+async def test_a_disk_full_at_a_periodic_snapshot_stops_before_training_and_resumes(
+    model: art.TrainableModel,
+    mounted: Path,
+    autojump_clock: trio.abc.Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot every 3 records, the disk full after step 5: whichever state write fails
+    first (a record may still fit in its block, a snapshot needs a new file), it is a
+    StateWriteError with ENOSPC, no train call follows it, and the resume is exact."""
+    monkeypatch.setattr(ledger_module, "SNAPSHOT_EVERY", 3)
+    backend = _FillingBackend(write_checkpoints=False)
+    object.__setattr__(model, "_backend", backend)
+    with warnings.catch_warnings(), pytest.raises(BaseExceptionGroup) as excinfo:
+        warnings.simplefilter("ignore", RuntimeWarning)  # the final snapshot fails too
+        await _trainer(model, backend, max_steps=50).train(handle_signals=False)
+    leaf, _ = find_leaf(excinfo.value, StateWriteError)
+    assert isinstance(leaf, StateWriteError) and leaf.errno == errno.ENOSPC, leaf
+    assert str(mounted) in str(leaf)
+    assert backend.train_started == backend.step  # nothing started after the failed write
+    assert backend.step <= backend.fill_at + 3
+    assert [p.name for p in mounted.iterdir() if p.name.endswith(".tmp")] == []  # noqa: ASYNC240
+    (mounted / "filler.bin").unlink()
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    _assert_exactly_once(model, backend)
+
+
+async def test_a_read_only_model_directory_is_a_clear_error(
+    model: art.TrainableModel, mounted: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    backend = RecordingBackend(write_checkpoints=False)
+    object.__setattr__(model, "_backend", backend)
+    await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    _remount(mounted, "ro")
+    try:
+        with pytest.raises(ModelDirectoryError) as excinfo:
+            await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+        assert excinfo.value.errno == errno.EROFS
+        assert str(mounted) in str(excinfo.value) and "writable" in str(excinfo.value)
+        assert backend.step == 2
+        # A model directory to be created under a read-only directory: the same.
+        ro_model = trainable_model(
+            name="m2", project="p", base_model="b", base_path=str(mounted / "under")
+        )
+        with pytest.raises(ModelDirectoryError, match="writable"):
+            await _trainer(ro_model, backend, max_steps=1).train(handle_signals=False)
+    finally:
+        _remount(mounted, "rw")
+    await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    assert backend.step == 4
+    _assert_exactly_once(model, backend)
+
+
+# == beyond: the wall clock going backwards ===================================================
+
+
+async def test_a_wall_clock_going_backwards_changes_nothing_resume_depends_on(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """time.time() steps back an hour at every call (an NTP step, a VM restored): the run
+    and its resume go on; only the loop's monotonic clock is used for timing."""
+    import time as time_module
+
+    now = [time_module.time()]
+
+    def backwards() -> float:
+        now[0] -= 3600.0
+        return now[0]
+
+    monkeypatch.setattr(time_module, "time", backwards)
+    await _trainer(model, backend, max_steps=4).train(handle_signals=False)
+    await _trainer(model, backend, max_steps=4).train(handle_signals=False)
+    assert backend.step == 8
+    _assert_exactly_once(model, backend)
+
+
+async def test_a_resume_from_state_jsons_record_alone_is_not_taken_for_a_deleted_snapshot(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The documented way out of a damaged snapshot (delete it, resume from state.json's
+    `_pipeline_trainer`) is a resume, not a snapshot deleted mid-run."""
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    (_out(model) / SIDECAR_FILE).unlink()
+    await _trainer(model, backend, max_steps=3).train(handle_signals=False)
+    assert backend.step == 6
+    _assert_exactly_once(model, backend)
+
+
+def test_the_model_directory_deleted_mid_run_under_asyncio(model: art.TrainableModel) -> None:
+    """The same under `anyio.run` on asyncio (no trio-asyncio): stopped, written again."""
+    backend = _DeletingBackend()
+    object.__setattr__(model, "_backend", backend)
+    out = _out(model)
+
+    async def run(steps: int) -> None:
+        await _trainer(model, backend, max_steps=steps).train(handle_signals=False)
+
+    with pytest.raises(BaseExceptionGroup) as excinfo:
+        anyio.run(run, 10, backend="asyncio")
+    leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+    assert str(out) in str(leaf) and backend.step == backend.delete_at
+    assert _deleted_files_open(out) == []
+    backend.delete_at = -1
+    anyio.run(run, 3, backend="asyncio")
+    assert backend.step == 6
+    _assert_exactly_once(model, backend)
+
+
+def test_a_forked_child_cannot_take_the_lock_its_parent_holds(tmp_path: Path) -> None:
+    """The child inherits no lock, and no registry entry either: a RunLock in it is refused
+    by the kernel, naming the parent; after the parent releases, the child may take it."""
+    lock = RunLock(tmp_path / "m")
+    lock.acquire()
+    tried_read, tried_write = os.pipe()
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if every expectation holds
+        code = 1
+        try:
+            try:
+                RunLock(tmp_path / "m").acquire()
+            except RunLockedError as exc:
+                refused = f"pid {os.getppid()}" in str(exc)
+            else:
+                refused = False
+            os.write(tried_write, b"t")
+            os.read(go_read, 1)  # the parent released
+            if refused:
+                again = RunLock(tmp_path / "m")
+                again.acquire()
+                again.release()
+                code = 0
+        finally:
+            os._exit(code)
+    try:
+        assert os.read(tried_read, 1) == b"t"
+        lock.release()
+    finally:
+        os.write(go_write, b"g")
+        _, status = os.waitpid(pid, 0)
+        for fd in (tried_read, tried_write, go_read, go_write):
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_failing_fsync_of_a_record_is_a_state_write_error_naming_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = StateStore(tmp_path, fsync=True)
+    state = PipelineState()
+    store.write(state)
+    _record(store, state, 0)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(ledger_module.os, "fsync", failing)
+    with pytest.raises(StateWriteError) as excinfo:
+        _record(store, state, 1)
+    monkeypatch.undo()
+    assert excinfo.value.errno == errno.EIO
+    assert str(tmp_path / JOURNAL_FILE) in str(excinfo.value)
+    # What the failed record carried goes into the next one: nothing is lost.
+    _record(store, state, 2)
+    store.close()
+    again = StateStore(tmp_path).read()
+    assert again is not None and again.ledger.watermark == 3
+
+
+async def test_deleted_then_locked_by_another_run_before_this_one_noticed(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The directory deleted and a new run started in it before this one's next write: this
+    one stops without writing a byte over the other run's state."""
+    out = _out(model)
+    original_train = backend.train
+    intruder = RunLock(out)
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        result = await original_train(model, groups, **kwargs)
+        if backend.step == 2:
+            shutil.rmtree(out)
+            intruder.acquire()  # a new lock file, locked by "another run"
+        return result
+
+    backend.train = train  # type: ignore[method-assign]
+    try:
+        with warnings.catch_warnings(), pytest.raises(BaseExceptionGroup) as excinfo:
+            warnings.simplefilter("ignore", RuntimeWarning)
+            await _trainer(model, backend, max_steps=10).train(handle_signals=False)
+        leaf, _ = find_leaf(excinfo.value, ModelDirectoryLostError)
+        message = str(leaf)
+        assert "could not write the run's resume state there again" in message
+        assert "another art_trio run is training" in message
+        assert backend.step == 2
+        assert not (out / SIDECAR_FILE).exists() and not (out / JOURNAL_FILE).exists()
+    finally:
+        intruder.release()

@@ -554,6 +554,12 @@ class StateStore:
         self._journal_size = 0
         #: Set when a failed append could not be cut back: only a snapshot may follow.
         self._journal_broken = False
+        #: The length of the journal's whole records, as `read()` found them (None: unread).
+        self._journal_whole: int | None = None
+        #: Whether the snapshot file exists as far as this store knows (read or written it).
+        self._has_sidecar = False
+        #: The directory's (device, inode) when this store first wrote to it.
+        self._dir_id: tuple[int, int] | None = None
 
     @property
     def sidecar_path(self) -> Path:
@@ -594,6 +600,7 @@ class StateStore:
         snapshot: dict[str, Any] | None = None
         where = str(self.sidecar_path)
         advice = _SIDECAR_ADVICE
+        self._has_sidecar = sidecar is not None
         if sidecar is not None:
             snapshot = sidecar
         else:
@@ -700,9 +707,28 @@ class StateStore:
                     self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
                 )
                 self._journal_size = os.fstat(self._journal_fd).st_size
+                if self._journal_whole is not None and self._journal_size > self._journal_whole:
+                    # A record torn by a crash (or a cut copy) ends the file: appended after
+                    # it, the next record would share its line and corrupt the journal.
+                    os.ftruncate(self._journal_fd, self._journal_whole)
+                    self._journal_size = self._journal_whole
             self._write_record(line.encode())
             if self.fsync:
                 os.fsync(self._journal_fd)
+        except StateWriteError:
+            state.unjournal(record)
+            raise
+        except OSError as exc:
+            # Opening the journal (a read-only or vanished directory) or fsync (an I/O error).
+            state.unjournal(record)
+            raise StateWriteError(
+                exc.errno or errno.EIO,
+                f"could not write the resume record to {self.journal_path} "
+                f"({exc.strerror or exc}). The run stops before training this batch; fix the "
+                "cause (a writable directory, the disk) and resume: nothing trained is lost "
+                "or repeated",
+                str(self.journal_path),
+            ) from exc
         except BaseException:
             state.unjournal(record)
             raise
@@ -748,6 +774,21 @@ class StateStore:
         self._check_files(state)
         self._write_snapshot(state)
 
+    def _write_file(self, path: Path, data: dict[str, Any], *, fsync: bool) -> None:
+        try:
+            _atomic_write_json(path, data, fsync=fsync)
+        except OSError as exc:
+            if isinstance(exc, StateWriteError):
+                raise
+            raise StateWriteError(
+                exc.errno or errno.EIO,
+                f"could not write {path} ({exc.strerror or exc}); the previous version is left "
+                "whole (a temporary file is renamed over it only once written). The run stops "
+                "before training another batch; fix the cause (free space, a writable "
+                "directory) and resume: nothing trained is lost or repeated",
+                str(path),
+            ) from exc
+
     def _journal_changed(self) -> bool:
         assert self._journal_fd is not None
         return os.fstat(self._journal_fd).st_size != self._journal_size
@@ -763,7 +804,17 @@ class StateStore:
         repeats nor skips a scenario; what else the directory held is gone.
         """
         problems = []
-        if self.lock is not None:
+        directory_gone = False
+        if self._dir_id is not None:
+            try:
+                st = os.stat(self.output_dir)
+            except OSError:
+                directory_gone = True
+            else:
+                directory_gone = (st.st_dev, st.st_ino) != self._dir_id
+        if self.lock is not None and not self.lock.held:
+            problems.append(f"the lock on {self.lock.path} is no longer held")
+        elif self.lock is not None:
             problem = self.lock.check()
             if problem is not None:
                 problems.append(problem)
@@ -776,12 +827,12 @@ class StateStore:
                 held = os.fstat(self._journal_fd)
                 if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
                     problems.append(f"{self.journal_path} was replaced by another file")
-        if self._epoch is not None and not self.sidecar_path.exists():
+        if self._has_sidecar and not self.sidecar_path.exists():
             problems.append(f"{self.sidecar_path} was deleted")
-        if problems:
-            self._recover(state, problems)
+        if problems or directory_gone:
+            self._recover(state, problems, directory_gone)
 
-    def _recover(self, state: PipelineState, problems: list[str]) -> None:
+    def _recover(self, state: PipelineState, problems: list[str], directory_gone: bool) -> None:
         self.close()  # the descriptor of a deleted journal: nothing written there survives
         why = "; ".join(problems)
         try:
@@ -789,6 +840,7 @@ class StateStore:
                 self.lock.release()
                 self.lock.acquire()
             self._epoch = None
+            self._dir_id = None  # the directory written to now is the run's directory
             self._write_snapshot(state)
         except (OSError, RunLockedError) as exc:
             outcome = (
@@ -803,18 +855,27 @@ class StateStore:
                 f"art_trio wrote the run's resume state (training step {state.training_step}, "
                 f"which scenarios are trained: every one below {state.ledger.watermark} and "
                 f"{len(state.ledger.resolved_above)} above) into {self.output_dir} again, so a "
-                "resume neither repeats nor skips a scenario. What else the directory held is "
-                "gone and art_trio cannot bring it back: ART's checkpoints (with LocalBackend, "
-                "the trained weights: the backend resumes from the step it still has), "
-                "history.jsonl, logs. Restore them from a backup if you have one; to start "
-                "over instead, train with resume=False"
+                "resume neither repeats nor skips a scenario."
             )
+            if directory_gone:
+                outcome += (
+                    " What else the directory held is gone and art_trio cannot bring it back: "
+                    "ART's checkpoints (with LocalBackend, the trained weights: the backend "
+                    "resumes from the step it still has), history.jsonl, logs. Restore them "
+                    "from a backup if you have one; to start over instead, train with "
+                    "resume=False"
+                )
             code = errno.ENOENT
+        what = (
+            f"the model directory {self.output_dir} was deleted or replaced"
+            if directory_gone
+            else f"art_trio's files in the model directory {self.output_dir} were deleted or "
+            "replaced"
+        )
         raise ModelDirectoryLostError(
             code,
-            f"the model directory {self.output_dir} was deleted or replaced while this run "
-            f"was training it ({why}). The run stops: nothing more is written to deleted "
-            f"files. {outcome}",
+            f"{what} while this run was training ({why or 'the directory is another one'}). "
+            f"The run stops: nothing more is written to deleted files. {outcome}",
             str(self.output_dir),
         )
 
@@ -823,9 +884,10 @@ class StateStore:
         stamp: dict[str, Any] = {"journal_seq": self._seq, "journal_epoch": epoch}
         if self.identity is not None:
             stamp["run"] = dict(self.identity)
-        _atomic_write_json(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
+        self._write_file(self.sidecar_path, {**state.to_json(compact=True), **stamp}, fsync=True)
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
+        self._has_sidecar = True
         state.ledger.unjournaled.clear()
         state.digests_unjournaled = False
         state.evals_unjournaled.clear()
@@ -839,7 +901,10 @@ class StateStore:
         except ValueError:
             art_state = {}
         art_state[PIPELINE_STATE_KEY] = {**state.to_json(), **stamp}
-        _atomic_write_json(self.art_state_path, art_state, fsync=False)
+        self._write_file(self.art_state_path, art_state, fsync=False)
+        if self._dir_id is None:
+            st = os.stat(self.output_dir)
+            self._dir_id = (st.st_dev, st.st_ino)
         # Records of the old epoch are in the snapshot now; replay skips them even if this
         # truncation never happens.
         if self._journal_fd is not None:
@@ -847,6 +912,7 @@ class StateStore:
         elif self.journal_path.exists():
             os.truncate(self.journal_path, 0)
         self._journal_size = 0
+        self._journal_whole = 0
         self._journal_broken = False
 
     def close(self) -> None:
@@ -867,18 +933,23 @@ class StateStore:
         try:
             raw = self.journal_path.read_bytes()
         except FileNotFoundError:
+            self._journal_whole = 0
             return []
+        # Everything up to the last newline is whole records; a torn tail is left out.
+        self._journal_whole = raw.rfind(b"\n") + 1
         lines = raw.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
         records = []
         for number, line in enumerate(lines, start=1):
-            last = number == len(lines)
+            if number == len(lines) and not raw.endswith(b"\n"):
+                # Torn by a kill mid-append (a record is written with its newline in one
+                # call, which had not returned): that step's train never started. Even if the
+                # line parses, it is left out, as append() cuts it off.
+                break
             try:
                 record = json.loads(line.decode("utf-8"))
             except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-                if last and not raw.endswith(b"\n"):
-                    break  # torn by a kill mid-append: that step's train never started
                 raise StateFileError(
                     f"{self.journal_path} line {number} is not valid UTF-8 JSON ({exc}); only "
                     f"an unterminated last line can be torn by a crash. {_JOURNAL_ADVICE}"

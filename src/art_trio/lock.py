@@ -135,6 +135,7 @@ class RunLock:
         self.directory = Path(directory)
         self._fd: int | None = None
         self._key: tuple[int, int] | None = None
+        self._acquired = False
 
     @property
     def path(self) -> Path:
@@ -142,7 +143,8 @@ class RunLock:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        """Whether `acquire` succeeded and `release` has not been called since."""
+        return self._acquired
 
     def acquire(self) -> None:
         """Take the lock now or raise RunLockedError naming the holder; never waits.
@@ -150,9 +152,10 @@ class RunLock:
         Raises ModelDirectoryError (naming the directory and what to do) if the directory
         cannot be created or written, is a file, or its filesystem has no locks.
         """
-        if self._fd is not None:
+        if self._acquired:
             raise RuntimeError(f"{self.path} is already held by this RunLock")
         if fcntl is None:  # pragma: no cover - Windows
+            self._acquired = True
             return
         self._make_directory()
         with _REGISTRY:
@@ -174,7 +177,7 @@ class RunLock:
                 if fd >= 0:
                     os.close(fd)
                 raise
-        self._fd, self._key = fd, key
+        self._fd, self._key, self._acquired = fd, key, True
         try:
             _write_holder(fd)
         except OSError:
@@ -268,6 +271,7 @@ class RunLock:
         """Give the lock up (closing the descriptor releases it). Idempotent."""
         fd, self._fd = self._fd, None
         key, self._key = self._key, None
+        self._acquired = False
         if fd is None:
             return
         with _REGISTRY:

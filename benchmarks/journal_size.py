@@ -1,0 +1,47 @@
+"""Journal record, journal and snapshot sizes after N steps with an eval every step.
+
+    PYTHONPATH=<tree>/src python benchmarks/journal_size.py 2000
+
+A state store appends one record per step (two scenarios resolved, the next batch pending,
+one more completed eval), as a run with `eval_every_n_steps=1` does, with periodic snapshots
+turned off so the whole journal stays; then one snapshot is written. Runs against whichever
+art_trio is on the path (a tree before issue 25 adds to the set directly), so two revisions
+compare like with like.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from art_trio import ledger
+from art_trio.ledger import PipelineState, StateStore
+
+
+def main(steps: int) -> None:
+    ledger.SNAPSHOT_EVERY = 10**9
+    directory = Path(tempfile.mkdtemp())
+    store, state = StateStore(directory), PipelineState()
+    store.write(state)
+    for step in range(steps):
+        state.ledger.resolve_all([2 * step, 2 * step + 1])
+        state.ledger.begin_batch(step + 1, [2 * step + 2, 2 * step + 3])
+        state.training_step = step
+        if hasattr(state, "complete_eval"):
+            state.complete_eval(step)
+        else:  # before issue 25
+            state.completed_eval_steps.add(step)
+        store.append(state)
+    store.close()
+    records = (directory / ledger.JOURNAL_FILE).read_bytes().splitlines()
+    store.write(state)
+    snapshot = (directory / ledger.SIDECAR_FILE).stat().st_size
+    print(
+        f"evals={steps} first record={len(records[0])} B, last record={len(records[-1])} B, "
+        f"journal={sum(map(len, records))} B, snapshot={snapshot} B"
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
