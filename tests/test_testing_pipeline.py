@@ -147,12 +147,13 @@ def test_latencies_from_each_form() -> None:
     assert latencies("exp:10", 4, seed=1) != latencies("exp:10", 4, seed=2)
 
 
-def test_importing_art_trio_or_its_testing_doubles_needs_no_hypothesis() -> None:
+def test_importing_art_trio_or_check_pipeline_needs_no_optional_extra() -> None:
     code = (
         "import sys\n"
         "import art_trio, art_trio.testing\n"
         "from art_trio.testing import check_pipeline\n"
-        "assert 'hypothesis' not in sys.modules, 'hypothesis imported'\n"
+        "extras = {'hypothesis', 'prometheus_client'} & set(sys.modules)\n"
+        "assert not extras, extras\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -162,3 +163,38 @@ def test_the_testing_extra_declares_hypothesis_and_the_core_does_not() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("hypothesis") for d in project["dependencies"])
     assert any(d.startswith("hypothesis") for d in project["optional-dependencies"]["testing"])
+
+
+def test_a_broken_trainer_is_caught_through_the_users_entry_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only the user's own bound: the trainer's invariants are checked too. A gate and a
+    batch filter one version too lenient (as in property_tests/test_mutants.py) break the
+    off-policy bound of the user's own settings, and explore_pipeline says so."""
+    import art_trio.admission
+    from art_trio.batching import Freshness
+    from art_trio.gate import PolicyGate
+
+    real_is_stale = Freshness.is_stale
+    monkeypatch.setattr(
+        art_trio.admission,
+        "reference_gate_allows",
+        lambda s: s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1,
+    )
+    monkeypatch.setattr(
+        Freshness, "is_stale", lambda self, v, mean, step: real_is_stale(self, v, mean, step - 1)
+    )
+    monkeypatch.setattr(
+        PolicyGate,
+        "min_fresh_version",
+        property(lambda self: self.next_training_step - self.max_steps_off_policy - 1),
+    )
+    with pytest.raises(PipelineCheckFailed) as caught:
+        explore_pipeline(
+            SETTINGS | {"max_steps_off_policy": 0},
+            rollout_latency=st.floats(0.0, 30.0),
+            source=SCENARIOS,
+            train_seconds=5.0,
+            max_examples=30,
+        )
+    assert caught.value.tag == checks.OFF_POLICY, caught.value

@@ -78,7 +78,7 @@ def test_a_run_not_using_the_plugin_imports_neither_art_trio_nor_hypothesis(
 
 def test_the_entry_point_names_the_plugin_package() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["pytest11"] == {"art_trio": "art_trio_pytest"}
+    assert project["entry-points"]["pytest11"] == {"art_trio_pytest": "art_trio_pytest"}
     import art_trio_pytest
 
     assert callable(art_trio_pytest.art_trio_pipeline)

@@ -106,8 +106,8 @@ class PrometheusExporter:
         self.min_interval = min_interval
         # Published by the event loop, read by the scrape thread: whole immutable objects
         # swapped by one assignment, so a scrape sees one consistent snapshot.
-        self._statistics: RunStatistics = trainer.statistics()
         self._steps = StepTotals()
+        self._published: tuple[RunStatistics, StepTotals] = (trainer.statistics(), self._steps)
         self._taken_at = -float("inf")
         self._server: Any = None
         self._thread: Any = None
@@ -130,16 +130,16 @@ class PrometheusExporter:
                 last_wall_s=event.wall_s,
                 last_train_s=event.train_s,
             )
-        now = time.monotonic()
-        if isinstance(event, _ALWAYS) or now - self._taken_at >= self.min_interval:
-            self._taken_at = now
-            self._statistics = self.trainer.statistics()
+        if isinstance(event, _ALWAYS) or time.monotonic() - self._taken_at >= self.min_interval:
+            self.refresh()
 
     def refresh(self) -> RunStatistics:
         """Publish `trainer.statistics()` now (call it from the trainer's event loop)."""
         self._taken_at = time.monotonic()
-        self._statistics = self.trainer.statistics()
-        return self._statistics
+        statistics = self.trainer.statistics()
+        # One assignment: a scrape sees both halves from the same instant.
+        self._published = (statistics, self._steps)
+        return statistics
 
     async def refresh_every(self, seconds: float = 1.0) -> None:
         """Publish a snapshot every `seconds` until cancelled (start it beside the trainer)."""
@@ -196,7 +196,7 @@ class PrometheusExporter:
     def families(self) -> Iterator[Any]:
         """The metric families of the last published snapshot (what a scrape returns)."""
         core = self._client.core
-        s, steps = self._statistics, self._steps
+        s, steps = self._published
 
         def gauge(name: str, doc: str, value: float | None) -> Any:
             family = core.GaugeMetricFamily(f"{PREFIX}_{name}", doc)
