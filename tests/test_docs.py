@@ -1,8 +1,10 @@
 """The documentation cannot drift from the code it describes.
 
-- Python in docs/ is never typed into a page: every ```python block only includes a file (or a
-  marked section of one) from examples/, which tests/test_examples.py runs. mkdocs' snippets
-  extension (check_paths) fails the build when a file or section is missing.
+- Python in docs/ is never typed into a page unless a test runs it: every ```python block only
+  includes a file (or a marked section of one) from examples/, which tests/test_examples.py
+  runs, or follows a marker `<!-- ... tests/test_X.py runs this block -->` naming the test
+  that reads the page and executes it (a guide whose example is a user's own test file).
+  mkdocs' snippets extension (check_paths) fails the build when a file or section is missing.
 - Python in README.md (rendered by code hosts, which cannot include files) must be a verbatim
   excerpt of an example, so it runs too.
 - The API reference documents every name `art_trio` exports; the architecture page names every
@@ -26,6 +28,9 @@ EXAMPLES = ROOT / "examples"
 PACKAGE = ROOT / "src" / "art_trio"
 
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+RUN_MARKER = re.compile(
+    r"^<!-- .*?(tests/test_\w+\.py) runs this block -->\n```python", re.MULTILINE
+)
 SNIPPET = re.compile(r'^--8<-- "(examples/[\w.-]+\.py)(?::([\w-]+))?"$')
 
 
@@ -35,7 +40,15 @@ def python_blocks(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
 def test_python_in_the_docs_comes_from_examples(page: Path) -> None:
-    for block in python_blocks(page):
+    text = page.read_text()
+    run_by_tests = RUN_MARKER.findall(text)
+    for test in run_by_tests:
+        assert f'"{page.name}"' in (ROOT / test).read_text(), f"{test} does not read {page.name}"
+    marked = {match.end() for match in RUN_MARKER.finditer(text)}
+    for fence in FENCE.finditer(text):
+        if fence.start() + len("```python") in marked:
+            continue  # executed by the test its marker names
+        block = fence.group(1)
         lines = [line for line in block.splitlines() if line.strip()]
         assert len(lines) == 1, f"{page.name}: inline Python; include it from examples/:\n{block}"
         match = SNIPPET.match(lines[0])

@@ -528,12 +528,23 @@ async def open_bridge() -> AsyncIterator[Bridge]:
         yield _TrioAsyncioBridge(loop)
 
 
+async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) -> R:
+    """Await the asyncio coroutine function `fn(*args)` from trio code that runs inside the
+    trainer's trio-asyncio loop (a trio_native callback wrapping a user's asyncio one, as
+    art_trio.testing's harness does). The one door to trio-asyncio outside this module."""
+    import trio_asyncio
+
+    result: R = await trio_asyncio.aio_as_trio(fn)(*args)
+    return result
+
+
 __all__ = [
     "AsyncioTaskCancelled",
     "BaseExceptionEscaped",
     "Bridge",
     "CallbackNotAwaitable",
     "await_callback",
+    "call_asyncio_from_trio",
     "is_native",
     "open_bridge",
     "trio_native",

@@ -48,7 +48,7 @@ import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
 from art_trio import PipelineTrainer, trio_native  # noqa: E402
-from art_trio.bridge import is_native  # noqa: E402
+from art_trio.bridge import call_asyncio_from_trio, is_native  # noqa: E402
 from art_trio.compat import trainable_model  # noqa: E402
 from art_trio.events import ChannelClosed, GroupReceived, PolicyPublished, RunEvent  # noqa: E402
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
@@ -400,9 +400,7 @@ async def _call_user_rollout(fn: Any, model: Any, scenario: Any, config: Any) ->
     default, as ART users write them) through the trio-asyncio loop the trainer runs."""
     if is_native(fn):
         return await fn(model, scenario, config)
-    import trio_asyncio
-
-    return await trio_asyncio.aio_as_trio(fn)(model, scenario, config)
+    return await call_asyncio_from_trio(fn, model, scenario, config)
 
 
 def make_rollout_fn(observer: Observer) -> Any:
