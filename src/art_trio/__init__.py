@@ -26,7 +26,7 @@ from .events import (
     ScenarioSettled,
     StepTrained,
 )
-from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
+from .executor import ExecutorUnavailable, InProcessExecutor, RolloutExecutor, RolloutLost
 from .fates import Fate, RunCounters
 from .ledger import ForeignStateError, StateFileError, StateWriteError
 from .lock import RunLockedError
@@ -97,6 +97,7 @@ __all__ = [
     "CheckpointRetentionStrategy",
     "ConfigT",
     "EvalFn",
+    "ExecutorUnavailable",
     "InProcessExecutor",
     "PipelineSettings",
     "PipelineTrainer",

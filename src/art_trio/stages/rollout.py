@@ -30,7 +30,7 @@ from ..batching import (
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..events import GroupQueued
-from ..executor import RolloutLost
+from ..executor import ExecutorUnavailable, RolloutLost
 from ..fates import Fate
 from ..gate import GateClosed
 from ..metrics import mean_policy_version
@@ -248,9 +248,10 @@ class RolloutStage:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
                 run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
-        except (BaseExceptionEscaped, CallbackNotAwaitable):
-            # A KeyboardInterrupt or SystemExit, or a rollout_fn that can never work: not
-            # this scenario's failure. The run ends; the scenario stays unresolved.
+        except (BaseExceptionEscaped, CallbackNotAwaitable, ExecutorUnavailable):
+            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, or an
+            # executor that cannot run anything: not this scenario's failure. The run ends;
+            # the scenario stays unresolved.
             run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
@@ -274,7 +275,7 @@ class RolloutStage:
             group = await self._call_rollout(worker_id, scenario, version)
         except (
             anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable,
-            RolloutLost,
+            RolloutLost, ExecutorUnavailable,
         ):
             raise
         except Exception as exc:
