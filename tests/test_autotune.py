@@ -540,3 +540,60 @@ def test_a_count_far_above_littles_law_is_probed_down_inside_the_hold_band():
     assert 10 <= run.policy.num_rollout_workers <= 16
     assert any("probing down" in d.reason for d in decisions)
     assert not any(d.changed for d in decisions[-10:])
+
+
+# -- more faults tried on the tuned run ------------------------------------------------------
+
+
+async def test_a_tuned_run_whose_source_ends_early_returns_and_saves_its_profile(
+    model, autojump_clock
+):
+    # 30 scenarios: the source runs out before the first window is complete.
+    backend = RecordingBackend(train_seconds=0.1)
+    object.__setattr__(model, "_backend", backend)
+    workload = replace(PRESETS["plenty-off1"], rollout_latency=Exponential(0.05),
+                       train_time=Constant(0.1))
+    rollout = trio_native(make_rollout_fn(workload, Recorder(detailed=False)))
+    trainer = PipelineTrainer(model, backend, rollout, list(_take(_endless(), 30)), None,
+                              autotune=AutotuneConfig(mode="online"), max_steps_off_policy=1,
+                              resume=False, log_interval_seconds=1e9)
+    await trainer.train(handle_signals=False)
+    ids = sorted(sid for call in backend.calls for sid in call.scenario_ids)
+    counters = trainer.last_counters
+    assert counters is not None and len(ids) == counters.trained and len(set(ids)) == len(ids)
+    assert counters.trained + counters.stale + counters.zero_variance == 30
+    profile = json.loads(profile_path(model._get_output_dir(), "latest").read_text())
+    assert profile["settings"]["num_rollout_workers"] == 8  # where it started: no window yet
+    assert "not settled" in profile["notes"][-1]
+
+
+def _take(items: Any, n: int) -> Any:
+    for i, item in enumerate(items):
+        if i >= n:
+            return
+        yield item
+
+
+def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
+    """The tuner never ends a run: a resize the trainer refuses leaves the live sizes."""
+    from types import SimpleNamespace
+
+    from art_trio.autotune import Decision
+    from art_trio.stages.autotune import AutotuneStage
+
+    settings = SimpleNamespace(num_rollout_workers=4, min_batch_size=8, max_batch_size=8,
+                               queue_maxsize=None)
+    run = SimpleNamespace(settings=settings, model=None)
+
+    def refuse(**change: Any) -> Any:
+        raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")
+
+    policy = _policy(4)
+    stage = AutotuneStage(run, policy, AutotuneConfig(mode="online"),  # type: ignore[arg-type]
+                          statistics=lambda: _stats(1, t=1, train=1, workers=4),
+                          resize=refuse, profile=Path("/nonexistent/p.json"))
+    policy.num_rollout_workers = 9  # what observe() would have set with the decision
+    caplog.set_level("WARNING", logger="art_trio")
+    stage._apply(Decision(12, "increase_workers", "why", 4, 9, 8, False))
+    assert policy.num_rollout_workers == 4
+    assert any("not applied" in r.getMessage() for r in caplog.records)
