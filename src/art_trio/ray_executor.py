@@ -416,6 +416,9 @@ class RayRolloutExecutor:
         if not late:
             return
         self._warned.update(late)
+        late = [i for i in late if i not in self._ready]  # (answered meanwhile: not late)
+        if not late:
+            return
         logger.warning(
             "RayRolloutExecutor: actors %s of %d not placed after %g s, each asking for %s "
             "(%s); rollouts run on the placed ones (%s) and these join when Ray places them",
