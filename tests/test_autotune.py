@@ -589,7 +589,7 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
         raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")
 
     policy = _policy(4)
-    stage = AutotuneStage(run, policy, AutotuneConfig(mode="online"),  # type: ignore[arg-type]
+    stage = AutotuneStage(run, policy, AutotuneConfig(mode="online"),
                           statistics=lambda: _stats(1, t=1, train=1, workers=4),
                           resize=refuse, profile=Path("/nonexistent/p.json"))
     policy.num_rollout_workers = 9  # what observe() would have set with the decision
