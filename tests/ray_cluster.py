@@ -7,6 +7,7 @@ and never another Ray on the machine, which `ray stop --force` would also kill.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -26,8 +27,17 @@ AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
 
 
 class RayCluster:
-    def __init__(self, *, nodes: int = 2, cpus_per_node: int = 2, timeout: float = 120.0):
+    def __init__(
+        self,
+        *,
+        nodes: int = 2,
+        cpus_per_node: int = 2,
+        timeout: float = 120.0,
+        head_resources: dict[str, float] | None = None,
+    ):
         self.nodes = nodes
+        #: Custom resources only the head holds (an actor asking for them fits there only).
+        self.head_resources = head_resources
         self.cpus_per_node = cpus_per_node
         self.timeout = timeout
         self.temp_dir = tempfile.mkdtemp(prefix="rt18-", dir="/tmp")  # short: unix sockets
@@ -72,6 +82,8 @@ class RayCluster:
             out = self._ray_start(
                 "--head", "--port=0", "--node-ip-address=127.0.0.1",
                 "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
+                *([f"--resources={json.dumps(self.head_resources)}"]
+                  if self.head_resources else []),
             )  # fmt: skip
             found = re.search(r"ray start --address='([^']+)'", out)
             if found is None:

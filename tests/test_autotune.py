@@ -472,3 +472,128 @@ async def test_a_users_resize_during_a_tuned_run_wins_and_the_run_goes_on(
     assert all(getattr(e, name) == value for e in later for name, value in given.items())
     if "num_rollout_workers" not in given:
         assert later, "the tuner went on tuning the worker count"
+
+
+# -- when more workers are not the answer (issue 25, case 16 and "also seen") ----------------
+
+
+def test_more_workers_that_feed_the_trainer_worse_are_taken_back():
+    # Utilization falls past 32 workers (they compete for the host's CPU); Little's law
+    # alone (rollouts of 1.25 s: ~125 in flight) would grow the count toward 500.
+    run = FakeRun(_policy(32), lambda n: 0.6 if n <= 32 else 0.45)
+    run.latency = 1.25
+    decisions = [d for d in (run.step() for _ in range(150)) if d is not None]
+    assert run.policy.num_rollout_workers == 32 and run.policy.ceiling == 32
+    assert any("made it worse" in d.reason for d in decisions)
+    assert max(d.num_rollout_workers for d in decisions) <= 128
+    assert not any(d.changed for d in decisions[-10:])  # and it stays there
+
+
+class EagerRun(FakeRun):
+    """Eager admission past what the pace needs: every worker beyond 4 rolls out work the
+    bound discards after it completed, so the yield falls as 4/n and Little's estimate
+    (divided by the yield) grows with the count; utilization is flat at 0.4."""
+
+    def __init__(self, policy: AutotunePolicy) -> None:
+        super().__init__(policy, lambda n: 0.4)
+        self.started = self.stale = 0.0
+
+    def step(self) -> Any:
+        self.steps += 1
+        self.train += 0.1
+        self.t += 0.1 / 0.4
+        n = self.policy.num_rollout_workers
+        ended = 8 * max(1.0, n / 4)
+        self.started += ended
+        self.stale += ended - 8
+        stats = replace(
+            _stats(self.steps, t=self.t, train=self.train, workers=n, latency=self.latency),
+            rollouts_started=int(self.started), stale=int(self.stale),
+        )
+        return self.policy.observe(stats)
+
+
+def test_eager_admission_discarding_stale_work_does_not_run_the_workers_away():
+    run = EagerRun(_policy(32))
+    decisions = [d for d in (run.step() for _ in range(300)) if d is not None]
+    counts = [d.num_rollout_workers for d in decisions]
+    assert max(counts) <= 4 * 32, counts  # it once grew 32 -> 374 -> 824
+    assert run.policy.num_rollout_workers == 32 and run.policy.ceiling == 32
+    assert any("gained nothing" in d.reason for d in decisions)
+    assert not any(d.changed for d in decisions[-10:])
+
+
+def test_flat_utilization_without_stale_discards_keeps_growing_toward_littles_ceiling():
+    # The same flat 0.4 but no stale work (staleness-aware admission keeps extra workers at
+    # the gate): the old rule applies, up to 4x Little's law (16 here), then holds.
+    run = FakeRun(_policy(4), lambda n: 0.4)
+    for _ in range(200):
+        run.step()
+    assert run.policy.num_rollout_workers == 16
+
+
+def test_a_count_far_above_littles_law_is_probed_down_inside_the_hold_band():
+    # A loaded host: 0.96 (inside the band 0.95-0.97) at any count from 10 on, so the band
+    # alone held 256 for a whole run; ~4 in flight is what the pace needs.
+    run = FakeRun(_policy(256), lambda n: 0.96 if n >= 10 else 0.5)
+    decisions = [d for d in (run.step() for _ in range(300)) if d is not None]
+    assert 10 <= run.policy.num_rollout_workers <= 16
+    assert any("probing down" in d.reason for d in decisions)
+    assert not any(d.changed for d in decisions[-10:])
+
+
+# -- more faults tried on the tuned run ------------------------------------------------------
+
+
+async def test_a_tuned_run_whose_source_ends_early_returns_and_saves_its_profile(
+    model, autojump_clock
+):
+    # 30 scenarios: the source runs out before the first window is complete.
+    backend = RecordingBackend(train_seconds=0.1)
+    object.__setattr__(model, "_backend", backend)
+    workload = replace(PRESETS["plenty-off1"], rollout_latency=Exponential(0.05),
+                       train_time=Constant(0.1))
+    rollout = trio_native(make_rollout_fn(workload, Recorder(detailed=False)))
+    trainer = PipelineTrainer(model, backend, rollout, list(_take(_endless(), 30)), None,
+                              autotune=AutotuneConfig(mode="online"), max_steps_off_policy=1,
+                              resume=False, log_interval_seconds=1e9)
+    await trainer.train(handle_signals=False)
+    ids = sorted(sid for call in backend.calls for sid in call.scenario_ids)
+    counters = trainer.last_counters
+    assert counters is not None and len(ids) == counters.trained and len(set(ids)) == len(ids)
+    assert counters.trained + counters.stale + counters.zero_variance == 30
+    profile = json.loads(profile_path(model._get_output_dir(), "latest").read_text())
+    assert profile["settings"]["num_rollout_workers"] == 8  # where it started: no window yet
+    assert "not settled" in profile["notes"][-1]
+
+
+def _take(items: Any, n: int) -> Any:
+    for i, item in enumerate(items):
+        if i >= n:
+            return
+        yield item
+
+
+def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
+    """The tuner never ends a run: a resize the trainer refuses leaves the live sizes."""
+    from types import SimpleNamespace
+
+    from art_trio.autotune import Decision
+    from art_trio.stages.autotune import AutotuneStage
+
+    settings = SimpleNamespace(num_rollout_workers=4, min_batch_size=8, max_batch_size=8,
+                               queue_maxsize=None)
+    run = SimpleNamespace(settings=settings, model=None)
+
+    def refuse(**change: Any) -> Any:
+        raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")
+
+    policy = _policy(4)
+    stage = AutotuneStage(run, policy, AutotuneConfig(mode="online"),
+                          statistics=lambda: _stats(1, t=1, train=1, workers=4),
+                          resize=refuse, profile=Path("/nonexistent/p.json"))
+    policy.num_rollout_workers = 9  # what observe() would have set with the decision
+    caplog.set_level("WARNING", logger="art_trio")
+    stage._apply(Decision(12, "increase_workers", "why", 4, 9, 8, False))
+    assert policy.num_rollout_workers == 4
+    assert any("not applied" in r.getMessage() for r in caplog.records)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from tests import ray_rollouts
 
 ray = pytest.importorskip("ray")
 
-from art_trio.ray_executor import RayRolloutExecutor  # noqa: E402
+from art_trio.ray_executor import RayActorsNotPlaced, RayRolloutExecutor  # noqa: E402
 from tests.ray_cluster import AUTH_ENV, RayCluster  # noqa: E402
 
 # -- without a cluster ------------------------------------------------------------------------
@@ -72,7 +73,9 @@ def test_in_process_executor_awaits_the_rollout(model: art.TrainableModel) -> No
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayCluster]:
-    cluster = RayCluster(nodes=2, cpus_per_node=2, timeout=120).start()
+    # One `art_trio_slot` on the head: an actor asking for one fits there, a second nowhere.
+    cluster = RayCluster(nodes=2, cpus_per_node=2, timeout=120,
+                         head_resources={"art_trio_slot": 1}).start()
     added = {"RAY_ADDRESS": cluster.address, **AUTH_ENV}
     saved = {key: os.environ.get(key) for key in added}
     os.environ.update(added)
@@ -338,6 +341,126 @@ def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor)
     assert all(executor._assigned[w] == first[w] for w in range(8))
     executor.set_workers((2, 3))
     assert executor._assigned == {2: first[2], 3: first[3]}
+
+
+# -- actors the cluster cannot place (issue 25, case 5) -----------------------------------------
+
+
+def test_actors_that_fit_counts_per_node() -> None:
+    from art_trio.ray_executor import actors_that_fit
+
+    two = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}},
+           {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+           {"Alive": False, "Resources": {"CPU": 64.0}}]
+    assert actors_that_fit({"num_cpus": 1}, two) == 4
+    assert actors_that_fit({"num_cpus": 2}, two) == 2
+    assert actors_that_fit({"num_cpus": 3}, two) == 0  # 4 CPUs in all, but 2 per node
+    assert actors_that_fit({"num_cpus": 1, "num_gpus": 1}, two) == 1
+    assert actors_that_fit({"num_cpus": 0, "resources": {"slot": 1}}, two) == 0
+    assert actors_that_fit({"num_cpus": 0}, two) is None  # asks for nothing: no limit
+
+
+def test_actor_options_no_node_can_host_are_refused_at_once(executor) -> None:
+    with pytest.raises(ValueError) as caught:
+        RayRolloutExecutor(actor_options={"num_cpus": 3})
+    message = str(caught.value)
+    assert "'num_cpus': 3" in message and "'CPU': 2" in message and "2 live nodes" in message
+
+
+def _few(n: int) -> list[dict[str, Any]]:
+    return [{"metadata": {"scenario_id": i}, "sleep": 0.05} for i in range(n)]
+
+
+async def test_actors_the_cluster_cannot_place_end_the_run_with_a_clear_error(
+    executor: RayRolloutExecutor, model: art.TrainableModel, backend: Any
+) -> None:
+    """The issue's case: two CPUs per actor while the module's pool holds every CPU. Before,
+    the workers waited for ever and their scenarios were discarded as stale unrolled."""
+    from art_trio import PipelineTrainer
+
+    stuck = RayRolloutExecutor(actor_options={"num_cpus": 2}, placement_timeout=3)
+    try:
+        assert stuck.max_workers == 2 * 1000  # sized to the nodes: one per two CPUs of each
+        trainer = PipelineTrainer(
+            model, backend, ray_rollouts.sleep_rollout, _few(4), None, rollout_executor=stuck,
+            num_rollout_workers=2, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0,
+        )
+        with trio.fail_after(60):  # it waited for ever
+            with pytest.raises(BaseExceptionGroup) as caught:
+                await trainer.train(handle_signals=False)
+    finally:
+        stuck.shutdown()
+    leaves = _leaves(caught.value)  # each worker's rollout raised it
+    assert leaves and all(isinstance(e, RayActorsNotPlaced) for e in leaves), leaves
+    assert re.search(r"(?s)'num_cpus': 2.*'CPU': 4.*'CPU': 0.*free now", str(leaves[0]))
+    counters = trainer.last_counters
+    assert counters is not None and not backend.calls
+    # Nothing discarded: no scenario counted stale or errored; a resume rolls them.
+    assert counters.stale == 0 and counters.errored == 0 and counters.trained == 0
+
+
+async def test_a_pool_part_of_which_cannot_be_placed_runs_on_the_placed_actors(
+    executor: RayRolloutExecutor, model: art.TrainableModel, backend: Any, caplog: Any
+) -> None:
+    from art_trio import PipelineTrainer
+
+    half = RayRolloutExecutor(
+        num_actors=2, actor_options={"num_cpus": 0, "resources": {"art_trio_slot": 1}},
+        placement_timeout=30,  # a Ray worker process takes seconds to start on 2 busy cores
+    )
+    try:
+        caplog.set_level("WARNING", logger="art_trio")
+        placed = await trio_asyncio_run(half.placed)
+        assert len(placed) == 1
+        unplaced = 1 - placed[0]
+        warned = [r.getMessage() for r in caplog.records if "not placed" in r.getMessage()]
+        named = re.search(r"actors \[([0-9, ]+)\] of 2", warned[0]) if warned else None
+        # (On a busy machine the placed one may have answered late too, and be named.)
+        assert named and str(unplaced) in named.group(1).split(", "), warned
+        assert "art_trio_slot" in warned[0]  # what each asks for, and the cluster has
+        trainer = PipelineTrainer(
+            model, backend, ray_rollouts.sleep_rollout, _few(8), None, rollout_executor=half,
+            num_rollout_workers=2, min_batch_size=2, max_batch_size=2,
+            max_steps_off_policy=1000,
+        )
+        with trio.fail_after(60):
+            await trainer.train(handle_signals=False)  # returns: the source is finite
+    finally:
+        half.shutdown()
+    trained = [sid for call in backend.calls for sid in call.scenario_ids]
+    assert sorted(trained) == list(range(8))
+    counters = trainer.last_counters
+    assert counters is not None and counters.stale == 0 and counters.errored == 0
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for sub in error.exceptions for leaf in _leaves(sub)]
+    return [error]
+
+
+async def trio_asyncio_run(fn: Any) -> Any:
+    """Run an asyncio coroutine function from a trio test (what the trainer's bridge does)."""
+    import trio_asyncio
+
+    async with trio_asyncio.open_loop():
+        return await trio_asyncio.aio_as_trio(fn)()
+
+
+def test_without_ray_installed_the_error_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # as if not installed\n"
+        "import art_trio\n"
+        "try:\n"
+        "    art_trio.RayRolloutExecutor\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120,
+                         capture_output=True, text=True).stdout
+    assert "pip install 'art-trio[ray]'" in out
 
 
 def test_losing_a_node_mid_rollout_loses_only_its_rollouts(cluster, executor, model, tmp_path):

@@ -29,7 +29,7 @@ from .events import (
     ScenarioSettled,
     StepTrained,
 )
-from .executor import InProcessExecutor, RolloutExecutor, RolloutLost
+from .executor import ExecutorUnavailable, InProcessExecutor, RolloutExecutor, RolloutLost
 from .fates import Fate, RunCounters
 from .ledger import ForeignStateError, ModelDirectoryLostError, StateFileError, StateWriteError
 from .lock import ModelDirectoryError, RunLockedError
@@ -111,6 +111,7 @@ __all__ = [
     "CheckpointRetentionStrategy",
     "ConfigT",
     "EvalFn",
+    "ExecutorUnavailable",
     "InProcessExecutor",
     "PipelineSettings",
     "PipelineTrainer",

@@ -110,6 +110,8 @@ class Window:
     yield_: float
     #: Little's law: workers that keep the trainer fed at this window's pace.
     workers_needed: float | None
+    #: Rollouts that completed and were discarded as stale, over rollouts that ended.
+    stale_done_fraction: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,15 @@ class AutotunePolicy:
     #: Workers per rollout Little's law asks for, times this, is the most a starved trainer
     #: is given: beyond it, workers are not what it lacks.
     little_factor: float = 4.0
+    #: An increase after which utilization fell by more than `harm_margin` made it worse
+    #: (twice the drift margin: the window before the increase may have straddled a change
+    #: of the workload)...
+    harm_margin: float = 0.08
+    #: ...and an increase that gains less utilization than `min_gain` while at least
+    #: `stale_done_limit` of the rollouts ended stale gained nothing (twice in a row: the
+    #: count before them becomes the ceiling).
+    min_gain: float = 0.01
+    stale_done_limit: float = 0.25
     #: Waiting/running requests at the inference server above which adding workers only
     #: queues them there (only with an `InferenceLoad`).
     inference_pressure_limit: float = 0.8
@@ -185,8 +196,12 @@ class AutotunePolicy:
         #: Largest count seen to starve the trainer, smallest seen to feed it.
         self.low: int | None = None
         self.high: int | None = None
-        #: Most workers given while starved: `little_factor` x Little's law, once reached.
+        #: Most workers given while starved: `little_factor` x Little's law, once reached,
+        #: or a count above which more workers were seen to feed the trainer worse.
         self.ceiling: int | None = None
+        #: The rollout latency when `ceiling` was set by more workers doing worse (None: a
+        #: Little's law ceiling).
+        self._ceiling_latency: float | None = None
         self._start: RunStatistics | None = None
         self._skip = self.warmup_steps
         self._starved_in_a_row = 0
@@ -195,6 +210,12 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: The count and utilization before the last increase (None: the last change was
+        #: not an increase, or it has been judged).
+        self._before_increase: tuple[int, float] | None = None
+        #: The count and utilization before the first of a run of increases that gained
+        #: nothing while rollouts were discarded as stale.
+        self._flat_since: tuple[int, float] | None = None
         #: Sizes the user set with `trainer.resize` during the run: theirs win, the tuner
         #: leaves these fields alone from then on.
         self.pinned: dict[str, int] = {}
@@ -229,7 +250,8 @@ class AutotunePolicy:
                 self.pinned[name] = int(value)
                 setattr(self, name, int(value))
         self.min_batch_size = min(self.min_batch_size, self.max_batch_size)
-        self.low = self.high = self.ceiling = None
+        self.low = self.high = self.ceiling = self._ceiling_latency = None
+        self._before_increase = self._flat_since = None
         self.settled_at_step = None
         self._restart_window()
 
@@ -265,6 +287,10 @@ class AutotunePolicy:
         decision = self._respect_pins(self._decide(window, stats.steps, inference))
         self.decisions.append(decision)
         if decision.changed:
+            self._before_increase = (
+                (self.num_rollout_workers, window.utilization)
+                if decision.action == "increase_workers" else None
+            )
             self.num_rollout_workers = decision.num_rollout_workers
             self.min_batch_size = decision.min_batch_size
             self._skip = self.skip_steps_after_change
@@ -284,14 +310,39 @@ class AutotunePolicy:
             self._starved_in_a_row += 1
         else:
             self._starved_in_a_row = 0
+        harm = self._more_did_not_help(w, n)
+        if harm is not None:
+            back, why = harm
+            self.ceiling = max(self.min_workers, back)
+            # Lifted when rollouts get much slower, not by Little's estimate (which the
+            # discarded work and the contention themselves inflate).
+            self._ceiling_latency = w.rollout_latency_s or math.inf
+            self.low = None if self.low is not None and self.low >= back else self.low
+            return self._change(w, step, n, self.ceiling, "decrease_workers",
+                                f"{why}; back to {self.ceiling}, the most it is given from "
+                                "now on")
         if w.utilization >= self.target + self.band:
             self.high = n if self.high is None else min(self.high, n)
             if self.low is not None and self.low >= n:
                 self.low = None  # fed now at a count once seen starving: the load eased
             return self._fed(w, step, n)
         if w.utilization >= self.target:
-            return self._hold(w, step, n, f"utilization {w.utilization:.3f} inside the band "
-                              f"[{self.target:.2f}, {self.target + self.band:.2f})")
+            band = (f"utilization {w.utilization:.3f} inside the band "
+                    f"[{self.target:.2f}, {self.target + self.band:.2f})")
+            needed = w.workers_needed
+            if needed and n > self.little_factor * needed and not self._closed(n):
+                # Far more workers than the pace needs in flight (a loaded host keeps the
+                # trainer just inside the band at any count): probe down as if fed.
+                self.high = n if self.high is None else min(self.high, n)
+                down = max(self.min_workers, _ceil(needed * self.headroom))
+                if self.low is not None:
+                    down = max(down, (self.low + n) // 2)
+                if down < n:
+                    return self._change(
+                        w, step, n, down, "decrease_workers",
+                        f"{band}, but {n} workers are over {self.little_factor:g}x the "
+                        f"~{needed:.1f} in flight Little's law needs: probing down")
+            return self._hold(w, step, n, band)
         return self._starved(w, step, n, inference)
 
     def _fed(self, w: Window, step: int, n: int) -> Decision:
@@ -333,8 +384,13 @@ class AutotunePolicy:
             self.high = None
         cap = _ceil(self.little_factor * w.workers_needed) if w.workers_needed else None
         if self.ceiling is not None:
-            if cap is not None and cap > 2 * self.ceiling:
-                self.ceiling = None  # the pace needs far more in flight: rollouts got slower
+            if self._ceiling_latency is not None:
+                lift = (w.rollout_latency_s or 0.0) > 2 * self._ceiling_latency
+            else:
+                lift = cap is not None and cap > 2 * self.ceiling
+            if lift:
+                # The pace needs far more in flight: rollouts got slower.
+                self.ceiling = self._ceiling_latency = None
             else:
                 cap = self.ceiling
         if cap is not None and n >= cap:
@@ -392,6 +448,36 @@ class AutotunePolicy:
                                 self.min_batch_size, False, d.window)
         return d
 
+    def _more_did_not_help(self, w: Window, n: int) -> tuple[int, str] | None:
+        """After an increase, still starved: the count to go back to if more workers did not
+        feed the trainer (and why), else None.
+
+        Starvation is not always a lack of workers: more of them can compete for the host's
+        CPU or the inference server (utilization falls), or, with eager admission, roll out
+        work the staleness bound discards (utilization stays flat while stale discards
+        grow). Read as "more workers" either ran 32 workers up to 824 (issue 25).
+        """
+        before, self._before_increase = self._before_increase, None
+        if before is None or before[0] >= n or w.utilization >= self.target:
+            self._flat_since = None
+            return None
+        n0, u0 = before
+        util = f"utilization {w.utilization:.3f} at {n} workers"
+        if w.utilization < u0 - self.harm_margin:
+            self._flat_since = None
+            return n0, f"{util}, below the {u0:.3f} at {n0}: more workers made it worse"
+        if w.utilization < u0 + self.min_gain and w.stale_done_fraction >= self.stale_done_limit:
+            if self._flat_since is None:
+                self._flat_since = (n0, u0)
+                return None
+            first, u_first = self._flat_since
+            self._flat_since = None
+            return first, (f"{util}, {u_first:.3f} at {first}: two increases gained nothing "
+                           f"while {w.stale_done_fraction:.0%} of the rollouts ended stale "
+                           "(more workers only roll out work the staleness bound discards)")
+        self._flat_since = None
+        return None
+
     def _drift(self) -> str | None:
         """Why the windows at this count say the workload changed, or None (noise so far)."""
         # Either way the average at this count must be below the target too: two unlucky
@@ -440,6 +526,10 @@ def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
     train_per_step = train / steps
     groups_per_step = trained / steps
     yield_ = trained / ended if ended > 0 else 1.0
+    # Rollouts that ran to the end and were then thrown away as stale: with eager admission
+    # they are what workers beyond the pace's need produce (cancelled racers of an on-policy
+    # run under staleness-aware admission are not counted here).
+    stale_done = (end.stale - end.stale_cancelled) - (start.stale - start.stale_cancelled)
     needed = None
     if latency is not None and train_per_step > 0 and yield_ > 0:
         # Little's law: groups wanted per second times a rollout's latency, per useful one.
@@ -455,6 +545,7 @@ def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
         groups_per_step=groups_per_step,
         yield_=yield_,
         workers_needed=needed,
+        stale_done_fraction=stale_done / ended if ended > 0 else 0.0,
     )
 
 

@@ -19,6 +19,12 @@ class RolloutLost(Exception):
     gives the scenario back to be rolled again (not an error, not resolved)."""
 
 
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot run rollouts at all (no worker it could place or reach in time):
+    not the scenario's failure. The run ends with this error; the scenario stays unresolved
+    (rolled again on resume), never counted as errored or stale."""
+
+
 @runtime_checkable
 class RolloutExecutor(Protocol):
     """Runs one rollout for the trainer's rollout worker `worker_id` (ART 0.5.20's protocol)."""
@@ -166,4 +172,7 @@ def _get(obj: Any, key: str) -> Any | None:
         return None
 
 
-__all__ = ["InProcessExecutor", "ModelView", "RolloutExecutor", "RolloutLost", "scenario_id"]
+__all__ = [
+    "ExecutorUnavailable", "InProcessExecutor", "ModelView", "RolloutExecutor", "RolloutLost",
+    "scenario_id",
+]

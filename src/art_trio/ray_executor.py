@@ -27,6 +27,8 @@ Importing `art_trio` does not import this module (nor ray); `art_trio.RayRollout
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
 import time
 import uuid
@@ -34,11 +36,20 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import ray
-import ray.exceptions as rex
+try:
+    import ray
+    import ray.exceptions as rex
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise ModuleNotFoundError(
+        f"art_trio.RayRolloutExecutor needs Ray, which is not installed ({exc}): "
+        "pip install 'art-trio[ray]' (on the trainer's machine and every Ray node)",
+        name=exc.name,
+    ) from exc
 from art import TrajectoryGroup
 
-from .executor import ModelView, RolloutLost, scenario_id
+from .executor import ExecutorUnavailable, ModelView, RolloutLost, scenario_id
+
+logger = logging.getLogger("art_trio")
 
 #: Errors that mean the worker (process, actor or node) running the rollout is gone.
 LOST_ERRORS: tuple[type[BaseException], ...] = (
@@ -110,14 +121,54 @@ class _RolloutActor:
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
 
+class RayActorsNotPlaced(ExecutorUnavailable):
+    """No actor of the pool was placed (or reachable) within `placement_timeout`: the
+    cluster cannot host them as asked. Ends the run; the scenarios stay unresolved."""
+
+
+def _demand(options: Mapping[str, Any]) -> dict[str, float]:
+    """The resources one actor asks Ray for (positive amounts only)."""
+    demand = {"CPU": float(options.get("num_cpus") or 0),
+              "GPU": float(options.get("num_gpus") or 0),
+              "memory": float(options.get("memory") or 0)}
+    demand.update({k: float(v) for k, v in (options.get("resources") or {}).items()})
+    return {k: v for k, v in demand.items() if v > 0}
+
+
+def actors_that_fit(options: Mapping[str, Any], nodes: list[dict[str, Any]]) -> int | None:
+    """How many actors asking `options`' resources the live nodes hold when empty, node by
+    node (an actor lives on one node); None when an actor asks for nothing."""
+    demand = _demand(options)
+    if not demand:
+        return None
+    total = 0
+    for node in nodes:
+        if not node.get("Alive", True):
+            continue
+        held = node.get("Resources") or {}
+        total += min(int(float(held.get(k, 0)) / v + 1e-9) for k, v in demand.items())
+    return total
+
+
 class RayRolloutExecutor:
     """Runs each rollout in a pool of async Ray actors (see the module docstring).
 
     `RayRolloutExecutor()` connects to the cluster `ray.init()` finds (`RAY_ADDRESS`, the
     cluster started on this machine, or a new local one), or uses the one the program already
     initialised. `address` and `init_kwargs` go to `ray.init` when it is not initialised yet.
-    `num_actors` defaults to the cluster's CPU count; `actor_options` are passed to
-    `.options()` (e.g. `num_cpus`, `resources`, `runtime_env`, `scheduling_strategy`).
+    `num_actors` defaults to as many actors as the cluster's nodes can host (one per CPU
+    with the default `num_cpus=1`; with `actor_options={"num_cpus": 2}` one per two CPUs of
+    a node); `actor_options` are passed to `.options()` (e.g. `num_cpus`, `resources`,
+    `runtime_env`, `scheduling_strategy`). Options no node can host raise ValueError.
+
+    Placement: rollouts go only to actors that have answered once (placed and started); an
+    actor Ray cannot place (resources taken, an explicit `num_actors` beyond the cluster)
+    gets none, and after `placement_timeout` seconds it is named in a warning with its
+    options and the cluster's resources. If no actor at all can be reached for
+    `placement_timeout` seconds (at start, or once every actor is lost), rollouts raise
+    `RayActorsNotPlaced` and the run ends (its scenarios stay unresolved, rolled on resume).
+    `None` waits for ever (an autoscaling cluster adding nodes). `await placed()` checks
+    before training.
     """
 
     def __init__(
@@ -129,15 +180,16 @@ class RayRolloutExecutor:
         cancel_timeout: float = 2.0,
         address: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
+        placement_timeout: float | None = 120.0,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if num_actors is not None and num_actors < 1:
             raise ValueError("num_actors must be >= 1")
+        if placement_timeout is not None and not placement_timeout > 0:
+            raise ValueError("placement_timeout must be > 0 seconds, or None (wait for ever)")
         if not ray.is_initialized():
             ray.init(address=address, **dict(init_kwargs or {}))
-        if num_actors is None:
-            num_actors = max(1, int(ray.cluster_resources().get("CPU", 1)))
         options: dict[str, Any] = {
             "num_cpus": 1,
             "scheduling_strategy": "SPREAD",
@@ -146,6 +198,21 @@ class RayRolloutExecutor:
         }
         options.update(actor_options or {})
         options["max_concurrency"] = max_concurrency
+        self._actor_options = options
+        self.placement_timeout = placement_timeout
+        if num_actors is None:
+            fit = actors_that_fit(options, ray.nodes())
+            if fit == 0:
+                raise ValueError(
+                    f"no node of this Ray cluster can host a rollout actor asking for "
+                    f"{self._asks()}: {self._cluster()}. Lower actor_options, or add a node "
+                    "that has them"
+                )
+            num_actors = fit if fit is not None else max(
+                1, int(ray.cluster_resources().get("CPU", 1)))
+            if "num_cpus" in (actor_options or {}) or _demand(actor_options or {}):
+                logger.info("RayRolloutExecutor: %d actors, each asking for %s (%s)",
+                            num_actors, self._asks(), self._cluster())
         actor_class: Any = ray.remote(_RolloutActor)
         self._actors: list[Any] = [
             actor_class.options(**options).remote() for _ in range(num_actors)
@@ -160,12 +227,19 @@ class RayRolloutExecutor:
         self._known: list[set[str]] = [set() for _ in range(num_actors)]
         self._closed = False
         self._actor_class = actor_class
-        self._actor_options = options
         #: Actors that lost a rollout and have not answered a probe since. Probes complete on
         #: Ray's thread, hence the plain sets (single operations under the GIL).
         self._down: set[int] = set()
         self._dead: set[int] = set()
         self._probing: dict[int, float] = {}
+        #: Actors that answered once (placed and started); when each was created; those
+        #: named in a warning as not placed; since when no actor could be reached.
+        self._ready: set[int] = set()
+        self._created = [time.monotonic()] * num_actors
+        self._warned: set[int] = set()
+        self._unreachable_since: float | None = time.monotonic()
+        for index in range(num_actors):
+            self._watch(index)
 
     # -- the RolloutExecutor protocol ---------------------------------------------------------
 
@@ -213,10 +287,11 @@ class RayRolloutExecutor:
         if self._closed:
             raise RuntimeError("this RayRolloutExecutor is shut down")
         index = self._actor_for(worker_id)
-        while index is None:  # every actor is down: wait for one to come back
+        while index is None:  # no actor placed yet, or every one is down: wait for one
             if self._closed:
                 raise RuntimeError("this RayRolloutExecutor is shut down")
-            await asyncio.sleep(0.2)
+            self._give_up_if_unreachable(scenario)
+            await asyncio.sleep(0.1)
             index = self._actor_for(worker_id)
         actor = self._actors[index]
         function_key = self._function_key(rollout_fn)
@@ -259,6 +334,23 @@ class RayRolloutExecutor:
 
     # -- the rest -----------------------------------------------------------------------------
 
+    async def placed(self) -> list[int]:
+        """Wait until every actor is placed, or `placement_timeout` seconds have passed
+        since it was created (the ones left are named in a warning); the placed actors'
+        indices. Raises `RayActorsNotPlaced` if none is."""
+        while len(self._ready) < len(self._actors):
+            if self.placement_timeout is not None and all(
+                i in self._ready or time.monotonic() - self._created[i] > self.placement_timeout
+                for i in range(len(self._actors))
+            ):
+                break
+            await asyncio.sleep(0.05)
+        self._warn_unplaced()
+        if not self._ready:
+            self._unreachable_since = -math.inf
+            self._give_up_if_unreachable(None)
+        return sorted(self._ready)
+
     async def where(self) -> list[dict[str, Any]]:
         """Each actor's pid and node id; waits until every actor is up."""
         return list(await asyncio.gather(*(actor.where.remote() for actor in self._actors)))
@@ -279,20 +371,97 @@ class RayRolloutExecutor:
         self.shutdown()
 
     def _actor_for(self, worker_id: int) -> int | None:
-        """The worker's actor; while it is down, another live one (None if all are down).
+        """The worker's actor; while it is unplaced or down, another live one (None if
+        there is none).
 
         Calls made while Ray restarts an actor fail at once (`ActorUnavailableError`), and an
         actor whose node is gone may wait for a place to restart for as long as the cluster
-        lacks one. Until a probe answers, its workers' rollouts go to the other actors.
+        lacks one; a call to an actor never placed would wait for ever. Until the actor
+        answers, its workers' rollouts go to the other actors.
         """
         n = len(self._actors)
         index = self._assigned.get(worker_id, worker_id % n)
-        if index not in self._down:
+        if index in self._ready and index not in self._down:
+            self._unreachable_since = None
             return index
         for down in tuple(self._down):
             self._probe(down)
-        live = [i for i in range(n) if i not in self._down]
-        return live[worker_id % len(live)] if live else None
+        if len(self._ready) < n:
+            self._warn_unplaced()
+        live = [i for i in range(n) if i in self._ready and i not in self._down]
+        if live:
+            self._unreachable_since = None
+            return live[worker_id % len(live)]
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+        return None
+
+    def _watch(self, index: int) -> None:
+        """Mark actor `index` placed once it first answers (on Ray's thread)."""
+        actor = self._actors[index]
+
+        def answered(future: Any) -> None:
+            if actor is self._actors[index] and future.exception() is None:
+                self._ready.add(index)
+
+        actor.where.remote().future().add_done_callback(answered)
+
+    def _warn_unplaced(self) -> None:
+        """Name, once each, the actors not placed within `placement_timeout`, and why."""
+        if self.placement_timeout is None:
+            return
+        now = time.monotonic()
+        late = [i for i in range(len(self._actors)) if i not in self._ready
+                and i not in self._warned and now - self._created[i] > self.placement_timeout]
+        if not late:
+            return
+        self._warned.update(late)
+        late = [i for i in late if i not in self._ready]  # (answered meanwhile: not late)
+        if not late:
+            return
+        logger.warning(
+            "RayRolloutExecutor: actors %s of %d not placed after %g s, each asking for %s "
+            "(%s); rollouts run on the placed ones (%s) and these join when Ray places them",
+            late, len(self._actors), self.placement_timeout, self._asks(), self._cluster(),
+            sorted(self._ready) or "none yet",
+        )
+
+    def _give_up_if_unreachable(self, scenario: Any) -> None:
+        since = self._unreachable_since
+        if self.placement_timeout is None or since is None:
+            return
+        if time.monotonic() - since <= self.placement_timeout:
+            return
+        never = not self._ready and not self._down
+        what = ("none of its" if never else "no live one of its") + f" {len(self._actors)} actors"
+        raise RayActorsNotPlaced(
+            f"RayRolloutExecutor: {what} could be reached within placement_timeout="
+            f"{self.placement_timeout:g} s, so the rollout{_scenario_text(scenario)} cannot "
+            f"run. Each actor asks for {self._asks()}; {self._cluster()}. Lower actor_options "
+            "or num_actors, free or add resources, or raise placement_timeout. The "
+            "scenarios in flight are not lost: a resumed run rolls them."
+        )
+
+    def _asks(self) -> str:
+        asked = {k: self._actor_options[k] for k in
+                 ("num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy",
+                  "placement_group") if self._actor_options.get(k) is not None}
+        return f"actor_options {asked}"
+
+    @staticmethod
+    def _cluster() -> str:
+        try:
+            nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+            total = ray.cluster_resources()
+            available = ray.available_resources()  # omits what is all taken
+            free = {k: available.get(k, 0.0) for k in total}
+        except Exception as exc:  # a lost connection: say so rather than fail the message
+            return f"the cluster's resources are unknown ({exc!r})"
+        shown = ("CPU", "GPU")
+        per_node = [{k: v for k, v in node.items() if k in shown or not _ray_internal(k)}
+                    for node in nodes]
+        return (f"the cluster has {len(nodes)} live nodes holding {_brief(per_node)}, "
+                f"{_brief(total)} in total, {_brief(free)} free now")
 
     def _probe(self, index: int) -> None:
         """Ask actor `index` where it is, at most twice a second; an answer marks it up."""
@@ -300,6 +469,9 @@ class RayRolloutExecutor:
             self._dead.discard(index)
             self._actors[index] = self._actor_class.options(**self._actor_options).remote()
             self._known[index].clear()
+            self._ready.discard(index)
+            self._created[index] = time.monotonic()
+            self._warned.discard(index)
         now = time.monotonic()
         if now - self._probing.get(index, -1.0) < 0.5:
             return
@@ -311,6 +483,7 @@ class RayRolloutExecutor:
                 return
             error = future.exception()
             if error is None:
+                self._ready.add(index)
                 self._down.discard(index)
             elif isinstance(error, rex.ActorDiedError):
                 self._dead.add(index)
@@ -353,6 +526,19 @@ class RayRolloutExecutor:
         return entry
 
 
+def _ray_internal(key: str) -> bool:
+    # node:<ip>, accelerator_type:..., object_store_memory, memory: noise in a message.
+    return ":" in key or key in ("object_store_memory", "memory")
+
+
+def _brief(resources: Any) -> str:
+    if isinstance(resources, list):
+        return "[" + ", ".join(_brief(r) for r in resources) + "]"
+    shown = {k: (int(v) if float(v).is_integer() else round(v, 2))
+             for k, v in sorted(resources.items()) if not _ray_internal(k)}
+    return str(shown)
+
+
 def _scenario_text(scenario: Any) -> str:
     found = scenario_id(scenario)
     return "" if found is None else f" of scenario {found!r}"
@@ -373,4 +559,4 @@ def _with_context(error: rex.RayTaskError, scenario: Any) -> BaseException:
     return result
 
 
-__all__ = ["LOST_ERRORS", "RayRolloutExecutor"]
+__all__ = ["LOST_ERRORS", "RayActorsNotPlaced", "RayRolloutExecutor", "actors_that_fit"]

@@ -33,7 +33,7 @@ from ..batching import (
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..events import GroupQueued
-from ..executor import RolloutLost
+from ..executor import ExecutorUnavailable, RolloutLost
 from ..fates import Fate
 from ..gate import GateClosed
 from ..metrics import mean_policy_version, newest_token_version, token_count_error
@@ -50,7 +50,7 @@ MAX_LOSSES = 3
 #: KeyboardInterrupt or SystemExit carried out of a callback, a rollout_fn that can never
 #: work, and ART 0.5.20+'s LocalServingUnavailableError (its inference server is gone).
 ENDS_THE_RUN: tuple[type[BaseException], ...] = (
-    BaseExceptionEscaped, CallbackNotAwaitable, *FATAL_ROLLOUT_ERRORS,
+    BaseExceptionEscaped, CallbackNotAwaitable, ExecutorUnavailable, *FATAL_ROLLOUT_ERRORS,
 )
 
 #: What `_call_tracked` returns for a rollout the gate cancelled as doomed.
@@ -264,9 +264,10 @@ class RolloutStage:
                 run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except ENDS_THE_RUN:
-            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, or ART's
-            # local inference gone (LocalServingUnavailableError, 0.5.20+): not this
-            # scenario's failure. The run ends; the scenario stays unresolved.
+            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, an executor
+            # that cannot run anything, or ART's local inference gone
+            # (LocalServingUnavailableError, 0.5.20+): not this scenario's failure. The run
+            # ends; the scenario stays unresolved.
             run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
