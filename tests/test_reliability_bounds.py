@@ -209,6 +209,32 @@ def test_the_current_policy_version_is_not_the_future(
     assert backend.step == 6
 
 
+@pytest.mark.parametrize("bad", ["3", 2.5, True])
+async def test_a_policy_version_that_is_not_an_int_errors_its_group(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any, bad: object,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`Trajectory.model_copy(update=...)` does not validate (assignment does, on ART's
+    model): a version of the wrong type ended the run with a bare TypeError comparing
+    versions."""
+
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
+        group = await asyncio_rollout(model, scenario, config)
+        if scenario["i"] == 4:
+            copied = group.trajectories[1].model_copy(update={"initial_policy_version": bad})
+            group = art.TrajectoryGroup([group.trajectories[0], copied])
+        return group
+
+    watch = _Settled()
+    trainer = _trainer(model, backend, rollout, max_steps=8)
+    trainer.add_observer(watch)
+    await trainer.train(handle_signals=False)
+    assert backend.step == 8 and 4 not in _trained_ids(backend)
+    assert [e.fate for e in watch.settled if e.scenario_index == 4] == [Fate.ERRORED]
+    lines = [r.getMessage() for r in caplog.records if "scenario_id=4" in r.getMessage()]
+    assert len(lines) == 1 and f"initial_policy_version={bad!r}" in lines[0], lines
+
+
 # == 2: completion_tokens that no weight can stand for =========================================
 
 

@@ -49,7 +49,7 @@ from .stages.rollout import RolloutStage
 from .stages.status import status_stage
 from .stages.training import TrainingStage
 from .status import StatusReporter
-from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle
+from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle, LoopUnresponsive
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
 logger = logging.getLogger("art_trio")
@@ -482,6 +482,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 )
             except LoopClosed:
                 pass  # the run ended meanwhile: its last view follows
+            except LoopUnresponsive:
+                if self._loop is loop:
+                    raise
+                # The run ended while the call waited (a loop that closes drops what was
+                # scheduled on it): its last view follows.
         if self._run is not None:
             return self._run.statistics(running=True)
         if self._last_statistics is not None:
