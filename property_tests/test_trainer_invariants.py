@@ -11,7 +11,13 @@ from hypothesis import example, given
 
 from . import checks
 from .harness import Case, CaseResult, Config, RolloutPlan, run_case, run_resume_case
-from .strategies import cases, forced_stop_cases, resume_cases
+from .strategies import (
+    COMMON_FAILURES,
+    TOKEN_FAILURES,
+    cases,
+    forced_stop_cases,
+    resume_cases,
+)
 
 
 def prop_off_policy_bound(case: Case) -> None:
@@ -102,9 +108,9 @@ def expect_no_timeout(result: CaseResult) -> None:
 
 #: Strategy of each property (the mutation tests draw from the same ones).
 STRATEGIES = {
-    prop_off_policy_bound: cases(),
+    prop_off_policy_bound: cases(failures=COMMON_FAILURES + TOKEN_FAILURES),
     prop_batch_bounds: cases(),
-    prop_conservation: cases(),
+    prop_conservation: cases(failures=COMMON_FAILURES + TOKEN_FAILURES),
     prop_versions: cases(),
     prop_max_steps_and_termination: cases(),
     prop_eval_schedule: cases(evals=True),
