@@ -510,7 +510,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
         The observer runs in the trainer's own task, synchronously, the moment the event
         happens: it must return quickly and never block; an exception it raises ends the run
-        as a failure of the stage it was called from.
+        as a failure of the stage it was called from. Once the run is failing, an observer
+        raising while the run winds down is logged and noted on the first error, which is
+        the one `train()` raises.
         """
         return self._observers.add(observer)
 
