@@ -378,16 +378,26 @@ def test_an_infinite_mean_bound_is_refused_at_construction(
 
 
 @pytest.mark.parametrize("how", LOOPS)
-@pytest.mark.parametrize("edge", [0, 10**9, sys.maxsize])
-def test_extreme_max_steps_off_policy_values_run(
-    model: art.TrainableModel, backend: RecordingBackend, how: str, edge: int
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"max_steps_off_policy": 0},
+        {"max_steps_off_policy": 10**9},
+        {"max_steps_off_policy": sys.maxsize},
+        {"max_steps_off_policy": None, "limit_mean_steps_off_policy": 0.0},
+        {"max_steps_off_policy": None, "limit_mean_steps_off_policy": 1e300},
+    ],
+    ids=["hard-0", "hard-1e9", "hard-maxsize", "mean-0", "mean-1e300"],
+)
+def test_extreme_staleness_bounds_run(
+    model: art.TrainableModel, backend: RecordingBackend, how: str, bounds: dict[str, Any]
 ) -> None:
     """0 is strictly on-policy; huge bounds behave as no bound (the channel's capacity is
     huge, which costs nothing until groups fill it)."""
-    trainer = _trainer(model, backend, max_steps=6, max_steps_off_policy=edge)
+    trainer = _trainer(model, backend, max_steps=6, **bounds)
     assert _run(how, _train(trainer)) is None
     assert backend.step == 6
-    if edge == 0:
+    if 0 in bounds.values():
         assert all(
             v == call.step - 1 for call in backend.calls for v in call.initial_versions
         ), [c.initial_versions for c in backend.calls]
