@@ -50,6 +50,8 @@ from .test_trainer_invariants import (
     prop_collapse,
     prop_conservation,
     prop_eval_schedule,
+    prop_forced_stop_in_train,
+    prop_future_versions_never_train,
     prop_max_steps_and_termination,
     prop_off_policy_bound,
     prop_resume,
@@ -238,6 +240,51 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
     )
 
 
+def test_conservation_catches_bad_token_counts_trained(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout stage that takes infinite, NaN or negative `completion_tokens` as they come
+    (issue 25's case 2): those groups are trained or discarded instead of errored."""
+    monkeypatch.setattr(art_trio.stages.rollout, "token_count_error", lambda group: None)
+    counterexample(prop_conservation, STRATEGIES[prop_conservation], checks.CONSERVATION)
+
+
+def test_mean_bound_catches_nan_token_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25's case 2 as it was: no rejection, a NaN mean, and a rule that reads a NaN
+    mean as fresh; an old group with an infinite count passes the mean bound."""
+    monkeypatch.setattr(art_trio.stages.rollout, "token_count_error", lambda group: None)
+
+    def naive_mean(group: Any) -> float | None:
+        total = weight = 0.0
+        for t in group.trajectories:
+            w = t.metrics.get("completion_tokens", 1.0)
+            w = 1.0 if isinstance(w, int | float) and w == 0 else float(w)
+            total, weight = total + t.initial_policy_version * w, weight + w
+        return total / weight if weight else None
+
+    def nan_is_fresh(self: Freshness, version: Any, mean: Any, step: int) -> bool:
+        m, limit = self.max_steps_off_policy, self.limit_mean_steps_off_policy
+        if m is not None and version is not None and version < step - m:
+            return True
+        mean = version if mean is None else mean
+        return limit is not None and mean is not None and step - mean > limit
+
+    monkeypatch.setattr(art_trio.stages.rollout, "mean_policy_version", naive_mean)
+    monkeypatch.setattr(Freshness, "is_stale", nan_is_fresh)
+    counterexample(
+        prop_off_policy_bound, cases(failures=("tokens_inf", "tokens_nan")), checks.MEAN_BOUND
+    )
+
+
+def test_conservation_catches_an_unfinished_train_call_losing_its_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25's case 6 as it was: the batch inside a force-stopped `backend.train` ends in
+    no fate."""
+    monkeypatch.setattr(TrainingStage, "_settle_unfinished", lambda self, batch: None)
+    counterexample(
+        prop_forced_stop_in_train, STRATEGIES[prop_forced_stop_in_train], checks.CONSERVATION
+    )
+
+
 # 4 ------------------------------------------------------------------------------------------
 
 
@@ -370,6 +417,19 @@ def test_resume_catches_ledger_forgetting_trained_scenarios(
 
 
 # all-failed groups ---------------------------------------------------------------------------
+
+
+def test_future_versions_catch_a_trainer_counting_them_fresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25's case 1 as it was: a version ahead of the trainer's passes either bound."""
+    monkeypatch.setattr(
+        art_trio.stages.rollout, "future_policy_error", lambda *args, **kwargs: None
+    )
+    counterexample(
+        prop_future_versions_never_train, STRATEGIES[prop_future_versions_never_train],
+        checks.FUTURE,
+    )
 
 
 def test_all_failed_catches_trainer_ignoring_all_failed_groups(

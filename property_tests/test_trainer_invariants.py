@@ -10,8 +10,14 @@ from __future__ import annotations
 from hypothesis import example, given
 
 from art_trio.testing import checks
-from art_trio.testing.harness import Case, Config, RolloutPlan, run_case, run_resume_case
-from art_trio.testing.strategies import cases, resume_cases
+from art_trio.testing.harness import Case, CaseResult, Config, RolloutPlan, run_case, run_resume_case
+from art_trio.testing.strategies import (
+    COMMON_FAILURES,
+    TOKEN_FAILURES,
+    cases,
+    forced_stop_cases,
+    resume_cases,
+)
 
 
 def prop_off_policy_bound(case: Case) -> None:
@@ -82,11 +88,29 @@ def prop_resize_keeps_every_invariant(case: Case) -> None:
     checks.check_capacity(result)
 
 
+def prop_future_versions_never_train(case: Case) -> None:
+    """Trajectories claiming a policy version 1-8 ahead of the trainer's."""
+    result = run_case(case)
+    expect_no_timeout(result)
+    checks.check_future_versions(result)
+
+
+def prop_forced_stop_in_train(case: Case) -> None:
+    """`request_stop(force=True)` inside `backend.train`, then a resume: the batch in the
+    call gets a fate, and every invariant holds across the two runs."""
+    checks.check_resume(run_resume_case(case))
+
+
+def expect_no_timeout(result: CaseResult) -> None:
+    for run in result.runs:
+        checks.expect(not run.timed_out, checks.TERMINATION, f"run {run.index} hangs")
+
+
 #: Strategy of each property (the mutation tests draw from the same ones).
 STRATEGIES = {
-    prop_off_policy_bound: cases(),
+    prop_off_policy_bound: cases(failures=COMMON_FAILURES + TOKEN_FAILURES),
     prop_batch_bounds: cases(),
-    prop_conservation: cases(),
+    prop_conservation: cases(failures=COMMON_FAILURES + TOKEN_FAILURES),
     prop_versions: cases(),
     prop_max_steps_and_termination: cases(),
     prop_eval_schedule: cases(evals=True),
@@ -95,6 +119,8 @@ STRATEGIES = {
     prop_resume: resume_cases(),
     prop_all_failed_group: cases(failures=("all_failed", "raise", "partial")),
     prop_resize_keeps_every_invariant: cases(resize=True),
+    prop_future_versions_never_train: cases(future=True),
+    prop_forced_stop_in_train: forced_stop_cases(),
 }
 
 
@@ -193,3 +219,15 @@ def test_all_failed_group(case: Case) -> None:
 def test_resize_keeps_every_invariant(case: Case) -> None:
     """11. `trainer.resize(num_rollout_workers=...)` at random moments breaks no invariant."""
     prop_resize_keeps_every_invariant(case)
+
+
+@given(STRATEGIES[prop_future_versions_never_train])
+def test_future_versions_never_train(case: Case) -> None:
+    """12. A trajectory from an unpublished policy version stops the run; never trained."""
+    prop_future_versions_never_train(case)
+
+
+@given(STRATEGIES[prop_forced_stop_in_train])
+def test_forced_stop_in_train(case: Case) -> None:
+    """13. A forced stop inside backend.train: fates conserved, resume trains nothing twice."""
+    prop_forced_stop_in_train(case)

@@ -102,6 +102,21 @@ class FuturePolicyError(RuntimeError):
     """
 
 
+def version_type_error(group: TrajectoryGroup) -> str | None:
+    """Why a group's policy versions cannot be compared, else None: a rollout that set
+    `initial_policy_version` (or `final_policy_version`) to something other than an int
+    (pydantic does not check assignments) used to end the run with a bare TypeError."""
+    for i, trajectory in enumerate(group.trajectories):
+        for name in ("initial_policy_version", "final_policy_version"):
+            value = getattr(trajectory, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                return (
+                    f"trajectory {i} has {name}={value!r}: a policy version is an int (a "
+                    "step number) or None for the trainer to fill in"
+                )
+    return None
+
+
 def newest_version(versions: Iterable[int | None]) -> int | None:
     """The newest of the versions given (None for none)."""
     known = [v for v in versions if v is not None]
@@ -248,6 +263,7 @@ __all__ = [
     "group_initial_version",
     "is_zero_variance",
     "newest_version",
+    "version_type_error",
     "non_finite_reward_error",
     "reward_stats",
     "scenario_context",

@@ -34,8 +34,9 @@ class ScenarioSettled:
     fate: Fate
     #: Seconds its rollout ran (0 if it did not run to the end: dropped, errored).
     rollout_s: float
-    #: Its group had been queued for the trainer (and leaves the queue now), unless TRAINED:
-    #: trained groups leave the queue with their batch (`BatchTaken`).
+    #: Its group had been queued for the trainer (and leaves the queue now), unless it was in
+    #: a batch: those groups left the queue with their batch (`BatchTaken`), whether it
+    #: trained or its `backend.train` call ended without a result.
     queued: bool = False
 
 

@@ -40,7 +40,9 @@ class Fate(enum.Enum):
     ZERO_VARIANCE = "zero_variance"
     #: Its rollout raised or returned something untrainable.
     ERRORED = "errored"
-    #: In flight, queued or ready when the run stopped: unresolved, rolled again on resume.
+    #: In flight, queued or ready when the run stopped, or in a `backend.train` call that
+    #: ended without a result (a forced stop, an error): unresolved here. A resumed run rolls
+    #: it again, except a batch the backend's step shows was trained (see the ledger).
     DROPPED_AT_STOP = "dropped_at_stop"
 
 

@@ -55,7 +55,7 @@ from .stages.rollout import RolloutStage
 from .stages.status import status_stage
 from .stages.training import TrainingStage
 from .status import StatusReporter
-from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle
+from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle, LoopUnresponsive
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
 logger = logging.getLogger("art_trio")
@@ -505,6 +505,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 )
             except LoopClosed:
                 pass  # the run ended meanwhile: its last view follows
+            except LoopUnresponsive:
+                if self._loop is loop:
+                    raise
+                # The run ended while the call waited (a loop that closes drops what was
+                # scheduled on it): its last view follows.
         if self._run is not None:
             return self._run.statistics(running=True)
         if self._last_statistics is not None:
@@ -528,7 +533,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
         The observer runs in the trainer's own task, synchronously, the moment the event
         happens: it must return quickly and never block; an exception it raises ends the run
-        as a failure of the stage it was called from.
+        as a failure of the stage it was called from. Once the run is failing, an observer
+        raising while the run winds down is logged and noted on the first error, which is
+        the one `train()` raises.
         """
         return self._observers.add(observer)
 

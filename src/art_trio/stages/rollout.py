@@ -29,6 +29,7 @@ from ..batching import (
     non_finite_reward_error,
     scenario_context,
     stamp_policy_versions,
+    version_type_error,
 )
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
@@ -437,7 +438,9 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
-    problem = non_finite_reward_error(group) or token_count_error(group)
+    problem = (
+        non_finite_reward_error(group) or version_type_error(group) or token_count_error(group)
+    )
     if problem is not None:
         raise RolloutRejected(problem)
 

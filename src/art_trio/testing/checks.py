@@ -29,6 +29,7 @@ RESUME = "resume"
 ALL_FAILED = "all-failed group"
 #: A user's own bound (`check_pipeline(max_policy_age=...)`), not one of the trainer's.
 POLICY_AGE = "policy age"
+FUTURE = "future policy version"
 
 
 def fail(tag: str, message: str) -> NoReturn:
@@ -607,6 +608,72 @@ def check_resume(result: CaseResult) -> None:
     check_conservation(result)
     check_versions(result)
     check_max_steps(result)
+
+
+# future policy versions ----------------------------------------------------------------------
+
+
+def check_future_versions(result: CaseResult) -> None:
+    """A trajectory from a policy version the trainer had not published is never trained:
+    the run stops with FuturePolicyError (ART 0.5.23's rule), its scenario unresolved, and
+    every scenario taken still ends in exactly one fate."""
+    for run in result.runs:
+        where = f"run {run.index}"
+        for call in run.calls:
+            ahead = [v for v, _ in call.version_pairs if v is not None and v > call.step - 1]
+            expect(
+                not ahead,
+                FUTURE,
+                f"{where}: step {call.step} (trained from version {call.step - 1}) trained "
+                f"trajectories from versions {ahead}",
+            )
+        future_ids = {
+            a.scenario_id for a in run.attempts if a.plan is not None and a.plan.future_by
+        }
+        errors = _leaves(run.error)
+        expect(
+            all(type(e).__name__ == "FuturePolicyError" for e in errors),
+            FUTURE,
+            f"{where}: train() raised {run.error!r}, not FuturePolicyError",
+        )
+        expect(
+            not errors or bool(future_ids),
+            FUTURE,
+            f"{where}: FuturePolicyError without any future trajectory",
+        )
+        expect(
+            not future_ids & set(run.trained_ids),
+            FUTURE,
+            f"{where}: scenarios {sorted(future_ids & set(run.trained_ids))} claiming a "
+            "future policy version were trained",
+        )
+        c = run.counters
+        total = c.trained + c.stale + c.zero_variance + c.errored + c.dropped_at_stop
+        expect(
+            total == c.taken == len(run.attempts),
+            FUTURE,
+            f"{where}: taken={c.taken} ({len(run.attempts)} rollouts) but the fates add up "
+            f"to {total}",
+        )
+        if errors:
+            raising = [
+                a.scenario_id for a in run.attempts
+                if a.scenario_id in future_ids and a.outcome == "group"
+            ]
+            expect(
+                any(not is_resolved(run.state_after, i) for i in raising),
+                FUTURE,
+                f"{where}: the run stopped on a future version but scenarios {raising} are "
+                "all resolved in the ledger",
+            )
+
+
+def _leaves(exc: BaseException | None) -> list[BaseException]:
+    if exc is None:
+        return []
+    if isinstance(exc, BaseExceptionGroup):
+        return [e for sub in exc.exceptions for e in _leaves(sub)]
+    return [exc]
 
 
 # all-failed groups ---------------------------------------------------------------------------

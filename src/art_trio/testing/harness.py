@@ -32,6 +32,7 @@ exercised against ART's own rewrites of that file.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import tempfile
@@ -67,10 +68,17 @@ from art_trio.testing.doubles import (  # noqa: E402
 #: - "nan": one reward is NaN (art_trio rejects the group as errored);
 #: - "partial": some rollouts of the group raised, the rest are trajectories (a normal group);
 #: - "all_failed": every rollout raised: a group with no trajectories, which makes the trainer
-#:   raise RuntimeError (ART's behaviour) when it receives it.
-FAILURE_KINDS = ("raise", "wrong_type", "nan", "partial", "all_failed")
+#:   raise RuntimeError (ART's behaviour) when it receives it;
+#: - "tokens_inf", "tokens_nan", "tokens_negative": one trajectory's `completion_tokens` is
+#:   inf, NaN or -3 (art_trio rejects the group as errored: no weight can stand for it).
+FAILURE_KINDS = (
+    "raise", "wrong_type", "nan", "partial", "all_failed", "tokens_inf", "tokens_nan",
+    "tokens_negative",
+)
+#: The bad `completion_tokens` of each "tokens_*" failure.
+BAD_TOKEN_COUNTS = {"tokens_inf": math.inf, "tokens_nan": math.nan, "tokens_negative": -3}
 #: Failures that count as `errored`.
-ERROR_KINDS = frozenset({"raise", "wrong_type", "nan"})
+ERROR_KINDS = frozenset({"raise", "wrong_type", "nan", *BAD_TOKEN_COUNTS})
 
 
 class PlannedRolloutError(Exception):
@@ -87,6 +95,9 @@ class RolloutPlan:
     latency: float
     rewards: tuple[float, ...]
     failure: str | None = None
+    #: > 0: the group's first trajectory claims `initial_policy_version` this many versions
+    #: ahead of the trainer's policy when it returns (replayed; the run must stop).
+    future_by: int = 0
 
     @property
     def zero_variance(self) -> bool:
@@ -218,6 +229,9 @@ class Case:
     stop_at: float | None = None
     #: For resume cases: when the second run is stopped (None: it runs to its end).
     second_stop_at: float | None = None
+    #: `request_stop(force=True)` from inside the first run's `backend.train` call that
+    #: would produce this step (None: never).
+    force_stop_in_train: int | None = None
     #: Live resizes, applied by `trainer.resize` in each run at their virtual time (one due
     #: before `train()` starts or after it ends changes the settings only).
     resizes: tuple[Resize, ...] = ()
@@ -308,6 +322,8 @@ class RunRecord:
     start_step: int
     #: Scenario indices the persisted ledger had resolved before this run started.
     resolved_before: frozenset[int] = frozenset()
+    #: Set when a forced stop was requested from inside `backend.train`.
+    forced_in_train: bool = False
     state_before: PipelineState | None = None
     attempts: list[Attempt] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
@@ -358,6 +374,8 @@ class Observer:
     owners: dict[int, int] = field(default_factory=dict)
     #: Per scenario, what its last group was: (zero variance, all rollouts failed).
     groups: dict[int, tuple[bool, bool]] = field(default_factory=dict)
+    #: `trainer.request_stop(force=True)` of the run in progress (set by `_run_once`).
+    force_stop: Any = None
 
 
 # -- doubles --------------------------------------------------------------------------------
@@ -367,8 +385,9 @@ def _trajectory(reward: float) -> art.Trajectory:
     return trajectory(reward, usage=False)
 
 
-def _planned_group(sid: int, plan: RolloutPlan, attempt: Attempt) -> Any:
-    """What the plan says the rollout of scenario `sid` returns (or raises)."""
+def _planned_group(sid: int, plan: RolloutPlan, attempt: Attempt, policy: int) -> Any:
+    """What the plan says the rollout of scenario `sid` returns (or raises); `policy` is the
+    trainer's policy version now (a planned future version is counted from it)."""
     if plan.failure == "raise":
         raise PlannedRolloutError(f"planned failure of scenario {sid}")
     if plan.failure == "wrong_type":
@@ -381,6 +400,14 @@ def _planned_group(sid: int, plan: RolloutPlan, attempt: Attempt) -> Any:
     if plan.failure == "all_failed":
         attempt.outcome = "all_failed"
         items = [PlannedRolloutError(f"rollout {k} failed") for k in range(2)]
+    bad_tokens = BAD_TOKEN_COUNTS.get(plan.failure or "")
+    if bad_tokens is not None:
+        if not items:
+            items.append(_trajectory(0.0))
+        first = cast(art.Trajectory, items[0])
+        first.metrics["completion_tokens"] = bad_tokens
+    if plan.future_by > 0 and items and isinstance(items[0], art.Trajectory):
+        items[0].initial_policy_version = policy + plan.future_by
     return art.TrajectoryGroup(items)
 
 
@@ -438,7 +465,9 @@ def make_rollout_fn(observer: Observer) -> Any:
         ended(run.stop_requested)
         if user_fn is None:
             attempt.outcome = plan.failure if plan.failure in ERROR_KINDS else "group"
-            result = _planned_group(sid, plan, attempt)
+            # The trainer's policy now: published versions are recorded the moment they are.
+            policy = run.publishes[-1] if run.publishes else run.start_step
+            result = _planned_group(sid, plan, attempt, policy)
         else:
             attempt.outcome = _outcome(result)
         if not isinstance(result, art.TrajectoryGroup):
@@ -488,6 +517,21 @@ class BackendDouble(SharedBackendDouble):
         super().__init__(train_time=observer.case.train_seconds or (0.0,), flavor="asyncio")
         self.observer = observer
         self.calls: list[TrainCall] = []
+
+    async def before_train(self, groups: list[art.TrajectoryGroup]) -> None:
+        observer, run = self.observer, self.observer.run
+        if (
+            observer.case.force_stop_in_train == self.step + 1
+            and run.index == 0
+            and not run.forced_in_train
+            and observer.force_stop is not None
+        ):
+            # From inside the call, as a second SIGINT arriving now would: the train call
+            # is cancelled at its next checkpoint, before it produces the step.
+            run.forced_in_train = True
+            run.stop_requested = True
+            run.stop_requested_at = trio.current_time()
+            observer.force_stop()
 
     def record(self, batch: TrainBatch) -> None:
         owners = self.observer.owners
@@ -648,6 +692,7 @@ def _run_once(
         **case.config.kwargs(),
     )
     observe(observer, trainer)
+    observer.force_stop = functools.partial(trainer.request_stop, force=True)
     trio.run(
         _drive,
         trainer,
@@ -691,6 +736,7 @@ __all__ = [
     "Case",
     "CaseResult",
     "Config",
+    "BAD_TOKEN_COUNTS",
     "ERROR_KINDS",
     "EvalRecord",
     "FAILURE_KINDS",

@@ -30,12 +30,16 @@ rewards = st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=0, max_size=4).map
 
 
 @st.composite
-def rollout_plans(draw: st.DrawFn, *, failures: tuple[str, ...] = ()) -> RolloutPlan:
+def rollout_plans(
+    draw: st.DrawFn, *, failures: tuple[str, ...] = (), future: bool = False
+) -> RolloutPlan:
     """One scenario's rollout: latency, rewards (zero-variance and one-trajectory groups
-    included), and sometimes a failure from `failures`."""
+    included), sometimes a failure from `failures` and, with `future`, sometimes a
+    trajectory claiming a policy version 1-8 ahead of the trainer's."""
     failure = None
     if failures and draw(st.integers(0, 5)) == 0:
         failure = draw(st.sampled_from(failures))
+    future_by = draw(st.integers(1, 8)) if future and draw(st.integers(0, 3)) == 0 else 0
     # Mostly groups with signal, so batches form; zero variance is common enough anyway.
     group_rewards = draw(
         st.one_of(
@@ -44,11 +48,17 @@ def rollout_plans(draw: st.DrawFn, *, failures: tuple[str, ...] = ()) -> Rollout
             rewards,
         )
     )
-    return RolloutPlan(latency=draw(durations), rewards=group_rewards, failure=failure)
+    return RolloutPlan(
+        latency=draw(durations), rewards=group_rewards, failure=failure, future_by=future_by
+    )
 
 
 #: Failures for the main properties ("all_failed" makes the run fail by design: separately).
 COMMON_FAILURES = ("raise", "wrong_type", "nan", "partial")
+#: Non-finite and negative `completion_tokens` (errored groups), drawn besides the common
+#: failures by the properties they threaten: the bounds and conservation. (Kept out of the
+#: others so that their derandomized examples, and their mutants' budgets, stay as measured.)
+TOKEN_FAILURES = ("tokens_inf", "tokens_nan", "tokens_negative")
 
 
 @st.composite
@@ -117,14 +127,18 @@ def cases(
     max_steps: bool = True,
     grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
     resize: bool = False,
+    future: bool = False,
 ) -> Case:
     """A whole case: config, one plan per scenario, durations, maybe a stop (and, with
-    `resize`, worker counts changed at random moments)."""
+    `resize`, worker counts changed at random moments; with `future`, some trajectories
+    from a policy the trainer has not published)."""
     config = draw(configs(evals=evals, collapse=collapse, max_steps=max_steps, grace=grace))
     # A uniform size rather than Hypothesis' list sizes, which favour tiny lists: the
     # interesting interleavings need a few steps.
     n = draw(st.integers(0, max_scenarios))
-    plans = tuple(draw(st.lists(rollout_plans(failures=failures), min_size=n, max_size=n)))
+    plans = tuple(
+        draw(st.lists(rollout_plans(failures=failures, future=future), min_size=n, max_size=n))
+    )
     train_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3)))
     eval_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3))) if evals else None
     stop_at = draw(st.one_of(st.none(), durations)) if stop else None
@@ -227,11 +241,26 @@ def pipeline_cases(
     )
 
 
+@st.composite
+def forced_stop_cases(draw: st.DrawFn) -> Case:
+    """A case whose first run is force-stopped from inside the `backend.train` call of step
+    1-4 (if it gets that far), then resumed to its end."""
+    case = draw(cases(stop=False))
+    return Case(
+        config=case.config,
+        plans=case.plans,
+        train_seconds=case.train_seconds,
+        force_stop_in_train=draw(st.integers(1, 4)),
+    )
+
+
 __all__ = [
     "COMMON_FAILURES",
+    "TOKEN_FAILURES",
     "cases",
     "configs",
     "durations",
+    "forced_stop_cases",
     "pipeline_cases",
     "resume_cases",
     "rollout_plans",
