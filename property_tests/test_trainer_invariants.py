@@ -10,7 +10,14 @@ from __future__ import annotations
 from hypothesis import example, given
 
 from art_trio.testing import checks
-from art_trio.testing.harness import Case, CaseResult, Config, RolloutPlan, run_case, run_resume_case
+from art_trio.testing.harness import (
+    Case,
+    CaseResult,
+    Config,
+    RolloutPlan,
+    run_case,
+    run_resume_case,
+)
 from art_trio.testing.strategies import (
     COMMON_FAILURES,
     TOKEN_FAILURES,
