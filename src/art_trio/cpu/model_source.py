@@ -102,6 +102,8 @@ def load(source: ModelSource) -> tuple[Any, Any]:
         where, extra = str(source.path.parent), {"gguf_file": source.path.name}
     else:
         where, extra = str(source.path), {}
+    if not source.is_gguf:
+        _check_causal_lm(source.path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
     except Exception as exc:
@@ -133,3 +135,21 @@ def load(source: ModelSource) -> tuple[Any, Any]:
         )
     model.eval()
     return model, tokenizer
+
+
+def _check_causal_lm(path: Path) -> None:
+    """Refuse a Hugging Face directory whose config is not a causal LM, before its weights."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"Could not read the model config in {path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSourceError(
+            f"{path} holds a {config.model_type!r} model, which is not a causal language model "
+            f"(AutoModelForCausalLM cannot load it): give a chat/instruct causal LM"
+        )
