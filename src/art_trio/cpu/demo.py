@@ -168,7 +168,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
             max_steps_off_policy=options.max_steps_off_policy,
             learning_rate=options.learning_rate,
             loss_fn=options.loss_fn,
-            max_steps=start_step + options.steps,
+            max_steps=options.steps,
             eval_every_n_steps=options.eval_every,
             log_interval_seconds=30.0,
         )
