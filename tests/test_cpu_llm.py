@@ -187,7 +187,7 @@ def test_arts_own_pipeline_trainer_drives_the_backend(loaded: Any, tmp_path: Pat
                 eval_fn,
                 **art_trainer_kwargs(max_steps=2, **_trainer_kwargs()),
             )
-            await trainer.train()
+            await trainer.train(handle_signals=False)
             return int(await backend._get_step(model))
 
     assert asyncio.run(run()) == 2
