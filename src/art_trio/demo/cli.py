@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _explicit(argv: list[str] | None) -> dict[str, object]:
     """The flags given on the command line (not defaulted), by destination."""
     parser = build_parser()
-    parser.set_defaults(**{a.dest: argparse.SUPPRESS for a in parser._actions})
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
     return vars(parser.parse_args(argv))
 
 
