@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 # Before ART (through .backend / .task) is imported: keep litellm off the network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -151,7 +152,7 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
 
     given = _explicit(argv)
     names = {f.name for f in fields(LLMDemoOptions)}
-    changes = {k: v for k, v in given.items() if k in names}
+    changes: dict[str, Any] = {k: v for k, v in given.items() if k in names}
     if "no_plot" in given:
         changes["plot"] = not args.no_plot
     options = replace(LLMDemoOptions(), **changes)
