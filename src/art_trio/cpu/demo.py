@@ -104,7 +104,9 @@ async def eval_fn(
 @dataclass(frozen=True)
 class LLMDemoOptions:
     model: str | None = None  # None / "smollm2": the default GGUF
-    steps: int = 20
+    # Measured: val reward 0.057 at step 0 -> 0.750 at step 5 (seed 0). By then most groups
+    # answer alike (zero variance, nothing to learn from), so more steps come slowly.
+    steps: int = 6
     workers: int = 2
     seed: int = 0
     group_size: int = 8
@@ -112,7 +114,7 @@ class LLMDemoOptions:
     loss_fn: str = "cispo"
     min_batch_size: int = 2
     max_steps_off_policy: int = 1
-    eval_every: int = 5
+    eval_every: int = 3
     eval_prompts: int = 12
     eval_samples: int = 4
     output_dir: Path = Path(".")
