@@ -180,9 +180,11 @@ class CPUBackend:
         self._trained: tuple[str, int] | None = None  # weights loaded in the training copy
         self._rng = torch.Generator().manual_seed(seed)
         self._warned: set[str] = set()
-        #: Seconds spent sampling and training (for benchmarks), guarded by their locks.
+        #: Seconds spent sampling and training, and each busy interval as
+        #: ``(kind, start, end)`` on ``time.monotonic()`` (for benchmarks/llm_bench.py).
         self.inference_seconds = 0.0
         self.training_seconds = 0.0
+        self.busy: list[tuple[str, float, float]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -538,6 +540,7 @@ class CPUBackend:
         state.latest = step
         self._evict(state)
         self.training_seconds += time.monotonic() - started
+        self.busy.append(("train", started, time.monotonic()))
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
 
     def _train_sft(
@@ -652,6 +655,7 @@ class CPUBackend:
                         generator=generator or self._rng,
                     )
                     self.inference_seconds += time.monotonic() - started
+                    self.busy.append(("inference", started, time.monotonic()))
                 return prompt, completions
 
             return await run_in_thread(self._serve_executor, work)
