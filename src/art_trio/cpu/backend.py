@@ -19,7 +19,9 @@ What you may rely on:
   group, ``normalize_advantages`` scales them), takes one AdamW step of ART's ``cispo`` or
   ``ppo`` objective on the LoRA weights (``art_trio.cpu.training``) and returns
   ``LocalTrainResult(step, metrics, checkpoint_path)``; the new step is served at once.
-* Checkpoints are ART's layout: ``<model._get_output_dir()>/checkpoints/NNNN/`` holding
+* Every step is checkpointed (``save_checkpoint=False`` too: cheap here, and a kill -9 then
+  never loses a trained step), in ART's layout:
+  ``<model._get_output_dir()>/checkpoints/NNNN/`` holding
   ``adapter_model.safetensors`` and ``adapter_config.json`` (peft's; step 0, the untrained
   adapter, is written at registration) and ``optimizer.pt``. Each is written to a temporary
   directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
@@ -532,9 +534,10 @@ class CPUBackend:
             self._trained = (name, step)
         metrics["learning_rate"] = learning_rate
         metrics["data/step_trainable_assistant_tokens"] = metrics["num_trainable_tokens"]
-        checkpoint_path = None
-        if save_checkpoint:
-            checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
+        # Every step is written, whatever save_checkpoint says (ART's trainers ask only at eval
+        # steps): an adapter and its optimizer are ~13 MB for 135M, and a kill -9 must not
+        # lose a trained step, or resuming trains it again. Retention deletes the extra ones.
+        checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
         # Published only now: a kill before this line leaves the previous step the newest.
         state.versions[step] = new_weights
         state.latest = step
