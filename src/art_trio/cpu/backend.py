@@ -19,7 +19,9 @@ What you may rely on:
   group, ``normalize_advantages`` scales them), takes one AdamW step of ART's ``cispo`` or
   ``ppo`` objective on the LoRA weights (``art_trio.cpu.training``) and returns
   ``LocalTrainResult(step, metrics, checkpoint_path)``; the new step is served at once.
-* Checkpoints are ART's layout: ``<model._get_output_dir()>/checkpoints/NNNN/`` holding
+* Every step is checkpointed (``save_checkpoint=False`` too: cheap here, and a kill -9 then
+  never loses a trained step), in ART's layout:
+  ``<model._get_output_dir()>/checkpoints/NNNN/`` holding
   ``adapter_model.safetensors`` and ``adapter_config.json`` (peft's; step 0, the untrained
   adapter, is written at registration) and ``optimizer.pt``. Each is written to a temporary
   directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
@@ -95,7 +97,12 @@ async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
         import trio
 
         return await trio.to_thread.run_sync(fn)
-    return await asyncio.get_running_loop().run_in_executor(executor, fn)
+    loop = asyncio.get_running_loop()
+    if type(loop).__module__.startswith("trio_asyncio"):
+        # trio-asyncio's loop takes only its own executor; None runs fn in a trio thread.
+        # (The model locks, not the executors, keep one sampler and one trainer per copy.)
+        return await loop.run_in_executor(None, fn)
+    return await loop.run_in_executor(executor, fn)
 
 
 @dataclass
@@ -140,6 +147,7 @@ class CPUBackend:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str = "cpu-backend",
+        num_threads: int | None = None,
     ) -> None:
         if keep_steps < 1:
             raise ValueError("keep_steps must be >= 1")
@@ -152,6 +160,10 @@ class CPUBackend:
         self.default_max_tokens = default_max_tokens
         self.host = host
         self.api_key = api_key
+        # Serving and training run at once, each in its own thread: one core each by default.
+        # More intra-op threads than free cores is far slower, not faster: measured here with
+        # other jobs on the 2 cores, one 8x40-token forward took 6.5 s on 1 thread, 25-34 s on 2.
+        self.num_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
         self._requested_port = port
         self._port: int | None = None
         self._models: dict[str, _ModelState] = {}
@@ -170,15 +182,18 @@ class CPUBackend:
         self._trained: tuple[str, int] | None = None  # weights loaded in the training copy
         self._rng = torch.Generator().manual_seed(seed)
         self._warned: set[str] = set()
-        #: Seconds spent sampling and training (for benchmarks), guarded by their locks.
+        #: Seconds spent sampling and training, and each busy interval as
+        #: ``(kind, start, end)`` on ``time.monotonic()`` (for benchmarks/llm_bench.py).
         self.inference_seconds = 0.0
         self.training_seconds = 0.0
+        self.busy: list[tuple[str, float, float]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     def _load(self) -> None:
         from peft import LoraConfig, get_peft_model
 
+        torch.set_num_threads(self.num_threads)
         base, tokenizer = model_source.load(self.source)
         config = LoraConfig(
             r=self.lora_rank,
@@ -519,14 +534,16 @@ class CPUBackend:
             self._trained = (name, step)
         metrics["learning_rate"] = learning_rate
         metrics["data/step_trainable_assistant_tokens"] = metrics["num_trainable_tokens"]
-        checkpoint_path = None
-        if save_checkpoint:
-            checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
+        # Every step is written, whatever save_checkpoint says (ART's trainers ask only at eval
+        # steps): an adapter and its optimizer are ~13 MB for 135M, and a kill -9 must not
+        # lose a trained step, or resuming trains it again. Retention deletes the extra ones.
+        checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
         # Published only now: a kill before this line leaves the previous step the newest.
         state.versions[step] = new_weights
         state.latest = step
         self._evict(state)
         self.training_seconds += time.monotonic() - started
+        self.busy.append(("train", started, time.monotonic()))
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
 
     def _train_sft(
@@ -641,6 +658,7 @@ class CPUBackend:
                         generator=generator or self._rng,
                     )
                     self.inference_seconds += time.monotonic() - started
+                    self.busy.append(("inference", started, time.monotonic()))
                 return prompt, completions
 
             return await run_in_thread(self._serve_executor, work)
@@ -648,6 +666,26 @@ class CPUBackend:
             state.pins[step] -= 1
             if state.pins[step] <= 0:
                 del state.pins[step]
+
+    async def logprob_of(
+        self, model: str, messages: list[dict[str, Any]], completion_ids: list[int]
+    ) -> float:
+        """The summed logprob of ``completion_ids`` as the answer to ``messages`` under
+        ``model`` (``name@step``): how likely that step is to say exactly that."""
+        name, state, step = self._resolve(model)
+
+        def work() -> float:
+            weights = self._weights_for(state, step)
+            prompt = sampling.prompt_token_ids(self._tokenizer, messages)
+            with self._serve_lock:
+                if self._served != (name, step):
+                    self._set_weights(self._serve_model, weights)
+                    self._served = (name, step)
+                return training.sequence_logprob(
+                    self._serve_model, prompt + list(completion_ids), len(prompt)
+                )
+
+        return await run_in_thread(self._serve_executor, work)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -98,10 +98,16 @@ def load(source: ModelSource) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if source.is_gguf:
+    cached = _cache_dir(source)
+    if cached is not None and (cached / "config.json").is_file():
+        # Converted before: float32 safetensors load in seconds, not a de-quantization.
+        where, extra = str(cached), {}
+    elif source.is_gguf:
         where, extra = str(source.path.parent), {"gguf_file": source.path.name}
     else:
         where, extra = str(source.path), {}
+    if not source.is_gguf:
+        _check_causal_lm(source.path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
     except Exception as exc:
@@ -132,4 +138,56 @@ def load(source: ModelSource) -> tuple[Any, Any]:
             f"completions and needs an instruct/chat model"
         )
     model.eval()
+    if cached is not None and where != str(cached):
+        _write_cache(cached, model, tokenizer)
     return model, tokenizer
+
+
+def _cache_dir(source: ModelSource) -> Path | None:
+    """Where a GGUF file's float32 conversion is kept (``ART_TRIO_MODEL_CACHE``, default
+    ``~/.cache/art-trio/models``; ``ART_TRIO_MODEL_CACHE=off`` disables it). Keyed by the
+    file's name, size and modification time, so a changed file is converted again."""
+    if not source.is_gguf:
+        return None
+    root = os.environ.get("ART_TRIO_MODEL_CACHE", "")
+    if root.lower() == "off":
+        return None
+    base = Path(root) if root else Path.home() / ".cache" / "art-trio" / "models"
+    stat = source.path.stat()
+    return base / f"{source.path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+
+
+def _write_cache(cached: Path, model: Any, tokenizer: Any) -> None:
+    """Save the converted model for the next load; a failure only costs the next load time."""
+    import shutil
+    import tempfile
+
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cached.parent))
+    except OSError:
+        return
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        os.replace(tmp, cached)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_causal_lm(path: Path) -> None:
+    """Refuse a Hugging Face directory whose config is not a causal LM, before its weights."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise ModelSourceError(
+            f"Could not read the model config in {path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelSourceError(
+            f"{path} holds a {config.model_type!r} model, which is not a causal language model "
+            f"(AutoModelForCausalLM cannot load it): give a chat/instruct causal LM"
+        )

