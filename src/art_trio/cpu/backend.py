@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -52,17 +51,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-import anyio.abc
 import sniffio
 import torch
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
 
-from ..demo.server import UnknownModelError, open_listener, serve
+from ..demo.server import ServedBackend, UnknownModelError
 from . import model_source, sampling, training
 from .server import create_app
 
@@ -132,7 +128,7 @@ def saved_steps(checkpoint_root: Path) -> list[int]:
     )
 
 
-class CPUBackend:
+class CPUBackend(ServedBackend):
     """ART backend for a real causal LM on the CPU. See the module docstring."""
 
     def __init__(
@@ -158,17 +154,13 @@ class CPUBackend:
         self.lora_alpha = lora_alpha
         self.keep_steps = keep_steps
         self.default_max_tokens = default_max_tokens
-        self.host = host
         self.api_key = api_key
         # Serving and training run at once, each in its own thread: one core each by default.
         # More intra-op threads than free cores is far slower, not faster: measured here with
         # other jobs on the 2 cores, one 8x40-token forward took 6.5 s on 1 thread, 25-34 s on 2.
         self.num_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
-        self._requested_port = port
-        self._port: int | None = None
+        self._init_serving(host, port)
         self._models: dict[str, _ModelState] = {}
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._shutdown: anyio.Event | None = None
         # One thread serves, one trains: each owns its copy of the model.
         self._serve_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-serve")
         self._train_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-train")
@@ -212,64 +204,12 @@ class CPUBackend:
         self._initial = self._adapter_weights(self._train_model)
         self._set_weights(self._serve_model, self._initial)
 
-    async def __aenter__(self) -> Self:
-        if self._task_group is not None:
-            raise RuntimeError("CPUBackend is already running")
+    async def _before_serving(self) -> None:
         if self._train_model is None:
             await run_in_thread(self._train_executor, self._load)
-        listener = open_listener(self.host, self._requested_port)
-        self._shutdown = anyio.Event()
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        try:
-            await task_group.start(self._serve, create_app(self), listener)
-        except BaseException as exc:
-            listener.close()
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._port = int(listener.getsockname()[1])
-        self._task_group = task_group
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._task_group is not None and self._shutdown is not None
-        self._shutdown.set()
-        try:
-            return await self._task_group.__aexit__(exc_type, exc, tb)
-        finally:
-            self._task_group = None
-            self._port = None
-
-    async def _serve(
-        self,
-        app: Any,
-        listener: socket.socket,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        assert self._shutdown is not None
-        await serve(app, listener, shutdown_trigger=self._shutdown.wait, task_status=task_status)
-
-    async def close(self) -> None:
-        """Ask the server to stop; it is gone once the ``async with`` block exits."""
-        if self._shutdown is not None:
-            self._shutdown.set()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
-        return self._port
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+    def _make_app(self) -> Any:
+        return create_app(self)
 
     @property
     def tokenizer(self) -> Any:

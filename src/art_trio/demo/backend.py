@@ -32,17 +32,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import anyio
-import anyio.abc
 import numpy as np
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
@@ -62,7 +58,7 @@ from .policy import (
     policy_gradient,
     prompt_features,
 )
-from .server import UnknownModelError, create_app, open_listener, serve
+from .server import ServedBackend, UnknownModelError, create_app
 
 if TYPE_CHECKING:
     from art import dev
@@ -103,7 +99,7 @@ def _saved_steps(checkpoint_root: Path) -> list[int]:
     )
 
 
-class CpuBackend:
+class CpuBackend(ServedBackend):
     """ART backend for the CPU demo. See the module docstring for the contract."""
 
     def __init__(
@@ -120,80 +116,15 @@ class CpuBackend:
             raise ValueError("keep_steps must be >= 1")
         self.seed = seed
         self.keep_steps = keep_steps
-        self.host = host
         self.api_key = api_key
         self.init_scale = init_scale
-        self._requested_port = port
-        self._port: int | None = None
+        self._init_serving(host, port)
         self._models: dict[str, _ModelState] = {}
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._shutdown: anyio.Event | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def __aenter__(self) -> Self:
-        if self._task_group is not None:
-            raise RuntimeError("CpuBackend is already running")
-        # Bind first, outside the task group: a taken port is a plain OSError here.
-        listener = open_listener(self.host, self._requested_port)
-        self._shutdown = anyio.Event()
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        try:
-            await task_group.start(self._serve, create_app(self, seed=self.seed), listener)
-        except BaseException as exc:
-            listener.close()  # serve() closes it too; closing twice is harmless
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._port = int(listener.getsockname()[1])
-        self._task_group = task_group
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._task_group is not None and self._shutdown is not None
-        self._shutdown.set()
-        try:
-            return await self._task_group.__aexit__(exc_type, exc, tb)
-        finally:
-            self._task_group = None
-            self._port = None
-
-    async def _serve(
-        self,
-        app: Any,
-        listener: socket.socket,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        assert self._shutdown is not None
-        await serve(app, listener, shutdown_trigger=self._shutdown.wait, task_status=task_status)
-
-    async def close(self) -> None:
-        """Ask the server to stop; it is gone once the ``async with`` block exits.
-
-        Safe to call from asyncio code running under trio-asyncio: setting the event is a
-        synchronous call on the loop's own thread.
-        """
-        if self._shutdown is not None:
-            self._shutdown.set()
-
-    @property
-    def port(self) -> int:
-        """The server's bound port (only while the context is entered)."""
-        if self._port is None:
-            raise RuntimeError("CpuBackend is not running: use `async with CpuBackend(...)`")
-        return self._port
-
-    @property
-    def base_url(self) -> str:
-        """``http://host:port/v1``, the OpenAI base URL of the running server."""
-        return f"http://{self.host}:{self.port}/v1"
+    def _make_app(self) -> Any:
+        return create_app(self, seed=self.seed)
 
     # ------------------------------------------------------------------ ART Backend protocol
 

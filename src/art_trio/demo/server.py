@@ -30,7 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 import anyio
 import numpy as np
@@ -387,3 +388,94 @@ async def serve(
             await hypercorn.asyncio.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
     finally:
         listener.close()
+
+
+class ServedBackend:
+    """The serving half of a local ART backend: its OpenAI-compatible app on ``host``, up for
+    as long as the backend's ``async with`` block runs (under trio or asyncio).
+
+    Subclasses call ``_init_serving`` in ``__init__``, return their app from ``_make_app``,
+    and may load what serving needs in ``_before_serving`` (before the port is bound).
+    """
+
+    host: str
+
+    def _init_serving(self, host: str, port: int) -> None:
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._shutdown: anyio.Event | None = None
+
+    async def _before_serving(self) -> None:
+        """Load what serving needs (nothing by default)."""
+
+    def _make_app(self) -> Starlette:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        if self._task_group is not None:
+            raise RuntimeError(f"{type(self).__name__} is already running")
+        await self._before_serving()
+        # Bind first, outside the task group: a taken port is a plain OSError here.
+        listener = open_listener(self.host, self._requested_port)
+        self._shutdown = anyio.Event()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self._serve, self._make_app(), listener)
+        except BaseException as exc:
+            listener.close()  # serve() closes it too; closing twice is harmless
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._port = int(listener.getsockname()[1])
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._task_group is not None and self._shutdown is not None
+        self._shutdown.set()
+        try:
+            return await self._task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._task_group = None
+            self._port = None
+
+    async def _serve(
+        self,
+        app: Starlette,
+        listener: socket.socket,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        assert self._shutdown is not None
+        await serve(app, listener, shutdown_trigger=self._shutdown.wait, task_status=task_status)
+
+    async def close(self) -> None:
+        """Ask the server to stop; it is gone once the ``async with`` block exits.
+
+        Safe to call from asyncio code running under trio-asyncio: setting the event is a
+        synchronous call on the loop's own thread.
+        """
+        if self._shutdown is not None:
+            self._shutdown.set()
+
+    @property
+    def port(self) -> int:
+        """The server's bound port (only while the context is entered)."""
+        if self._port is None:
+            name = type(self).__name__
+            raise RuntimeError(f"{name} is not running: use `async with {name}(...)`")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, the OpenAI base URL of the running server."""
+        return f"http://{self.host}:{self.port}/v1"
+
