@@ -278,7 +278,8 @@ def check_pipeline(
             (virtual time). An `async def` is asyncio code as in ART (run through
             trio-asyncio); mark an anyio/trio one with `art_trio.trio_native`. None: each
             rollout returns a group of two trajectories with rewards 0 and 1.
-        train_seconds, eval_seconds: how long a training step and an eval take (cycled).
+        train_seconds: how long a training step takes (one number, or several, cycled).
+        eval_seconds: how long an eval takes (likewise).
         stop_at: when the resumed check's first run is stopped (default: half way).
         resume: also run the stop-and-resume check (exactly-once across the two runs).
         max_policy_age: your algorithm's own bound: no trained group may be older than this
