@@ -42,99 +42,22 @@ this: their cancelled racers lower the yield, which raises Little's estimate wit
 
 Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
 stops it adding workers that would only wait in the server's queue.
+
+(About 470 lines, over the project's ~400: this docstring and one class whose judgement
+steps all read and move the same bracket, ceiling and drift state; split across modules
+they would have to pass it around.)
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import warnings
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
-import pydantic
-
-from .compat import PipelineAutotuneConfig
-from .events import RunStatistics
-from .ledger import _atomic_write_json
+from ..events import RunStatistics
+from .window import Decision, InferenceLoad, Window, measure
 
 #: Trainer utilization the autotuner keeps unless told otherwise.
 DEFAULT_TARGET_UTILIZATION = 0.95
-
-
-@dataclass(frozen=True, slots=True)
-class InferenceLoad:
-    """An inference server's load at one instant (vLLM's `/metrics`)."""
-
-    running: float
-    waiting: float
-
-    @property
-    def pressure(self) -> float:
-        """Waiting requests per running one (0: nothing queues at the server)."""
-        return self.waiting / self.running if self.running > 0 else (1.0 if self.waiting else 0.0)
-
-
-_VLLM_LINE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)")
-
-
-def parse_vllm_metrics(text: str) -> InferenceLoad | None:
-    """Running and waiting requests from a vLLM Prometheus page (summed over its engines)."""
-    found = {"running": 0.0, "waiting": 0.0}
-    seen = False
-    for line in text.splitlines():
-        match = _VLLM_LINE.match(line)
-        if match:
-            found[match.group(1)] += float(match.group(2))
-            seen = True
-    return InferenceLoad(found["running"], found["waiting"]) if seen else None
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """What one window of steps measured (differences of two `RunStatistics`)."""
-
-    start_step: int
-    end_step: int
-    wall_s: float
-    utilization: float
-    #: Rollout-seconds spent over groups trained in the window (inf: none trained).
-    rollout_s_per_group: float
-    #: Mean rollout latency, seconds per step inside `backend.train`, groups per step.
-    rollout_latency_s: float | None
-    train_s_per_step: float
-    groups_per_step: float
-    #: Trained groups over rollouts that ended (stale, zero variance and errors lower it).
-    yield_: float
-    #: Little's law: workers that keep the trainer fed at this window's pace.
-    workers_needed: float | None
-    #: Rollouts that completed and were discarded as stale, over rollouts that ended.
-    stale_done_fraction: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """One judgement of a window: what to run from now on, and why."""
-
-    step: int
-    #: "hold", "increase_workers", "decrease_workers", "lower_min_batch_size".
-    action: str
-    reason: str
-    previous_workers: int
-    num_rollout_workers: int
-    min_batch_size: int
-    #: True once the search has settled (a hold inside a closed bracket).
-    settled: bool
-    window: Window | None = None
-
-    @property
-    def changed(self) -> bool:
-        return self.action != "hold"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -327,23 +250,26 @@ class AutotunePolicy:
                 self.low = None  # fed now at a count once seen starving: the load eased
             return self._fed(w, step, n)
         if w.utilization >= self.target:
-            band = (f"utilization {w.utilization:.3f} inside the band "
-                    f"[{self.target:.2f}, {self.target + self.band:.2f})")
-            needed = w.workers_needed
-            if needed and n > self.little_factor * needed and not self._closed(n):
-                # Far more workers than the pace needs in flight (a loaded host keeps the
-                # trainer just inside the band at any count): probe down as if fed.
-                self.high = n if self.high is None else min(self.high, n)
-                down = max(self.min_workers, _ceil(needed * self.headroom))
-                if self.low is not None:
-                    down = max(down, (self.low + n) // 2)
-                if down < n:
-                    return self._change(
-                        w, step, n, down, "decrease_workers",
-                        f"{band}, but {n} workers are over {self.little_factor:g}x the "
-                        f"~{needed:.1f} in flight Little's law needs: probing down")
-            return self._hold(w, step, n, band)
+            return self._in_band(w, step, n)
         return self._starved(w, step, n, inference)
+
+    def _in_band(self, w: Window, step: int, n: int) -> Decision:
+        band = (f"utilization {w.utilization:.3f} inside the band "
+                f"[{self.target:.2f}, {self.target + self.band:.2f})")
+        needed = w.workers_needed
+        if needed and n > self.little_factor * needed and not self._closed(n):
+            # Far more workers than the pace needs in flight (a loaded host keeps the
+            # trainer just inside the band at any count): probe down as if fed.
+            self.high = n if self.high is None else min(self.high, n)
+            down = max(self.min_workers, _ceil(needed * self.headroom))
+            if self.low is not None:
+                down = max(down, (self.low + n) // 2)
+            if down < n:
+                return self._change(
+                    w, step, n, down, "decrease_workers",
+                    f"{band}, but {n} workers are over {self.little_factor:g}x the "
+                    f"~{needed:.1f} in flight Little's law needs: probing down")
+        return self._hold(w, step, n, band)
 
     def _fed(self, w: Window, step: int, n: int) -> Decision:
         util = f"utilization {w.utilization:.3f} >= {self.target + self.band:.2f} at {n} workers"
@@ -372,66 +298,88 @@ class AutotunePolicy:
             # A count once seen feeding the trainer starves it now: drift, or noise.
             drift = self._drift()
             if drift is None:
-                return self._hold(w, step, n, f"{util}; drift? ({self._starved_in_a_row}/"
-                                  f"{self.drift_windows} windows below "
-                                  f"{self.target - self.drift_margin:.2f}; average of "
-                                  f"{self._here} windows here "
-                                  f"{self._here_utilization:.3f})")
+                return self._hold(w, step, n, f"{util}; {self._drift_so_far()}")
             util = f"{util}; drift: {drift}"
             # A slow slide (the average, not a clear drop): a notch more is the next thing
             # to try, not a jump sized by one window's shortfall.
             slide = self._starved_in_a_row < self.drift_windows
             self.high = None
-        cap = _ceil(self.little_factor * w.workers_needed) if w.workers_needed else None
-        if self.ceiling is not None:
-            if self._ceiling_latency is not None:
-                lift = (w.rollout_latency_s or 0.0) > 2 * self._ceiling_latency
-            else:
-                lift = cap is not None and cap > 2 * self.ceiling
-            if lift:
-                # The pace needs far more in flight: rollouts got slower.
-                self.ceiling = self._ceiling_latency = None
-            else:
-                cap = self.ceiling
+        cap = self._starved_cap(w)
         if cap is not None and n >= cap:
-            # Far more in flight than the trainer's pace needs, and still starved: the
-            # staleness bound or the train step holds it back. Fewer workers feed it as well.
-            self.ceiling = cap = max(self.min_workers, cap)
-            why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
-                   f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
-                   "feed it")
-            if cap < n:
-                return self._change(w, step, n, cap, "decrease_workers", why)
-            return self._hold(w, step, n, why, settled=True)
+            return self._back_to_cap(w, step, n, cap, util)
         self.low = n if self.low is None else max(self.low, n)
-        if inference is not None and inference.pressure > self.inference_pressure_limit:
-            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
-                              f"running {inference.pressure:.2f}): more workers would queue")
-        if n >= self.max_workers:
-            if self.min_batch_size > 1:
-                smaller = max(1, self.min_batch_size * 3 // 4)
-                return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
-                                f"{self.max_workers}: smaller batches start steps sooner",
-                                n, n, smaller, False, w)
-            return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
-        if self.high is not None:
-            up = max(n + 1, (n + self.high + 1) // 2)
-            why = f"{util}; halfway up to {self.high} (fed)"
-        elif slide:
-            up = n + max(1, math.floor(self.settle_fraction * n))
-            why = f"{util}; a notch up"
-        else:
-            # By the shortfall as if utilization grew in proportion to workers, but by a
-            # quarter at least: it does not near the target (an on-policy race gains ~0.03
-            # per doubling there), and small steps there cost a window each.
-            scaled = _ceil(n * min(2.0, max(1.25, 1.1 * self.target / max(w.utilization, 0.05))))
-            guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else 0
-            up = max(n + 1, scaled, min(guess, 4 * n))
-            why = f"{util}; scaled by the shortfall" + (
-                f", Little's law needs ~{w.workers_needed:.1f}" if w.workers_needed else "")
+        held = self._cannot_add(w, step, n, util, inference)
+        if held is not None:
+            return held
+        up, why = self._step_up(w, n, util, slide)
         if cap is not None and up > cap:
             up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
+
+    def _drift_so_far(self) -> str:
+        """Why a starved window at a count once seen feeding the trainer holds (noise yet)."""
+        return (f"drift? ({self._starved_in_a_row}/{self.drift_windows} windows below "
+                f"{self.target - self.drift_margin:.2f}; average of {self._here} windows here "
+                f"{self._here_utilization:.3f})")
+
+    def _starved_cap(self, w: Window) -> int | None:
+        """The most workers a starved trainer is given: the ceiling, unless rollouts got much
+        slower (then it is lifted), else `little_factor` x Little's law (None: unknown)."""
+        cap = _ceil(self.little_factor * w.workers_needed) if w.workers_needed else None
+        if self.ceiling is None:
+            return cap
+        if self._ceiling_latency is not None:
+            lift = (w.rollout_latency_s or 0.0) > 2 * self._ceiling_latency
+        else:
+            lift = cap is not None and cap > 2 * self.ceiling
+        if lift:
+            # The pace needs far more in flight: rollouts got slower.
+            self.ceiling = self._ceiling_latency = None
+            return cap
+        return self.ceiling
+
+    def _back_to_cap(self, w: Window, step: int, n: int, cap: int, util: str) -> Decision:
+        """Far more in flight than the trainer's pace needs, and still starved: the staleness
+        bound or the train step holds it back. Fewer workers feed it as well."""
+        self.ceiling = cap = max(self.min_workers, cap)
+        why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
+               f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
+               "feed it")
+        if cap < n:
+            return self._change(w, step, n, cap, "decrease_workers", why)
+        return self._hold(w, step, n, why, settled=True)
+
+    def _cannot_add(
+        self, w: Window, step: int, n: int, util: str, inference: InferenceLoad | None
+    ) -> Decision | None:
+        """What to do instead of adding workers when none may be added, else None: hold for a
+        saturated inference server; at `max_workers`, smaller batches or hold."""
+        if inference is not None and inference.pressure > self.inference_pressure_limit:
+            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
+                              f"running {inference.pressure:.2f}): more workers would queue")
+        if n < self.max_workers:
+            return None
+        if self.min_batch_size > 1:
+            smaller = max(1, self.min_batch_size * 3 // 4)
+            return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
+                            f"{self.max_workers}: smaller batches start steps sooner",
+                            n, n, smaller, False, w)
+        return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
+
+    def _step_up(self, w: Window, n: int, util: str, slide: bool) -> tuple[int, str]:
+        """How many workers a starved trainer gets next (before the cap), and why."""
+        if self.high is not None:
+            return max(n + 1, (n + self.high + 1) // 2), f"{util}; halfway up to {self.high} (fed)"
+        if slide:
+            return n + max(1, math.floor(self.settle_fraction * n)), f"{util}; a notch up"
+        # By the shortfall as if utilization grew in proportion to workers, but by a quarter
+        # at least: it does not near the target (an on-policy race gains ~0.03 per doubling
+        # there), and small steps there cost a window each.
+        scaled = _ceil(n * min(2.0, max(1.25, 1.1 * self.target / max(w.utilization, 0.05))))
+        guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else 0
+        why = f"{util}; scaled by the shortfall" + (
+            f", Little's law needs ~{w.workers_needed:.1f}" if w.workers_needed else "")
+        return max(n + 1, scaled, min(guess, 4 * n)), why
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -510,257 +458,8 @@ class AutotunePolicy:
                         self.min_batch_size, False, w)
 
 
-def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
-    """The window between two snapshots of one run."""
-    steps = max(1, end.steps - start.steps)
-    wall = end.since_first_step_s - start.since_first_step_s
-    train = end.train_s - start.train_s
-    trained = end.trained - start.trained
-    ended = (end.rollouts_started - end.rollouts_in_flight) - (
-        start.rollouts_started - start.rollouts_in_flight
-    )
-    spent = end.rollout_s_spent - start.rollout_s_spent
-    latency = end.rollout_latency_s
-    if latency is None and ended > 0:
-        latency = spent / ended
-    train_per_step = train / steps
-    groups_per_step = trained / steps
-    yield_ = trained / ended if ended > 0 else 1.0
-    # Rollouts that ran to the end and were then thrown away as stale: with eager admission
-    # they are what workers beyond the pace's need produce (cancelled racers of an on-policy
-    # run under staleness-aware admission are not counted here).
-    stale_done = (end.stale - end.stale_cancelled) - (start.stale - start.stale_cancelled)
-    needed = None
-    if latency is not None and train_per_step > 0 and yield_ > 0:
-        # Little's law: groups wanted per second times a rollout's latency, per useful one.
-        needed = groups_per_step / train_per_step * latency / yield_
-    return Window(
-        start_step=start.steps,
-        end_step=end.steps,
-        wall_s=wall,
-        utilization=train / wall if wall > 0 else 1.0,
-        rollout_s_per_group=spent / trained if trained else math.inf,
-        rollout_latency_s=latency,
-        train_s_per_step=train_per_step,
-        groups_per_step=groups_per_step,
-        yield_=yield_,
-        workers_needed=needed,
-        stale_done_fraction=stale_done / ended if ended > 0 else 0.0,
-    )
-
-
-# -- ART's config, the starting settings and the saved profile ---------------------------
-
-
-class AutotuneConfig(PipelineAutotuneConfig):  # type: ignore[misc,valid-type,unused-ignore]
-    """ART's `PipelineAutotuneConfig` plus art_trio's own knobs (ART's class drops unknown
-    fields; this one keeps them)."""
-
-    #: Trainer utilization to keep (time in `backend.train` over wall time, per window).
-    target_utilization: float = pydantic.Field(default=DEFAULT_TARGET_UTILIZATION, gt=0.0,
-                                               le=1.0)
-    min_rollout_workers: int = pydantic.Field(default=1, ge=1)
-    #: vLLM's Prometheus endpoint (`http://host:8000/metrics`); None: not read.
-    inference_metrics_url: str | None = None
-
-
-#: `PipelineAutotuneConfig` fields art_trio reads; every other field of ART's class is
-#: accepted and ignored (packing, vLLM-pressure scores, min-batch trials, target groups).
-HONOURED_FIELDS = (
-    "mode", "profile", "output_name", "window_steps", "warmup_ignore_steps",
-    "worker_load_change_windows", "max_rollout_workers",
-    "initial_model_calls_per_inference_gpu", "initial_min_groups_per_packed_sequence",
-    "initial_max_groups_per_packed_sequence", "vllm_pressure_over_ratio",
-    "vllm_metric_interval_s",
-)
-
-
-def config_field(config: Any, name: str, default: Any) -> Any:
-    """A field of an autotune config: the attribute, else an extra field kept by pydantic
-    (art_trio's knobs on ART's class), else `default`."""
-    value = getattr(config, name, None)
-    if value is None:
-        extra = getattr(config, "model_extra", None) or {}
-        value = extra.get(name, default)
-    return value
-
-
-def initial_runtime(config: Any) -> dict[str, int | None]:
-    """The runtime settings a tuned run starts from, before any saved profile.
-
-    Workers: `initial_model_calls_per_inference_gpu` (art_trio does not know how many
-    inference GPUs serve the model: one is assumed), within `max_rollout_workers`. Batch
-    sizes: `initial_min/max_groups_per_packed_sequence` (one packed sequence per step).
-    """
-    workers = min(int(config_field(config, "initial_model_calls_per_inference_gpu", 8)),
-                  int(config_field(config, "max_rollout_workers", 1024)))
-    max_batch = int(config_field(config, "initial_max_groups_per_packed_sequence", 8))
-    min_batch = min(
-        int(config_field(config, "initial_min_groups_per_packed_sequence", 8)), max_batch
-    )
-    return {"num_rollout_workers": workers, "min_batch_size": min_batch,
-            "max_batch_size": max_batch, "queue_maxsize": None}
-
-
-def policy_for(config: Any, runtime: dict[str, Any]) -> AutotunePolicy:
-    """The policy an `autotune=` config asks for, starting at `runtime`.
-
-    art_trio's own knobs (`target_utilization`, `min_rollout_workers`) are read where the
-    config carries them (art_trio's replica keeps extra fields; ART's own class drops them).
-    """
-    return AutotunePolicy(
-        num_rollout_workers=int(runtime["num_rollout_workers"]),
-        min_batch_size=int(runtime["min_batch_size"]),
-        max_batch_size=int(runtime["max_batch_size"]),
-        target=float(config_field(config, "target_utilization", DEFAULT_TARGET_UTILIZATION)),
-        min_workers=int(config_field(config, "min_rollout_workers", 1)),
-        max_workers=int(config_field(config, "max_rollout_workers", 1024)),
-        window_steps=int(config_field(config, "window_steps", 4)),
-        warmup_steps=int(config_field(config, "warmup_ignore_steps", 3)),
-        drift_windows=int(config_field(config, "worker_load_change_windows", 2)),
-        inference_pressure_limit=float(config_field(config, "vllm_pressure_over_ratio", 0.8)),
-    )
-
-
-def profile_path(output_dir: str | Path, name: str | None) -> Path:
-    """Where ART keeps a profile: `<model dir>/pipeline_tuner/<name>.json` (or a path)."""
-    name = name or "latest"
-    path = Path(name)
-    if path.is_absolute() or path.suffix == ".json":
-        return path
-    return Path(output_dir) / "pipeline_tuner" / f"{name}.json"
-
-
-class ProfileError(ValueError):
-    """A saved autotune profile that cannot be used: names the file, the field and the fix."""
-
-
-_PROFILE_FIX = ("fix the field, or delete the file and run once with mode='online' to save a "
-                "new profile")
-
-
-def load_profile_settings(
-    path: Path, *, model_name: str | None = None, max_workers: int | None = None
-) -> dict[str, int | None]:
-    """The runtime settings saved in a profile (ART's `settings` block, or art_trio's).
-
-    A field missing or null falls back to the config's starting value; a field present must
-    be a whole number the trainer accepts (`ProfileError` otherwise, naming the file and the
-    field). A profile saved for another model is used, with a warning (as ART does for other
-    mismatches: it may fit, a retune is recommended).
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"autotune profile {path} is not UTF-8 text ({exc}): "
-                           f"{_PROFILE_FIX}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(
-            f"autotune profile {path} is not valid JSON ({exc.msg} at line {exc.lineno}, "
-            f"column {exc.colno}; a torn or hand-edited file): {_PROFILE_FIX}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"autotune profile {path} must hold a JSON object with a "
-                           f"`settings` object, found {type(data).__name__}: {_PROFILE_FIX}")
-    settings = data.get("settings")
-    if not isinstance(settings, dict):
-        found = "none" if settings is None else f"{settings!r:.60}"
-        raise ProfileError(f"autotune profile {path}: `settings` must be an object with "
-                           f"num_rollout_workers, min_batch_size and max_batch_size, found "
-                           f"{found}: {_PROFILE_FIX}")
-    loaded: dict[str, int | None] = {}
-    for name in ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize"):
-        value = settings.get(name)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ProfileError(f"autotune profile {path}: `settings.{name}` must be a whole "
-                               f"number >= 1 (or null), found {value!r:.60}: {_PROFILE_FIX}")
-        loaded[name] = value
-    low, high = loaded["min_batch_size"], loaded["max_batch_size"]
-    if low is not None and high is not None and low > high:
-        raise ProfileError(f"autotune profile {path}: `settings.min_batch_size` ({low}) is "
-                           f"above `settings.max_batch_size` ({high}): {_PROFILE_FIX}")
-    workers = loaded["num_rollout_workers"]
-    if max_workers is not None and workers is not None and workers > max_workers:
-        raise ProfileError(f"autotune profile {path}: `settings.num_rollout_workers` "
-                           f"({workers}) exceeds max_rollout_workers={max_workers}: raise "
-                           "max_rollout_workers, or " + _PROFILE_FIX)
-    saved_for = data.get("model_name")
-    if model_name is not None and isinstance(saved_for, str) and saved_for != model_name:
-        warnings.warn(
-            f"autotune profile {path} was saved by model {saved_for!r}, not {model_name!r}: "
-            "its settings are applied, but a retune (mode='online') is recommended",
-            UserWarning, stacklevel=3,
-        )
-    return loaded
-
-
-def profile_document(
-    policy: AutotunePolicy, config: Any, *, model_name: str | None, queue_maxsize: int | None
-) -> dict[str, Any]:
-    """The profile saved beside the model: ART's `PipelineAutotunerProfile` shape."""
-    dump = getattr(config, "model_dump", None)
-    return {
-        "schema_version": 1,
-        "model_name": model_name,
-        "backend": "art_trio",
-        "settings": {
-            "num_rollout_workers": policy.num_rollout_workers,
-            "min_batch_size": policy.min_batch_size,
-            "max_batch_size": policy.max_batch_size,
-            "queue_maxsize": queue_maxsize,
-            "target_groups_per_step": policy.max_batch_size,
-        },
-        "config": dump(mode="json") if callable(dump) else {},
-        "decisions": [
-            {k: v for k, v in d.to_dict().items() if k != "window"} for d in policy.decisions
-        ],
-        "notes": [
-            f"art_trio autotuner: fewest workers with trainer utilization >= {policy.target}",
-            f"settled at step {policy.settled_at_step}" if policy.settled_at_step is not None
-            else "not settled when saved",
-        ],
-    }
-
-
-def save_profile(path: Path, document: dict[str, Any]) -> None:
-    """Replace the profile durably: the old one or the new one survives a crash, never a torn
-    or empty file (temporary file, fsync, rename, fsync of the directory: the ledger's write)."""
-    # Through JSON once so that what the ledger's writer dumps is plain JSON (no NaN/inf,
-    # no objects it cannot encode).
-    plain = json.loads(json.dumps(document, default=_json_default, allow_nan=True),
-                       parse_constant=lambda _: None)
-    _atomic_write_json(path, plain, fsync=True)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return repr(value)
-
-
 def _ceil(value: float) -> int:
     return max(1, math.ceil(value - 1e-9))
 
 
-__all__ = [
-    "DEFAULT_TARGET_UTILIZATION",
-    "HONOURED_FIELDS",
-    "initial_runtime",
-    "load_profile_settings",
-    "policy_for",
-    "profile_document",
-    "profile_path",
-    "save_profile",
-    "AutotuneConfig",
-    "AutotunePolicy",
-    "Decision",
-    "InferenceLoad",
-    "ProfileError",
-    "Window",
-    "measure",
-    "parse_vllm_metrics",
-]
+__all__ = ["DEFAULT_TARGET_UTILIZATION", "AutotunePolicy"]
