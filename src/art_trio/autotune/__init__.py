@@ -12,6 +12,7 @@ from .profile import (
     HONOURED_FIELDS,
     AutotuneConfig,
     ProfileError,
+    config_field,
     initial_runtime,
     load_profile_settings,
     policy_for,
@@ -24,6 +25,7 @@ from .window import Decision, InferenceLoad, Window, measure, parse_vllm_metrics
 __all__ = [
     "DEFAULT_TARGET_UTILIZATION",
     "HONOURED_FIELDS",
+    "config_field",
     "initial_runtime",
     "load_profile_settings",
     "policy_for",
