@@ -305,19 +305,19 @@ async def test_a_journal_write_that_fails_part_way_stops_before_backend_train(
     """The fault-injection run's os.write returned 130 of 216 bytes; the batch then trained
     and on resume read as never started. Now: an error, no train call, and the journal cut
     back to the record before; with the disk still full for the final snapshot too."""
-    import art_trio.ledger as ledger
+    from art_trio.ledger import files
 
     # One journal record per step (snapshots are separate files): the 4th step's fails.
     fault = _ShortWrites(fail_at=4, written=written, error=error)
-    monkeypatch.setattr(ledger, "_os_write", fault)
-    real_atomic = ledger._atomic_write_json
+    monkeypatch.setattr(files, "os_write", fault)
+    real_atomic = files.atomic_write_json
 
     def atomic_write(path: Path, data: dict[str, Any], *, fsync: bool) -> None:
         if fault.failed_sizes:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real_atomic(path, data, fsync=fsync)
 
-    monkeypatch.setattr(ledger, "_atomic_write_json", atomic_write)
+    monkeypatch.setattr(files, "atomic_write_json", atomic_write)
     with pytest.warns(RuntimeWarning, match="could not save"), pytest.raises(
         BaseExceptionGroup
     ) as excinfo:

@@ -42,7 +42,8 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio import ledger as ledger_module
+from art_trio.ledger import files as ledger_files
+from art_trio.ledger import store as ledger_store
 from art_trio import lock as lock_module
 from art_trio.compat import trainable_model
 from art_trio.ledger import (
@@ -404,13 +405,13 @@ async def test_journal_records_do_not_grow_with_the_evals_done(
     """An eval every step for 120 steps: every record carries only what changed, and the
     final snapshot the completed evals as one run; the resumed run knows all of them."""
     records: list[dict[str, Any]] = []
-    real_write = ledger_module._os_write
+    real_write = ledger_files.os_write
 
     def spy(fd: int, data: bytes | memoryview) -> int:
         records.append(json.loads(bytes(data)))
         return real_write(fd, data)
 
-    monkeypatch.setattr(ledger_module, "_os_write", spy)
+    monkeypatch.setattr(ledger_files, "os_write", spy)
     evaluated: list[int] = []
 
     async def eval_fn(model: Any, step: int, config: Any) -> list[art.Trajectory]:
@@ -831,7 +832,7 @@ async def test_a_disk_full_at_a_periodic_snapshot_stops_before_training_and_resu
     """A snapshot every 3 records, the disk full after step 5: whichever state write fails
     first (a record may still fit in its block, a snapshot needs a new file), it is a
     StateWriteError with ENOSPC, no train call follows it, and the resume is exact."""
-    monkeypatch.setattr(ledger_module, "SNAPSHOT_EVERY", 3)
+    monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 3)
     backend = _FillingBackend(write_checkpoints=False)
     object.__setattr__(model, "_backend", backend)
     with warnings.catch_warnings(), pytest.raises(BaseExceptionGroup) as excinfo:
@@ -980,7 +981,7 @@ def test_a_failing_fsync_of_a_record_is_a_state_write_error_naming_the_journal(
     def failing(fd: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(ledger_module.os, "fsync", failing)
+    monkeypatch.setattr(ledger_files.os, "fsync", failing)
     with pytest.raises(StateWriteError) as excinfo:
         _record(store, state, 1)
     monkeypatch.undo()

@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 
 from ..compat import PipelineAutotuneConfig
-from ..ledger import _atomic_write_json
+from ..ledger.files import atomic_write_json
 from .policy import DEFAULT_TARGET_UTILIZATION, AutotunePolicy
 
 
@@ -199,7 +199,7 @@ def save_profile(path: Path, document: dict[str, Any]) -> None:
     # no objects it cannot encode).
     plain = json.loads(json.dumps(document, default=_json_default, allow_nan=True),
                        parse_constant=lambda _: None)
-    _atomic_write_json(path, plain, fsync=True)
+    atomic_write_json(path, plain, fsync=True)
 
 
 def _json_default(value: Any) -> Any:

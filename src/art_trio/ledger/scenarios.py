@@ -1,0 +1,97 @@
+"""Which scenarios are resolved: the in-memory ledger (`ScenarioLedger`: a low watermark,
+the resolved indices above it, the batch handed to `backend.train`) and the fingerprint that
+ties a stored state to its scenario source (`scenario_digest`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+def scenario_digest(scenario: object) -> str | None:
+    """A stable fingerprint of one scenario, or None if it has no stable JSON form.
+
+    Dicts, lists, strings and numbers, pydantic models and dataclasses of them have one; for
+    anything else (objects whose repr holds an address) the check is skipped, never guessed.
+    A fingerprint never ends the run: whatever computing it raises means "no stable form".
+    """
+    data: object = scenario
+    try:
+        # Looked up on the type, not the instance: an attribute-dict (`__getattr__ =
+        # dict.__getitem__`, a common idiom) raises KeyError for a missing attribute, which
+        # getattr's default does not catch; and a dict key named `model_dump` is not a method.
+        dump = getattr(type(scenario), "model_dump", None)
+        if callable(dump):
+            data = dump(scenario, mode="json")
+        elif dataclasses.is_dataclass(scenario) and not isinstance(scenario, type):
+            data = dataclasses.asdict(scenario)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    except Exception:  # noqa: BLE001  (a user's model_dump, a cycle, keys sort cannot order)
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """A batch handed to `backend.train` whose outcome was not yet recorded."""
+
+    step: int
+    scenario_indices: list[int]
+
+
+@dataclass(slots=True)
+class ScenarioLedger:
+    """Resolution of scenario indices, compacted under a low watermark."""
+
+    watermark: int = 0
+    resolved_above: set[int] = field(default_factory=set)
+    pending: PendingBatch | None = None
+    #: Indices resolved since the last journal record (what the next record must carry).
+    unjournaled: list[int] = field(default_factory=list)
+
+    def is_resolved(self, index: int) -> bool:
+        return index < self.watermark or index in self.resolved_above
+
+    def resolve(self, index: int) -> None:
+        """Mark one scenario done (trained, or discarded with a reason)."""
+        if index < self.watermark or index in self.resolved_above:
+            return
+        self.unjournaled.append(index)
+        self.resolved_above.add(index)
+        while self.watermark in self.resolved_above:
+            self.resolved_above.remove(self.watermark)
+            self.watermark += 1
+
+    def resolve_all(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            self.resolve(index)
+
+    def begin_batch(self, step: int, indices: Iterable[int]) -> None:
+        self.pending = PendingBatch(step=step, scenario_indices=sorted(indices))
+
+    def commit_batch(self) -> None:
+        """The pending batch trained: its scenarios are resolved."""
+        if self.pending is not None:
+            self.resolve_all(self.pending.scenario_indices)
+            self.pending = None
+
+    def settle_pending(self, backend_step: int) -> bool:
+        """On resume: a pending batch the backend already trained counts as trained.
+
+        Returns True if the pending batch was committed, False if its scenarios will be rolled
+        again (or there was none).
+        """
+        if self.pending is None:
+            return False
+        trained = backend_step >= self.pending.step
+        if trained:
+            self.commit_batch()
+        else:
+            self.pending = None
+        return trained
+
+
+__all__ = ["PendingBatch", "ScenarioLedger", "scenario_digest"]
