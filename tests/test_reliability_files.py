@@ -42,8 +42,6 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import files as ledger_files
-from art_trio.ledger import store as ledger_store
 from art_trio import lock as lock_module
 from art_trio.compat import trainable_model
 from art_trio.ledger import (
@@ -58,6 +56,8 @@ from art_trio.ledger import (
     eval_runs,
     scenario_digest,
 )
+from art_trio.ledger import files as ledger_files
+from art_trio.ledger import store as ledger_store
 from art_trio.lock import LOCK_ENV, LOCK_FILE, ModelDirectoryError, RunLock, RunLockedError
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
