@@ -450,9 +450,21 @@ def _meta(args: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; print the tables; write JSON. Returns a process exit code."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+@dataclass
+class _Plan:
+    """What one `art-trio bench` invocation runs, resolved from its arguments."""
+
+    workloads: list[str]
+    kinds: list[str]
+    sweep_workloads: list[str]
+    #: art_trio kinds left out, and why (art_trio not importable).
+    skipped: dict[str, str]
+    jobs: list[Job]
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """The child runs the arguments ask for: main runs per (workload, seed, kind), then the
+    admission sweep on the scheduling workloads."""
     workloads: list[str] = args.workloads or (
         list(QUICK_WORKLOADS) if args.quick else list(_WORKLOAD_GROUPS["all"])
     )
@@ -461,28 +473,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sweep is not None
         else list(QUICK_SWEEP_VALUES if args.quick else DEFAULT_SWEEP_VALUES)
     )
-    kinds: list[str] = args.kinds
-    sweep_kinds = [k for k in args.sweep_kinds if k != "art"]
-
-    skipped: dict[str, str] = {}
-    if any(k != "art" for k in kinds + sweep_kinds):
-        reason = _art_trio_status()
-        if reason is not None:
-            for trio_kind in KINDS[1:]:
-                if trio_kind in kinds or trio_kind in sweep_kinds:
-                    skipped[trio_kind] = reason
-            kinds = [k for k in kinds if k == "art"]
-            sweep_kinds = []
-            print(
-                f"art_trio.PipelineTrainer not importable, skipping art_trio kinds: {reason}",
-                file=sys.stderr,
-            )
-
-    jobs: list[Job] = []
-    for name in workloads:
-        for seed in args.seeds:
-            for kind in kinds:
-                jobs.append(Job(kind, name, _overrides(name, seed, args), [{}]))
+    kinds, sweep_kinds, skipped = _importable_kinds(
+        args.kinds, [k for k in args.sweep_kinds if k != "art"]
+    )
+    jobs = [
+        Job(kind, name, _overrides(name, seed, args), [{}])
+        for name in workloads
+        for seed in args.seeds
+        for kind in kinds
+    ]
     sweep_workloads = [
         w
         for w in workloads
@@ -491,20 +490,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if sweep_values:
         points = [{KNOB: v} for v in sweep_values] + [{ADMISSION: ADMISSION_EAGER}]
-        for name in sweep_workloads:
-            for kind in sweep_kinds:
-                jobs.append(
-                    Job(kind, name, _overrides(name, args.seeds[0], args), points, sweep=True)
-                )
+        jobs += [
+            Job(kind, name, _overrides(name, args.seeds[0], args), points, sweep=True)
+            for name in sweep_workloads
+            for kind in sweep_kinds
+        ]
+    return _Plan(workloads, kinds, sweep_workloads, skipped, jobs)
 
-    revision = _source_revision()
+
+def _importable_kinds(
+    kinds: list[str], sweep_kinds: list[str]
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """The kinds and sweep kinds that can run: without an importable art_trio, only `art`
+    (the others are returned as skipped, with the reason)."""
+    skipped: dict[str, str] = {}
+    if all(k == "art" for k in kinds + sweep_kinds):
+        return kinds, sweep_kinds, skipped
+    reason = _art_trio_status()
+    if reason is None:
+        return kinds, sweep_kinds, skipped
+    for trio_kind in KINDS[1:]:
+        if trio_kind in kinds or trio_kind in sweep_kinds:
+            skipped[trio_kind] = reason
     print(
-        f"art_trio {revision}: {len(jobs)} child runs "
-        f"({sum(len(j.points) for j in jobs)} trainer runs); "
-        f"{ART_PATCH_NOTE}",
+        f"art_trio.PipelineTrainer not importable, skipping art_trio kinds: {reason}",
         file=sys.stderr,
-        flush=True,
     )
+    return [k for k in kinds if k == "art"], [], skipped
+
+
+def _run_jobs(jobs: list[Job], args: argparse.Namespace) -> float:
+    """Run every job's child (`--jobs` at a time), reporting progress; the seconds taken.
+    On any way out, children still running are killed."""
     started = time.monotonic()
     # Wall-time measurements: by default one child at a time so runs do not share the cores.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
@@ -520,26 +537,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         if previous_sigterm is not None:
             signal.signal(signal.SIGTERM, previous_sigterm)
     pool.shutdown()
-    elapsed = time.monotonic() - started
+    return time.monotonic() - started
 
-    main_cells = _cells([j for j in jobs if not j.sweep])
-    sweep_cells = _cells([j for j in jobs if j.sweep])
-    shown_kinds = [k for k in KINDS if k in kinds]
+
+_KINDS_LEGEND = (
+    "trio = art_trio.PipelineTrainer on trio with asyncio rollouts through the "
+    "trio-asyncio bridge (the path ART users' code takes); trio-native = the same with "
+    "anyio rollouts marked trio_native (no bridge); asyncio = art_trio on anyio's asyncio "
+    "backend. art_trio rows show (art_trio/ART). roll-s/group = every rollout-second paid "
+    "(cancelled and unfinished rollouts included) per trained group. util = time in "
+    "train() over first train start to last train end; waste = rollouts started and "
+    "completed before the last step began but never trained, over rollouts started "
+    "before it; staleness = trained groups by (policy version trained from - "
+    "initial_policy_version); return s = last train end to "
+    "train() returning. "
+)
+
+
+def _report(
+    plan: _Plan,
+    seeds: int,
+    elapsed: float,
+    revision: str,
+    main_cells: list[Cell],
+    sweep_cells: list[Cell],
+) -> str:
+    """The Markdown report: the main table, loops, load warning, memory and sweep tables."""
+    shown_kinds = [k for k in KINDS if k in plan.kinds]
     sections = [
-        f"# art_trio vs ART pipeline trainer ({len(args.seeds)} seed(s), {elapsed:.0f}s, "
+        f"# art_trio vs ART pipeline trainer ({seeds} seed(s), {elapsed:.0f}s, "
         f"art_trio {revision})",
         f"Kinds: art = ART {metadata.version('openpipe-art')} PipelineTrainer on asyncio; "
-        "trio = art_trio.PipelineTrainer on trio with asyncio rollouts through the "
-        "trio-asyncio bridge (the path ART users' code takes); trio-native = the same with "
-        "anyio rollouts marked trio_native (no bridge); asyncio = art_trio on anyio's asyncio "
-        "backend. art_trio rows show (art_trio/ART). roll-s/group = every rollout-second paid "
-        "(cancelled and unfinished rollouts included) per trained group. util = time in "
-        "train() over first train start to last train end; waste = rollouts started and "
-        "completed before the last step began but never trained, over rollouts started "
-        "before it; staleness = trained groups by (policy version trained from - "
-        "initial_policy_version); return s = last train end to "
-        "train() returning. " + ART_PATCH_NOTE,
-        main_table(main_cells, workloads, shown_kinds),
+        + _KINDS_LEGEND
+        + ART_PATCH_NOTE,
+        main_table(main_cells, plan.workloads, shown_kinds),
     ]
     loops = _event_loops(main_cells + sweep_cells)
     if loops:
@@ -547,25 +578,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     warning = _load_warning(main_cells + sweep_cells)
     if warning:
         sections.insert(1, warning)
-    if skipped:
-        sections.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    mem = memory_table(main_cells, [w for w in workloads if w in MEMORY_WORKLOADS], shown_kinds)
+    if plan.skipped:
+        sections.append("Skipped: " + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()))
+    memory = [w for w in plan.workloads if w in MEMORY_WORKLOADS]
+    mem = memory_table(main_cells, memory, shown_kinds)
     if mem:
         sections += ["## Memory (peak RSS as groups are trained)", mem]
     if sweep_cells:
         sections += [
             f"## Admission sweep ({KNOB}, and {ADMISSION}={ADMISSION_EAGER!r}) vs ART",
-            sweep_table(sweep_cells, main_cells, sweep_workloads),
+            sweep_table(sweep_cells, main_cells, plan.sweep_workloads),
         ]
-    text = "\n\n".join(sections) + "\n"
-    print(text)
+    return "\n\n".join(sections) + "\n"
 
-    payload = {
-        "meta": _meta(args, skipped),
-        "workloads": {w: PRESETS[w].to_dict() for w in workloads},
-        "runs": [c.to_dict() for c in main_cells],
-        "sweep": [c.to_dict() for c in sweep_cells],
-    }
+
+def _results_path(args: argparse.Namespace) -> Path | None:
+    """Where the JSON goes: `--json`, else a stamped file in `--results-dir` (by default
+    benchmarks/results when run from the checkout), else nowhere."""
     out: Path | None = args.json
     results_dir: Path | None = args.results_dir
     if out is None and results_dir is None and Path("benchmarks").is_dir():
@@ -573,16 +602,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out is None and results_dir is not None:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = results_dir / f"results-{stamp}.json"
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the tables; write JSON. Returns a process exit code."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    plan = _plan(args)
+    revision = _source_revision()
+    runs = sum(len(j.points) for j in plan.jobs)
+    print(
+        f"art_trio {revision}: {len(plan.jobs)} child runs ({runs} trainer runs); "
+        f"{ART_PATCH_NOTE}",
+        file=sys.stderr,
+        flush=True,
+    )
+    elapsed = _run_jobs(plan.jobs, args)
+    main_cells = _cells([j for j in plan.jobs if not j.sweep])
+    sweep_cells = _cells([j for j in plan.jobs if j.sweep])
+    text = _report(plan, len(args.seeds), elapsed, revision, main_cells, sweep_cells)
+    print(text)
+    payload = {
+        "meta": _meta(args, plan.skipped),
+        "workloads": {w: PRESETS[w].to_dict() for w in plan.workloads},
+        "runs": [c.to_dict() for c in main_cells],
+        "sweep": [c.to_dict() for c in sweep_cells],
+    }
+    out = _results_path(args)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(payload, indent=1), encoding="utf-8")
         out.with_suffix(".md").write_text(text, encoding="utf-8")
         print(f"results: {out} (+ .md)", file=sys.stderr)
-    # A knob the trainer does not (yet) take is reported in the table, not a failure.
-    failed = any(
-        not e.startswith("unsupported:") for c in main_cells + sweep_cells for e in c.errors
-    )
-    return 1 if failed else 0
+    return 1 if _failed(main_cells + sweep_cells) else 0
+
+
+def _failed(cells: list[Cell]) -> bool:
+    """Whether any run failed; a knob the trainer does not (yet) take is reported in the
+    table, not a failure."""
+    return any(not e.startswith("unsupported:") for c in cells for e in c.errors)
 
 
 if __name__ == "__main__":
