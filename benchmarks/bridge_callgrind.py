@@ -1,9 +1,11 @@
 """Instructions per bridged call, for callgrind: `Bridge.callback` on a no-op asyncio callback.
 
-    valgrind --tool=callgrind python benchmarks/bridge_callgrind.py CALLS s|c [BRIDGE_PY]
+    valgrind --tool=callgrind python benchmarks/bridge_callgrind.py CALLS s|c [BRIDGE]
 
-Loads `bridge.py` alone (by path, so another revision's file can be compared: `git show
-REV:src/art_trio/bridge.py > old.py`) and makes CALLS calls under trio, one at a time (`s`)
+Loads the bridge alone (by path, so another revision's can be compared): the package
+directory `src/art_trio/bridge/` (the default; `git archive REV src/art_trio/bridge` for
+another revision), or a single `bridge.py` of a revision before it became a package (`git
+show REV:src/art_trio/bridge.py > old.py`). It makes CALLS calls under trio, one at a time (`s`)
 or from 64 concurrent trio tasks (`c`). Instructions per call are the difference between two
 runs (1,920 and 640 calls in benchmarks/README.md) divided by the difference in calls, which
 cancels start-up. Callgrind counts instructions, so machine load does not move the figure.
@@ -17,13 +19,19 @@ from pathlib import Path
 
 import trio
 
-DEFAULT_BRIDGE = Path(__file__).resolve().parents[1] / "src" / "art_trio" / "bridge.py"
+DEFAULT_BRIDGE = Path(__file__).resolve().parents[1] / "src" / "art_trio" / "bridge"
 
 
 def load_bridge(path: Path) -> object:
-    spec = importlib.util.spec_from_file_location("bridge_under_test", path)
+    if path.is_dir():  # the package: its modules import each other relatively
+        spec = importlib.util.spec_from_file_location(
+            "bridge_under_test", path / "__init__.py", submodule_search_locations=[str(path)]
+        )
+    else:
+        spec = importlib.util.spec_from_file_location("bridge_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -15,14 +15,14 @@ import art
 import pytest
 import trio_asyncio  # noqa: F401  (patches asyncio; tests call ART through it directly too)
 
-from art_trio.bridge import _see_trio_asyncio_loops
+from art_trio.bridge.loop import see_trio_asyncio_loops
 from art_trio.compat import trainable_model
 from tests.crash_harness import Harness
 from tests.doubles import RecordingBackend
 
 # pytest's anyio plugin imported anyio's asyncio backend before trio_asyncio patched asyncio;
 # tests that use trio-asyncio without the trainer need the same repair open_bridge() makes.
-_see_trio_asyncio_loops()
+see_trio_asyncio_loops()
 
 
 @pytest.fixture

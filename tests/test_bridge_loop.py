@@ -1,6 +1,6 @@
 """The trio-asyncio loop `open_bridge()` opens itself: its ready queue and batched main loop.
 
-`bridge.py` gives the loop it opens a plain ready deque run in batches (issue 16). These pin
+`bridge/loop.py` gives the loop it opens a plain ready deque run in batches (issue 16). These pin
 what asyncio code relies on and what the trainer relies on across that change: callbacks
 run in order, timers fire and trio tasks run while asyncio code keeps the queue busy,
 thread-safe callbacks and trio tasks started from asyncio arrive, a trio cancel cancels the

@@ -1,6 +1,7 @@
 """Calling asyncio code (ART and users' callbacks) from the trainer, whatever loop it runs on.
 
-This is the only module that knows trio-asyncio exists. Under trio, asyncio code runs in a
+With `bridge/loop.py` (which tunes the loop `open_bridge()` opens), the only module that
+knows trio-asyncio exists. Under trio, asyncio code runs in a
 trio-asyncio loop: the host's own if it opened one (`trio_asyncio.open_loop()`), otherwise one
 that `open_bridge()` opens for the trainer's lifetime. Under asyncio (`anyio.run(...)` with its
 default backend) the same calls are plain awaits.
@@ -31,6 +32,12 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 import anyio.lowlevel
 import sniffio
+
+from .loop import (
+    can_run_in_batches,
+    run_ready_handles_in_batches,
+    see_trio_asyncio_loops,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -337,176 +344,6 @@ class _Waiting:
         return self._abort_failed  # keep waiting until the task has ended
 
 
-def _see_trio_asyncio_loops() -> None:
-    """Make modules that imported asyncio's loop lookups early see trio-asyncio's loops.
-
-    trio-asyncio replaces `asyncio.get_running_loop` and `asyncio.current_task` when it is
-    imported. A module that did `from asyncio import get_running_loop, current_task` before
-    that keeps the originals, which do not know trio-asyncio's loop: anyio's asyncio backend
-    is one, and through it httpx and openai then fail inside the bridge with "no running
-    event loop" (pytest's anyio plugin imports it first, for instance; on Python 3.12 the
-    C `current_task` fails the same way when httpx closes its pool). Rebinding those names to
-    the patched functions fixes that; outside trio-asyncio they behave as the originals.
-    """
-    anyio_asyncio = sys.modules.get("anyio._backends._asyncio")
-    if anyio_asyncio is None:
-        return
-    for name in ("get_running_loop", "current_task"):
-        patched = getattr(asyncio, name)
-        if getattr(anyio_asyncio, name, patched) is not patched:
-            setattr(anyio_asyncio, name, patched)
-
-
-#: Handles the loop runs in one batch at most before it yields to trio again (asyncio's own
-#: loop runs every handle that is ready at the start of an iteration; this bounds how long
-#: trio tasks wait behind a burst of asyncio work).
-_HANDLES_PER_YIELD = 64
-
-
-def _run_ready_handles_in_batches(loop: Any) -> None:
-    """Give a trio-asyncio loop a plain ready queue, run in batches like asyncio's own loop.
-
-    Stock trio-asyncio sends every asyncio callback (`call_soon`: a task's step, a future's
-    done callbacks) through a trio memory channel, and its main loop receives them one at a
-    time, each in its own `_main_loop_one` call with a cancel scope and a trio checkpoint:
-    two or three per bridged call, most of the ~40 us a rollout paid to cross into asyncio
-    (benchmarks/README.md). Here `call_soon` appends to a deque, as asyncio's loop does, and
-    the main loop runs the handles ready at the start of a batch (at most
-    `_HANDLES_PER_YIELD`) in one go, then yields to trio once (a checkpoint, so trio tasks
-    and timers are never starved). Only when the deque is empty, or a timer is due, does it
-    take the stock path (which blocks on the channel, pops due timers). Timers,
-    `call_soon_threadsafe` and trio tasks started from asyncio (`AsyncHandle`) still travel
-    on the channel; what waits there is moved to the deque at every batch, so nothing is
-    left behind while the deque keeps filling. A sentinel (a cancelled handle, which the stock
-    path skips) wakes the main loop when it sleeps on the channel. The shutdown drain
-    (`no_wait=True`) runs the deque, then ends on the stock path's WouldBlock.
-
-    Applied only to the loop `open_bridge()` opens itself, never to a host's loop, and only
-    when the loop has the internals it relies on (else the stock loop runs unchanged).
-    """
-    import heapq
-    from collections import deque
-
-    import trio
-    from trio_asyncio._handles import AsyncHandle
-
-    stock = loop._main_loop_one
-    stock_queue = loop._queue_handle
-    receive_nowait = loop._q_recv.receive_nowait
-    send_nowait = loop._q_send.send_nowait
-    timers = loop._timers
-    sniffio_library = sniffio.thread_local
-    checkpoint = trio.lowlevel.cancel_shielded_checkpoint
-    handle_type = asyncio.Handle
-    ready: deque[asyncio.Handle] = deque()
-    append = ready.append
-    popleft = ready.popleft
-    # Is the main loop (about to be) blocked on the channel? At first, yes: the loop is
-    # already running, waiting in the stock `_main_loop_one` this replaces.
-    sleeping = True
-    wake = asyncio.Handle(lambda: None, (), loop)
-    wake.cancel()
-
-    def enqueue(handle: asyncio.Handle) -> asyncio.Handle:
-        nonlocal sleeping
-        if loop._closed:
-            raise RuntimeError("Event loop is closed")
-        append(handle)
-        if sleeping:
-            sleeping = False
-            send_nowait(wake)
-        return handle
-
-    def queue_handle(handle: Any) -> Any:
-        if type(handle) is handle_type:
-            return enqueue(handle)
-        return stock_queue(handle)  # timers and AsyncHandles: the channel, as stock
-
-    def call_soon(callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
-        check_callback(callback, "call_soon")
-        return enqueue(handle_type(callback, args, loop, context))
-
-    def take_from_channel() -> None:
-        while True:
-            try:
-                handle = receive_nowait()
-            except trio.WouldBlock:
-                return
-            if isinstance(handle, asyncio.TimerHandle):
-                heapq.heappush(timers, handle)
-            else:
-                append(handle)
-
-    async def main_loop_one(no_wait: bool = False) -> None:
-        nonlocal sleeping
-        take_from_channel()
-        if not ready or (timers and timers[0]._when <= loop.time()):
-            sleeping = not no_wait
-            try:
-                await stock(no_wait)
-            finally:
-                sleeping = False
-            return
-        previous, sniffio_library.name = sniffio_library.name, "asyncio"
-        try:
-            for _ in range(min(len(ready), _HANDLES_PER_YIELD)):
-                handle = popleft()
-                if isinstance(handle, AsyncHandle):
-                    # Starting a trio task: the stock way, then end the batch.
-                    sniffio_library.name = previous
-                    await start_async_handle(handle)
-                    return
-                if not handle._cancelled:
-                    handle._run()
-        finally:
-            sniffio_library.name = previous
-        await checkpoint()
-
-    async def start_async_handle(handle: Any) -> None:
-        handle._context.run(loop._nursery.start_soon, handle._run, name=handle._callback)
-        await handle._started.wait()
-
-    # trio-asyncio checks every callback it queues for being a coroutine function (asyncio
-    # does so only in debug mode); for C callables (an asyncio task's step, builtin methods)
-    # and instances of classes without a __dict__ (the bridge's own done callback), the
-    # answer depends on the type alone: remember it.
-    stock_check = loop._check_callback
-    plain_types: set[type] = set()
-
-    def check_callback(callback: Any, method: str) -> None:
-        kind = type(callback)
-        if kind in plain_types:
-            return
-        stock_check(callback, method)
-        if not hasattr(callback, "__dict__"):
-            plain_types.add(kind)
-
-    loop._main_loop_one = main_loop_one
-    loop._check_callback = check_callback
-    loop._queue_handle = queue_handle
-    loop.call_soon = call_soon
-
-
-def _can_run_in_batches(loop: Any) -> bool:
-    try:
-        from trio_asyncio._handles import AsyncHandle  # noqa: F401
-    except ImportError:
-        return False
-    return all(
-        hasattr(loop, name)
-        for name in (
-            "_main_loop_one",
-            "_check_callback",
-            "_queue_handle",
-            "_q_recv",
-            "_q_send",
-            "_timers",
-            "_nursery",
-            "_closed",
-        )
-    ) and hasattr(sniffio, "thread_local")
-
-
 @asynccontextmanager
 async def open_bridge() -> AsyncIterator[Bridge]:
     """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed."""
@@ -517,21 +354,21 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     # plain asyncio several times slower (asyncio.sleep(0): 2 us -> 12 us here).
     import trio_asyncio
 
-    _see_trio_asyncio_loops()
+    see_trio_asyncio_loops()
     loop = trio_asyncio.current_loop.get()
     if loop is not None:
         yield _TrioAsyncioBridge(loop)
         return
     async with trio_asyncio.open_loop() as loop:
-        if _can_run_in_batches(loop):
-            _run_ready_handles_in_batches(loop)
+        if can_run_in_batches(loop):
+            run_ready_handles_in_batches(loop)
         yield _TrioAsyncioBridge(loop)
 
 
 async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) -> R:
     """Await the asyncio coroutine function `fn(*args)` from trio code that runs inside the
     trainer's trio-asyncio loop (a trio_native callback wrapping a user's asyncio one, as
-    art_trio.testing's harness does). The one door to trio-asyncio outside this module."""
+    art_trio.testing's harness does). The one door to trio-asyncio outside the bridge."""
     import trio_asyncio
 
     result: R = await trio_asyncio.aio_as_trio(fn)(*args)
