@@ -14,7 +14,7 @@ import math
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .gate import GateSnapshot
+    from .gate_snapshot import GateSnapshot
     from .run import Delivered
     from .settings import Admission
 

@@ -1,0 +1,129 @@
+"""`GateSnapshot`: everything an admission decision depends on, at one instant (frozen), and
+what follows from it (the freshness window, Little's-law pipeline target, the measured
+straggler spread and on-time probability). The gate takes it; admission policies read it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+#: The rollout-time quantile that counts as "slow" in `rollout_spread`.
+STRAGGLER_QUANTILE = 0.98
+#: Recent rollout times a snapshot needs before it trusts them over the exponential model.
+MIN_TIME_SAMPLES = 32
+#: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
+MIN_ON_TIME_PROBABILITY = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class GateSnapshot:
+    """Everything an admission decision depends on, at one instant."""
+
+    policy_version: int
+    next_training_step: int
+    max_steps_off_policy: int
+    max_batch_size: int
+    #: Groups delivered by rollouts and not yet in a batch (in the channel or ready).
+    queued: int
+    #: Admitted rollouts not yet delivered whose groups can still be trained.
+    fresh_in_flight: int
+    #: Mean rollout latency, measured (None until the first rollout ends).
+    rollout_latency: float | None = None
+    #: Mean time between two training steps starting, measured (None until two have).
+    step_period: float | None = None
+    #: Recent rollouts' times, sorted; `math.inf` for a rollout cancelled before it ended
+    #: (it missed its window). Empty until the gate has collected some.
+    recent_rollout_times: tuple[float, ...] = ()
+
+    @property
+    def training(self) -> bool:
+        """A batch has been taken and `backend.train` is producing `next_training_step`."""
+        return self.next_training_step > self.policy_version
+
+    @property
+    def min_fresh_version(self) -> int:
+        """Oldest `initial_policy_version` the next batch still to be taken accepts."""
+        # The next batch to be taken produces policy_version+1 while collecting, and
+        # next_training_step+1 while training; it accepts versions >= its step-1-M.
+        return self.next_training_step - self.max_steps_off_policy
+
+    @property
+    def window_slots(self) -> int:
+        """Groups that batches not yet taken can still train from a rollout started now.
+
+        A rollout starting now samples `policy_version`; the batches that accept it are those
+        for steps policy_version+1 .. policy_version+M+1 not already taken.
+        """
+        return self.batches_left * self.max_batch_size
+
+    @property
+    def batches_left(self) -> int:
+        """Batches not yet taken that would train a rollout started now."""
+        return self.max_steps_off_policy + (0 if self.training else 1)
+
+    @property
+    def pipeline_target(self) -> int | None:
+        """Groups in flight or ready that keep the trainer busy without aging them.
+
+        By Little's law a trainer taking B groups every step period T needs B * L / T
+        rollouts of latency L in flight, plus one batch ready when it asks for it.
+        """
+        if self.rollout_latency is None or not self.step_period:
+            return None
+        in_flight = self.max_batch_size * self.rollout_latency / self.step_period
+        if not math.isfinite(in_flight):
+            return None  # steps measured as taking no time at all: nothing to cap
+        return self.max_batch_size + math.ceil(in_flight)
+
+    @property
+    def rollout_spread(self) -> float | None:
+        """How much later than a typical rollout the slow ones end (None: too few measured).
+
+        A high quantile of recent rollout times minus their median; infinite when more than
+        the quantile's tail were cancelled for missing their window.
+        """
+        times = self.recent_rollout_times
+        if len(times) < MIN_TIME_SAMPLES:
+            return None
+        median = times[(len(times) - 1) // 2]
+        slow = times[int(STRAGGLER_QUANTILE * (len(times) - 1))]
+        return math.inf if math.isinf(slow) else slow - median
+
+    def straggler_slack(self, beyond_bound: int) -> int:
+        """The part of `beyond_bound` worth admitting at the measured pace.
+
+        The slack is for stragglers: rollouts of a batch that end after the trainer wants it.
+        Where the slow rollouts end only a small part of a step after the typical one (short
+        or steady latencies: `rollout_spread` far below `step_period`), a batch's rollouts all
+        end together and the extra rollouts would only go stale.
+        """
+        if self.rollout_spread is None or not self.step_period:
+            return beyond_bound
+        reach = self.rollout_spread / self.step_period
+        return math.floor(beyond_bound * min(1.0, reach) + 0.5)
+
+    @property
+    def on_time_probability(self) -> float:
+        """Chance that a rollout started now finishes before its window closes.
+
+        The window closes about `batches_left` step periods from now. The chance is the share
+        of recent rollouts that took no longer (cancelled ones count as late); until enough
+        have ended, latencies are taken as exponential with the measured mean (the memoryless
+        worst case for a given mean).
+        """
+        if not self.step_period:
+            return 1.0  # steps not measured yet: assume all are on time
+        window = self.batches_left * self.step_period
+        times = self.recent_rollout_times
+        if len(times) >= MIN_TIME_SAMPLES:
+            on_time = bisect.bisect_right(times, window) / len(times)
+        elif not self.rollout_latency:
+            return 1.0  # unmeasured yet, or rollouts that take no time: all are on time
+        else:
+            on_time = 1.0 - math.exp(-window / self.rollout_latency)
+        return max(MIN_ON_TIME_PROBABILITY, on_time)
+
+
+__all__ = ["MIN_ON_TIME_PROBABILITY", "MIN_TIME_SAMPLES", "STRAGGLER_QUANTILE", "GateSnapshot"]
