@@ -22,6 +22,9 @@ per running rollout: a thousand concurrent rollouts would be a thousand processe
   carries the scenario's id and the remote traceback.
 
 Importing `art_trio` does not import this module (nor ray); `art_trio.RayRolloutExecutor` does.
+What runs on the workers is in `ray_remote.py`, placement arithmetic in `ray_placement.py`;
+this module is the pool the trainer drives (about 410 lines: one class, whose rollout path,
+placement watch and actor probes share the pool's per-actor state).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 import uuid
 from collections import OrderedDict
@@ -45,109 +47,24 @@ except ModuleNotFoundError as exc:  # the extra is not installed
         "pip install 'art-trio[ray]' (on the trainer's machine and every Ray node)",
         name=exc.name,
     ) from exc
-from art import TrajectoryGroup
 
-from .executor import ExecutorUnavailable, ModelView, RolloutLost, scenario_id
+from .executor import ExecutorUnavailable, ModelView, RolloutLost
+from .ray_placement import (
+    actors_that_fit,
+    actors_the_cluster_holds,
+    describe_cluster,
+    describe_options,
+)
+from .ray_remote import LOST_ERRORS, MISSING, RolloutActor, scenario_text, with_context
 
 logger = logging.getLogger("art_trio")
 
-#: Errors that mean the worker (process, actor or node) running the rollout is gone.
-LOST_ERRORS: tuple[type[BaseException], ...] = (
-    rex.RayActorError,  # ActorDiedError, ActorUnavailableError
-    rex.WorkerCrashedError,
-    rex.NodeDiedError,
-    rex.LocalRayletDiedError,
-    rex.ObjectLostError,  # OwnerDiedError, ObjectReconstructionFailedError, ...
-    rex.TaskCancelledError,  # cancelled by someone else than this executor
-)
-
-_MODELS_PER_ACTOR = 8
 _CACHED_KEYS = 32
-
-
-#: What an actor answers when it lacks the function or model of a call.
-_MISSING = "__art_trio_ray_executor_missing__"
-
-
-def _rebuild(cls: type, state: Any) -> Any:
-    obj: Any = object.__new__(cls)
-    obj.__setstate__(state)
-    return obj
-
-
-class _ByState:
-    """Pickles a pydantic model by class and state, never calling its `__new__`.
-
-    ART 0.5.18's `TrajectoryGroup.__new__` requires its trajectories, so plain pickling (what
-    Ray does) cannot rebuild one; the caller receives the group itself, not this wrapper.
-    """
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self.obj), self.obj.__getstate__()))
-
-
-class _RolloutActor:
-    """One Ray worker process running many rollouts on its asyncio loop."""
-
-    def __init__(self) -> None:
-        self._functions: dict[str, Callable[..., Awaitable[Any]]] = {}
-        self._models: OrderedDict[str, Any] = OrderedDict()
-
-    async def run(self, call: tuple[Any, ...]) -> Any:
-        """`call` is (function key, model key, scenario, config, function, model view); the
-        last two are None unless the caller thinks this actor lacks them (first use)."""
-        function_key, model_key, scenario, config, function, view = call
-        if function is not None:
-            self._functions[function_key] = function
-        if view is not None and model_key not in self._models:
-            self._models[model_key] = view.build()
-            while len(self._models) > _MODELS_PER_ACTOR:
-                self._models.popitem(last=False)
-        found = self._functions.get(function_key)
-        model = self._models.get(model_key)
-        if found is None or model is None:  # restarted or evicted since: ask for them again
-            return _MISSING
-        self._models.move_to_end(model_key)
-        result = await found(model, scenario, config)
-        return _ByState(result) if isinstance(result, TrajectoryGroup) else result
-
-    async def where(self) -> dict[str, Any]:
-        """This actor's process id and node id (for tests and diagnostics)."""
-        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
 
 class RayActorsNotPlaced(ExecutorUnavailable):
     """No actor of the pool was placed (or reachable) within `placement_timeout`: the
     cluster cannot host them as asked. Ends the run; the scenarios stay unresolved."""
-
-
-def _demand(options: Mapping[str, Any]) -> dict[str, float]:
-    """The resources one actor asks Ray for (positive amounts only)."""
-    demand = {"CPU": float(options.get("num_cpus") or 0),
-              "GPU": float(options.get("num_gpus") or 0),
-              "memory": float(options.get("memory") or 0)}
-    demand.update({k: float(v) for k, v in (options.get("resources") or {}).items()})
-    return {k: v for k, v in demand.items() if v > 0}
-
-
-def actors_that_fit(options: Mapping[str, Any], nodes: list[dict[str, Any]]) -> int | None:
-    """How many actors asking `options`' resources the live nodes hold when empty, node by
-    node (an actor lives on one node); None when an actor asks for nothing."""
-    demand = _demand(options)
-    if not demand:
-        return None
-    total = 0
-    for node in nodes:
-        if not node.get("Alive", True):
-            continue
-        held = node.get("Resources") or {}
-        total += min(int(float(held.get(k, 0)) / v + 1e-9) for k, v in demand.items())
-    return total
 
 
 class RayRolloutExecutor:
@@ -201,19 +118,8 @@ class RayRolloutExecutor:
         self._actor_options = options
         self.placement_timeout = placement_timeout
         if num_actors is None:
-            fit = actors_that_fit(options, ray.nodes())
-            if fit == 0:
-                raise ValueError(
-                    f"no node of this Ray cluster can host a rollout actor asking for "
-                    f"{self._asks()}: {self._cluster()}. Lower actor_options, or add a node "
-                    "that has them"
-                )
-            num_actors = fit if fit is not None else max(
-                1, int(ray.cluster_resources().get("CPU", 1)))
-            if "num_cpus" in (actor_options or {}) or _demand(actor_options or {}):
-                logger.info("RayRolloutExecutor: %d actors, each asking for %s (%s)",
-                            num_actors, self._asks(), self._cluster())
-        actor_class: Any = ray.remote(_RolloutActor)
+            num_actors = actors_the_cluster_holds(options, asked=actor_options or {})
+        actor_class: Any = ray.remote(RolloutActor)
         self._actors: list[Any] = [
             actor_class.options(**options).remote() for _ in range(num_actors)
         ]
@@ -310,7 +216,7 @@ class RayRolloutExecutor:
         )
         try:
             result = await ref
-            if isinstance(result, str) and result == _MISSING:
+            if isinstance(result, str) and result == MISSING:
                 call = (function_key, model_key, scenario, config, rollout_fn, view)
                 ref = actor.run.remote(call)
                 result = await ref
@@ -322,13 +228,13 @@ class RayRolloutExecutor:
             await self._cancel(ref)
             raise
         except rex.RayTaskError as error:
-            raise _with_context(error, scenario) from None
+            raise with_context(error, scenario) from None
         except LOST_ERRORS as error:
             if isinstance(error, rex.RayActorError):
                 known.clear()  # a restarted actor starts empty
                 self._down.add(index)  # calls go to the other actors until it is back
             raise RolloutLost(
-                f"the Ray worker running the rollout{_scenario_text(scenario)} was lost: "
+                f"the Ray worker running the rollout{scenario_text(scenario)} was lost: "
                 f"{type(error).__name__}: {error}"
             ) from error
 
@@ -422,7 +328,8 @@ class RayRolloutExecutor:
         logger.warning(
             "RayRolloutExecutor: actors %s of %d not placed after %g s, each asking for %s "
             "(%s); rollouts run on the placed ones (%s) and these join when Ray places them",
-            late, len(self._actors), self.placement_timeout, self._asks(), self._cluster(),
+            late, len(self._actors), self.placement_timeout,
+            describe_options(self._actor_options), describe_cluster(),
             sorted(self._ready) or "none yet",
         )
 
@@ -436,32 +343,12 @@ class RayRolloutExecutor:
         what = ("none of its" if never else "no live one of its") + f" {len(self._actors)} actors"
         raise RayActorsNotPlaced(
             f"RayRolloutExecutor: {what} could be reached within placement_timeout="
-            f"{self.placement_timeout:g} s, so the rollout{_scenario_text(scenario)} cannot "
-            f"run. Each actor asks for {self._asks()}; {self._cluster()}. Lower actor_options "
-            "or num_actors, free or add resources, or raise placement_timeout. The "
-            "scenarios in flight are not lost: a resumed run rolls them."
+            f"{self.placement_timeout:g} s, so the rollout{scenario_text(scenario)} cannot "
+            f"run. Each actor asks for {describe_options(self._actor_options)}; "
+            f"{describe_cluster()}. Lower actor_options or num_actors, free or add resources, "
+            "or raise placement_timeout. The scenarios in flight are not lost: a resumed run "
+            "rolls them."
         )
-
-    def _asks(self) -> str:
-        asked = {k: self._actor_options[k] for k in
-                 ("num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy",
-                  "placement_group") if self._actor_options.get(k) is not None}
-        return f"actor_options {asked}"
-
-    @staticmethod
-    def _cluster() -> str:
-        try:
-            nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
-            total = ray.cluster_resources()
-            available = ray.available_resources()  # omits what is all taken
-            free = {k: available.get(k, 0.0) for k in total}
-        except Exception as exc:  # a lost connection: say so rather than fail the message
-            return f"the cluster's resources are unknown ({exc!r})"
-        shown = ("CPU", "GPU")
-        per_node = [{k: v for k, v in node.items() if k in shown or not _ray_internal(k)}
-                    for node in nodes]
-        return (f"the cluster has {len(nodes)} live nodes holding {_brief(per_node)}, "
-                f"{_brief(total)} in total, {_brief(free)} free now")
 
     def _probe(self, index: int) -> None:
         """Ask actor `index` where it is, at most twice a second; an answer marks it up."""
@@ -524,39 +411,6 @@ class RayRolloutExecutor:
         else:
             self._models.move_to_end(fingerprint)
         return entry
-
-
-def _ray_internal(key: str) -> bool:
-    # node:<ip>, accelerator_type:..., object_store_memory, memory: noise in a message.
-    return ":" in key or key in ("object_store_memory", "memory")
-
-
-def _brief(resources: Any) -> str:
-    if isinstance(resources, list):
-        return "[" + ", ".join(_brief(r) for r in resources) + "]"
-    shown = {k: (int(v) if float(v).is_integer() else round(v, 2))
-             for k, v in sorted(resources.items()) if not _ray_internal(k)}
-    return str(shown)
-
-
-def _scenario_text(scenario: Any) -> str:
-    found = scenario_id(scenario)
-    return "" if found is None else f" of scenario {found!r}"
-
-
-def _with_context(error: rex.RayTaskError, scenario: Any) -> BaseException:
-    """The rollout's own exception type (Ray's dual `RayTaskError(<type>)`), its message naming
-    the scenario and carrying the remote traceback."""
-    header = f"rollout{_scenario_text(scenario)} failed on a Ray worker:"
-    cause = error.cause
-    if not isinstance(cause, BaseException):
-        error.add_note(header)
-        return error
-    # str(error) is Ray's rendering of the remote traceback (internal frames dropped); the new
-    # error keeps it verbatim under the header and holds the same cause.
-    annotated = rex.RayTaskError("rollout", f"{header}\n{error}", cause, proctitle="rollout")
-    result: BaseException = annotated.as_instanceof_cause()
-    return result
 
 
 __all__ = ["LOST_ERRORS", "RayActorsNotPlaced", "RayRolloutExecutor", "actors_that_fit"]
