@@ -2,7 +2,7 @@
 newer records) and written (a journal record per step, a snapshot every `SNAPSHOT_EVERY`
 records), with the checks that stop a run whose directory or files vanished.
 
-(About 420 lines, over the project's ~400: one class whose read, append, snapshot and
+(About 430 lines, over the project's ~400: one class whose read, append, snapshot and
 recovery paths share the journal's descriptor, sequence number and epoch; the file formats,
 the state's encoding and the journal's parsing live in their own modules.)
 """
