@@ -57,7 +57,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .lock import ModelDirectoryError, RunLock, RunLockedError
+from .errors import (
+    ForeignStateError,
+    ModelDirectoryLostError,
+    RunLockedError,
+    StateFileError,
+    StateWriteError,
+)
+from .lock import RunLock
 
 logger = logging.getLogger("art_trio")
 
@@ -83,22 +90,6 @@ still read)."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
-
-
-class StateFileError(ValueError):
-    """A resume-state file is malformed, hand-edited, or written by another run."""
-
-
-class ForeignStateError(StateFileError):
-    """The stored state belongs to another run (model, project or scenario source)."""
-
-
-class StateWriteError(OSError):
-    """A resume-state write failed or was short; nothing after it may assume it happened."""
-
-
-class ModelDirectoryLostError(StateWriteError, ModelDirectoryError):
-    """The model directory, or art_trio's files in it, vanished or were replaced mid-run."""
 
 
 def scenario_digest(scenario: object) -> str | None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from art_trio import ArtTrioError
 from art_trio.sim.distributions import LatencyDist, parse_distribution
 from art_trio.testing import checks
 from art_trio.testing.harness import (
@@ -56,7 +57,7 @@ Latency = float | Sequence[float] | LatencyDist | str | Callable[[int], float]
 DEFAULT_SCENARIOS = 24
 
 
-class PipelineCheckFailed(AssertionError):
+class PipelineCheckFailed(ArtTrioError, AssertionError):
     """A scheduler invariant broke on a case; `case` is the (minimal, if explored) case."""
 
     def __init__(self, message: str, case: Case, tag: str | None) -> None:
