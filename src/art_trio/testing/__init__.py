@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs
 from art_trio.testing.doubles import (
     BackendDouble,
     EvalCall,
@@ -78,6 +79,8 @@ __all__ = [
     "PipelineReport",
     "RolloutPlan",
     "TrainBatch",
+    "art_pipeline_trainer",
+    "art_trainer_kwargs",
     "check_case",
     "check_pipeline",
     "clock_for",
