@@ -56,13 +56,6 @@ from art_trio import (  # noqa: E402
     trainable_model,
     trio_native,
 )
-from art_trio.sim.distributions import (  # noqa: E402
-    LatencyDist,
-    describe_distribution,
-    parse_distribution,
-    parse_seconds,
-    read_seconds,
-)
 from art_trio.sim.doubles import SyntheticBackend, eval_double, make_rollout_fn  # noqa: E402
 from art_trio.sim.inference import LatencyShift  # noqa: E402
 from art_trio.sim.measures import (  # noqa: E402
@@ -74,6 +67,13 @@ from art_trio.sim.measures import (  # noqa: E402
 )
 from art_trio.sim.recorder import Recorder  # noqa: E402
 from art_trio.sim.workloads import Workload, scenarios  # noqa: E402
+from art_trio.testing.distributions import (  # noqa: E402
+    LatencyDist,
+    describe_distribution,
+    parse_distribution,
+    parse_seconds,
+    read_seconds,
+)
 
 __all__ = [
     "DEFAULT_TARGET",

@@ -86,6 +86,9 @@ BAD_TOKEN_COUNTS = {"tokens_inf": math.inf, "tokens_nan": math.nan, "tokens_nega
 #: Failures that count as `errored`.
 ERROR_KINDS = frozenset({"raise", "wrong_type", "nan", *BAD_TOKEN_COUNTS})
 
+#: How many generated scenarios a check uses when it is given no source.
+DEFAULT_SCENARIOS = 24
+
 
 class PlannedRolloutError(Exception):
     """What a rollout planned to fail raises."""

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from art_trio import ArtTrioError
-from art_trio.sim.distributions import LatencyDist, parse_distribution
 from art_trio.testing import checks
+from art_trio.testing.distributions import LatencyDist, parse_distribution
 from art_trio.testing.harness import (
+    DEFAULT_SCENARIOS,
     Case,
     CaseResult,
     Config,
@@ -52,9 +53,6 @@ if TYPE_CHECKING:
 #: distribution (`art_trio.sim.Exponential(30.0)`, ...) or its short form ("lognormal:30:1.5",
 #: as `art-trio simulate` takes), or a function of the scenario's index.
 Latency = float | Sequence[float] | LatencyDist | str | Callable[[int], float]
-
-#: How many generated scenarios a check uses when it is given no source.
-DEFAULT_SCENARIOS = 24
 
 
 class PipelineCheckFailed(ArtTrioError, AssertionError):
