@@ -6,6 +6,10 @@
   and rollout function, run in virtual time against every scheduler invariant) and
   :func:`explore_pipeline`, its Hypothesis-driven variant;
 - :mod:`art_trio.testing.checks`: the invariants, one check each;
+- :mod:`art_trio.testing.distributions`: duration distributions, sampled reproducibly (the
+  simulator's too: ``art_trio.sim`` builds on this package, never the reverse);
+- :func:`art_pipeline_trainer` and :func:`art_trainer_kwargs`: the installed ART's own
+  ``PipelineTrainer`` and its keyword spelling, for side-by-side runs (the benchmark's);
 - :mod:`art_trio.testing.harness`: runs a :class:`~art_trio.testing.harness.Case` on the real
   trainer under trio's ``MockClock`` and records what its doubles saw;
 - :mod:`art_trio.testing.strategies`: Hypothesis strategies of cases (needs Hypothesis:
