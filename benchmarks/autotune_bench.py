@@ -37,15 +37,20 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
-from art_trio.autotune import AutotuneConfig  # noqa: E402
-from art_trio.bridge import trio_native  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
-from art_trio.events import Resized, RunEvent, RunStatistics, StepTrained  # noqa: E402
+from art_trio import (  # noqa: E402
+    AutotuneConfig,
+    PipelineTrainer,
+    Resized,
+    RunEvent,
+    RunStatistics,
+    StepTrained,
+    trainable_model,
+    trio_native,
+)
 from art_trio.sim.doubles import SyntheticBackend, make_rollout_fn  # noqa: E402
 from art_trio.sim.inference import LatencyShift  # noqa: E402
 from art_trio.sim.recorder import Recorder  # noqa: E402
 from art_trio.sim.workloads import PRESETS, SCHEDULING_WORKLOADS, Workload, scenarios  # noqa: E402
-from art_trio.trainer import PipelineTrainer  # noqa: E402
 
 WORKLOADS = (*SCHEDULING_WORKLOADS, "contention", "latency-doubles")
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64, 128, 256)

@@ -23,10 +23,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import trio
 
-from art_trio import PipelineTrainer
-from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
+from art_trio import PipelineTrainer, trainable_model
 from art_trio.cpu import CPUBackend
 from art_trio.cpu.demo import LLMTaskConfig, rollout, scenarios
+from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 
 
 def split(busy: list[tuple[str, float, float]], start: float, end: float) -> dict[str, float]:

@@ -26,9 +26,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art  # noqa: E402
 import ray  # noqa: E402
 
-from art_trio.compat import trainable_model  # noqa: E402
-from art_trio.executor import InProcessExecutor  # noqa: E402
-from art_trio.ray_executor import RayRolloutExecutor  # noqa: E402
+from art_trio import InProcessExecutor, RayRolloutExecutor, trainable_model  # noqa: E402
 
 
 async def noop_rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:

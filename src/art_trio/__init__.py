@@ -14,9 +14,29 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
-from .batching import FuturePolicyError
-from .bridge import AsyncioTaskCancelled, CallbackNotAwaitable, trio_native
-from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
+from .autotune import AutotuneConfig
+from .bridge import trio_native
+from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
+from .errors import (
+    ArtTrioError,
+    AsyncioTaskCancelled,
+    BackendStepError,
+    CallbackNotAwaitable,
+    EvalProvenanceError,
+    ExecutorUnavailable,
+    ForeignStateError,
+    FuturePolicyError,
+    LoopUnresponsive,
+    ModelDirectoryError,
+    ModelDirectoryLostError,
+    ProfileError,
+    RolloutLost,
+    RolloutRejected,
+    RolloutsKeepFailing,
+    RunLockedError,
+    StateFileError,
+    StateWriteError,
+)
 from .events import (
     BatchTaken,
     ChannelClosed,
@@ -29,10 +49,8 @@ from .events import (
     ScenarioSettled,
     StepTrained,
 )
-from .executor import ExecutorUnavailable, InProcessExecutor, RolloutExecutor, RolloutLost
+from .executor import InProcessExecutor, RolloutExecutor
 from .fates import Fate, RunCounters
-from .ledger import ForeignStateError, ModelDirectoryLostError, StateFileError, StateWriteError
-from .lock import ModelDirectoryError, RunLockedError
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -44,10 +62,7 @@ from .retention import (
 )
 from .rollouts import make_group_rollout_fn
 from .settings import PipelineSettings
-from .stages.rollout import RolloutRejected, RolloutsKeepFailing
-from .stages.training import BackendStepError
 from .status import StatusReporter
-from .threads import LoopUnresponsive
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
@@ -74,12 +89,15 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AdmissionPolicy",
+    "ArtTrioError",
+    "AutotuneConfig",
     "AsyncioTaskCancelled",
     "BackendStepError",
     "BatchTaken",
     "CallbackNotAwaitable",
     "ChannelClosed",
     "EagerAdmission",
+    "EvalProvenanceError",
     "Fate",
     "ForeignStateError",
     "FuturePolicyError",
@@ -114,6 +132,7 @@ __all__ = [
     "ExecutorUnavailable",
     "InProcessExecutor",
     "PipelineSettings",
+    "ProfileError",
     "PipelineTrainer",
     "RolloutExecutor",
     "RolloutFn",
@@ -123,5 +142,6 @@ __all__ = [
     "StatusReporter",
     "keep_recent_and_top",
     "make_group_rollout_fn",
+    "trainable_model",
     "trio_native",
 ]

@@ -14,6 +14,8 @@ from typing import Any
 
 from art import Trajectory, TrajectoryGroup
 
+from .errors import FuturePolicyError
+
 #: Rewards closer than this count as equal (the reference's tolerance).
 ZERO_VARIANCE_TOLERANCE = 1e-12
 
@@ -90,16 +92,6 @@ class Freshness:
             # version, its oldest, stands for all its tokens. Never weaker than the mean.
             mean_version = version
         return mean_version is not None and step - mean_version > limit
-
-
-class FuturePolicyError(RuntimeError):
-    """A trajectory claims tokens from a policy version the trainer has not published yet.
-
-    A replayed trajectory, a reset version counter or a bug in the rollout: its age cannot be
-    known, so it cannot be trained under either staleness bound. ART 0.5.23's trainer stops
-    the run on it ("Trajectory tokens came from a future policy"); so does art_trio, on
-    every ART line, with the same words first.
-    """
 
 
 def version_type_error(group: TrajectoryGroup) -> str | None:

@@ -13,16 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-
-class RolloutLost(Exception):
-    """The rollout's worker (process or node) died; the scenario was not rolled out. The trainer
-    gives the scenario back to be rolled again (not an error, not resolved)."""
-
-
-class ExecutorUnavailable(RuntimeError):
-    """The executor cannot run rollouts at all (no worker it could place or reach in time):
-    not the scenario's failure. The run ends with this error; the scenario stays unresolved
-    (rolled again on resume), never counted as errored or stale."""
+from .errors import ExecutorUnavailable, RolloutLost
 
 
 @runtime_checkable

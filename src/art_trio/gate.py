@@ -26,6 +26,7 @@ import anyio
 import anyio.lowlevel
 
 from .admission import AdmissionPolicy, StalenessAwareAdmission
+from .errors import _GateClosed
 from .gate_snapshot import GateSnapshot
 
 #: Weight of the newest sample in the step-period average.
@@ -57,10 +58,6 @@ class _Waiter:
         self.event = event
         #: The version whose slot `_pump` took for this waiter; None until admitted.
         self.version: int | None = None
-
-
-class GateClosed(Exception):
-    """Raised by `PolicyGate.admit` once the run stops admitting rollouts."""
 
 
 class PolicyGate:
@@ -172,17 +169,17 @@ class PolicyGate:
         """Wait until a rollout may start; return the policy version it starts at.
 
         The caller then owns one in-flight slot and must give it back with `rollout_done`.
-        Raises GateClosed once the run stops admitting.
+        Raises _GateClosed once the run stops admitting.
         """
         if self._closed:
-            raise GateClosed
+            raise _GateClosed
         if not self._waiters and self.may_start():
             # This is the worker's one yield between two rollouts (its hand-over does not wait
             # unless the channel is full): rollouts that ended in the same instant hand their
             # groups over first, so the decision below counts them.
             await anyio.lowlevel.checkpoint()
             if self._closed:
-                raise GateClosed
+                raise _GateClosed
             if not self._waiters and self.may_start():
                 return self._take_slot()
         waiter = _Waiter(self._new_event())
@@ -197,7 +194,7 @@ class PolicyGate:
                 self._discard_waiter(waiter)
             raise
         if waiter.version is None:
-            raise GateClosed
+            raise _GateClosed
         return waiter.version
 
     def rollout_done(self, version: int) -> None:
@@ -262,7 +259,7 @@ class PolicyGate:
         self._pump()
 
     def dismiss(self, count: int) -> int:
-        """Send up to `count` waiting workers away: their `admit` raises GateClosed (the
+        """Send up to `count` waiting workers away: their `admit` raises _GateClosed (the
         worker ends). Returns how many were waiting to be sent (a resize retires them)."""
         dismissed = 0
         while self._waiters and dismissed < count:
@@ -272,7 +269,7 @@ class PolicyGate:
         return dismissed
 
     def close(self) -> None:
-        """Stop admitting: every waiting and future `admit` raises GateClosed."""
+        """Stop admitting: every waiting and future `admit` raises _GateClosed."""
         if self._closed:
             return
         self._closed = True
@@ -312,7 +309,6 @@ class PolicyGate:
 
 
 __all__ = [
-    "GateClosed",
     "GateSnapshot",
     "PolicyGate",
 ]

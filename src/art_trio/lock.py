@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ModelDirectoryError, RunLockedError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -61,26 +63,6 @@ logger = logging.getLogger("art_trio")
 _UNSUPPORTED = {
     errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL, errno.EBADF,
 }
-
-
-class RunLockedError(RuntimeError):
-    """Another run holds the model directory: this one must not read or write its state."""
-
-    def __init__(self, directory: Path, holder: str) -> None:
-        self.directory = directory
-        self.holder = holder
-        super().__init__(
-            f"another art_trio run is training in {directory} ({holder}). Only one run may "
-            "use a model directory at a time: two would train the same scenarios twice. Wait "
-            "for it to end or stop it (SIGINT/SIGTERM, or request_stop()); to run both, give "
-            "this one another model name or project. The lock is released by the kernel when "
-            "that process exits, even on kill -9, so there is never a stale lock to delete."
-        )
-
-
-class ModelDirectoryError(OSError):
-    """The model directory cannot hold a run: not a directory, not writable, no locks, or
-    deleted while the run used it. Carries the errno; `filename` is the directory."""
 
 
 def lock_disabled() -> bool:

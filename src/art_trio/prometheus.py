@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .events import (
+from art_trio import (
     ChannelClosed,
     PolicyPublished,
     Resized,
@@ -39,7 +39,7 @@ from .events import (
 )
 
 if TYPE_CHECKING:
-    from .trainer import PipelineTrainer
+    from art_trio import PipelineTrainer
 
 #: Prefix of every metric name.
 PREFIX = "art_trio"

@@ -19,12 +19,9 @@ import art
 from openai.types.chat.chat_completion import Choice
 
 from .compat import POLICY_TOKEN_SPAN
+from .errors import EvalProvenanceError
 
 SPANS_KEY = "policy_token_spans"
-
-
-class EvalProvenanceError(RuntimeError):
-    """An eval's tokens do not all come from the policy of the step it evaluated."""
 
 
 def check_eval_provenance(step: int, trajectories: Iterable[art.Trajectory]) -> None:

@@ -9,7 +9,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from .bridge import BaseExceptionEscaped, Bridge, is_native, trio_native
+from .bridge import Bridge, is_native, trio_native
+from .errors import _BaseExceptionEscaped
 from .ledger import SCENARIO_DIGESTS, ForeignStateError, PipelineState, scenario_digest
 
 T = TypeVar("T")
@@ -124,7 +125,7 @@ class ScenarioSource(Generic[T]):
                 item = next(iterator, _END)
             except (KeyboardInterrupt, SystemExit) as exc:
                 # As from any callback: end the run cleanly, then re-raise (see bridge.py).
-                raise BaseExceptionEscaped(exc) from exc
+                raise _BaseExceptionEscaped(exc) from exc
             taken = self._number(item)
             if taken is not None:
                 return taken

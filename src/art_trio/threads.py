@@ -18,18 +18,12 @@ from typing import TypeVar
 
 import sniffio
 
+from .errors import LoopUnresponsive, _LoopClosed
+
 R = TypeVar("R")
 
 #: How long a call from another thread waits for the loop by default, in seconds.
 DEFAULT_TIMEOUT_S = 10.0
-
-
-class LoopUnresponsive(TimeoutError):
-    """The trainer's event loop did not run a call from another thread in time."""
-
-
-class LoopClosed(RuntimeError):
-    """The trainer's event loop ended before it could run a call from another thread."""
 
 
 class LoopHandle:
@@ -56,7 +50,7 @@ class LoopHandle:
     def call(self, fn: Callable[[], R], *, timeout: float | None, what: str) -> R:
         """`fn()` run in the loop's thread; its result or exception, here.
 
-        Raises `LoopClosed` if the loop ended first and `LoopUnresponsive` after `timeout`
+        Raises `_LoopClosed` if the loop ended first and `LoopUnresponsive` after `timeout`
         seconds (`fn` then never runs). `what` names the call in those errors.
         """
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
@@ -72,7 +66,7 @@ class LoopHandle:
         try:
             self._schedule(run)
         except self._closed as exc:
-            raise LoopClosed(f"{what}: the trainer's event loop has ended") from exc
+            raise _LoopClosed(f"{what}: the trainer's event loop has ended") from exc
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -85,4 +79,4 @@ class LoopHandle:
             ) from None
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "LoopClosed", "LoopHandle", "LoopUnresponsive"]
+__all__ = ["DEFAULT_TIMEOUT_S", "LoopHandle", "LoopUnresponsive"]

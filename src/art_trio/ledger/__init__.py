@@ -48,16 +48,15 @@ persisted state and its JSON forms), `files` (the files on disk and their writes
 
 from __future__ import annotations
 
-from .files import JOURNAL_FILE, SIDECAR_FILE, ModelDirectoryLostError, StateWriteError
+from ..errors import ForeignStateError, ModelDirectoryLostError, StateFileError, StateWriteError
+from .files import JOURNAL_FILE, SIDECAR_FILE
 from .scenarios import PendingBatch, ScenarioLedger, scenario_digest
 from .state import (
     PIPELINE_STATE_KEY,
     SCENARIO_DIGESTS,
     STATE_FORMAT,
     TALLY_FIELDS,
-    ForeignStateError,
     PipelineState,
-    StateFileError,
     eval_runs,
 )
 from .store import StateStore

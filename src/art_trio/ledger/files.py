@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..lock import ModelDirectoryError
-from .state import PipelineState, StateFileError, _is_count
+from ..errors import ModelDirectoryLostError, StateFileError, StateWriteError
+from .state import PipelineState, _is_count
 
 SIDECAR_FILE = "art_trio_state.json"
 """art_trio's own copy of the pipeline state, next to `state.json`.
@@ -23,14 +23,6 @@ This file is only ever replaced atomically, so resume never depends on ART's wri
 
 JOURNAL_FILE = "art_trio_journal.jsonl"
 """Per-step records newer than the snapshot; appended, never rewritten."""
-
-
-class StateWriteError(OSError):
-    """A resume-state write failed or was short; nothing after it may assume it happened."""
-
-
-class ModelDirectoryLostError(StateWriteError, ModelDirectoryError):
-    """The model directory, or art_trio's files in it, vanished or were replaced mid-run."""
 
 
 def atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ForeignStateError, StateFileError
 from .scenarios import PendingBatch, ScenarioLedger
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -21,12 +22,6 @@ SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
 
 
-class StateFileError(ValueError):
-    """A resume-state file is malformed, hand-edited, or written by another run."""
-
-
-class ForeignStateError(StateFileError):
-    """The stored state belongs to another run (model, project or scenario source)."""
 
 #: The tallies ART 0.5.20+ persists beside the reference's fields (same names and meaning).
 TALLY_FIELDS = (

@@ -20,8 +20,9 @@ from typing import Any
 
 from ..lock import RunLock, RunLockedError
 from . import files
-from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE, StateWriteError
-from .state import PIPELINE_STATE_KEY, ForeignStateError, PipelineState, StateFileError, _count
+from ..errors import ForeignStateError, StateFileError, StateWriteError
+from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
+from .state import PIPELINE_STATE_KEY, PipelineState, _count
 
 logger = logging.getLogger("art_trio")
 

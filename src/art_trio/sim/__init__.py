@@ -1,6 +1,6 @@
 """Workloads, doubles and measures for benchmarking and simulating pipeline trainers.
 
-- :mod:`~art_trio.sim.distributions`: latency distributions, drawn reproducibly by index;
+- :mod:`~art_trio.testing.distributions`: latency distributions, drawn reproducibly by index;
 - :mod:`~art_trio.sim.workloads`: :class:`Workload` and the benchmark's presets;
 - :mod:`~art_trio.sim.inference`: inference contention and latency shifts;
 - :mod:`~art_trio.sim.recorder`: what the doubles saw during a run;
@@ -14,14 +14,6 @@ time). They import nothing from art_trio but :mod:`art_trio.testing`: the benchm
 process relies on that. The simulator is ``art_trio.sim.simulate``.
 """
 
-from art_trio.sim.distributions import (
-    Constant,
-    Empirical,
-    Exponential,
-    IndexedDraws,
-    LatencyDist,
-    LogNormal,
-)
 from art_trio.sim.doubles import (
     RolloutFailed,
     SyntheticBackend,
@@ -40,6 +32,14 @@ from art_trio.sim.workloads import (
     TUNING_WORKLOADS,
     Workload,
     scenarios,
+)
+from art_trio.testing.distributions import (
+    Constant,
+    Empirical,
+    Exponential,
+    IndexedDraws,
+    LatencyDist,
+    LogNormal,
 )
 
 __all__ = [

@@ -27,7 +27,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from art_trio.sim.distributions import parse_seconds
 from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
@@ -40,6 +39,7 @@ from art_trio.sim.simulate import (
     sweep,
     trainer_parameter_names,
 )
+from art_trio.testing.distributions import parse_seconds
 
 __all__ = ["DEFAULT_STEPS", "build_parser", "main"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import art
 
-from art_trio.sim.distributions import IndexedDraws, LatencyDist, draws_for
 from art_trio.sim.host import HostCPU
 from art_trio.sim.inference import ProcessorSharing
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import Workload
+from art_trio.testing.distributions import IndexedDraws, LatencyDist, draws_for
 from art_trio.testing.doubles import (
     BackendDouble,
     EvalCall,

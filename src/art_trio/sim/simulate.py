@@ -45,15 +45,16 @@ import anyio  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
-from art_trio.bridge import trio_native  # noqa: E402
-from art_trio.events import BatchTaken, GroupQueued, RunEvent, ScenarioSettled  # noqa: E402
-from art_trio.fates import Fate, RunCounters  # noqa: E402
-from art_trio.sim.distributions import (  # noqa: E402
-    LatencyDist,
-    describe_distribution,
-    parse_distribution,
-    parse_seconds,
-    read_seconds,
+from art_trio import (  # noqa: E402
+    BatchTaken,
+    Fate,
+    GroupQueued,
+    PipelineTrainer,
+    RunCounters,
+    RunEvent,
+    ScenarioSettled,
+    trainable_model,
+    trio_native,
 )
 from art_trio.sim.doubles import SyntheticBackend, eval_double, make_rollout_fn  # noqa: E402
 from art_trio.sim.inference import LatencyShift  # noqa: E402
@@ -66,9 +67,13 @@ from art_trio.sim.measures import (  # noqa: E402
 )
 from art_trio.sim.recorder import Recorder  # noqa: E402
 from art_trio.sim.workloads import Workload, scenarios  # noqa: E402
-from art_trio.trainer import PipelineTrainer  # noqa: E402
-
-from ..compat import trainable_model
+from art_trio.testing.distributions import (  # noqa: E402
+    LatencyDist,
+    describe_distribution,
+    parse_distribution,
+    parse_seconds,
+    read_seconds,
+)
 
 __all__ = [
     "DEFAULT_TARGET",

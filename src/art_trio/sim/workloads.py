@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from art_trio.sim.distributions import Constant, Exponential, LatencyDist, LogNormal
 from art_trio.sim.inference import LatencyShift
+from art_trio.testing.distributions import Constant, Exponential, LatencyDist, LogNormal
 
 __all__ = [
     "MEMORY_WORKLOADS",

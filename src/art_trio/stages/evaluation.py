@@ -17,7 +17,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
-from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..errors import CallbackNotAwaitable, _BaseExceptionEscaped
 from ..provenance import check_eval_provenance
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
@@ -89,7 +89,7 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             )
         note_eval_completed(run, step)
         completed = True
-    except (anyio.get_cancelled_exc_class(), BaseExceptionEscaped, CallbackNotAwaitable):
+    except (anyio.get_cancelled_exc_class(), _BaseExceptionEscaped, CallbackNotAwaitable):
         # A stop; a KeyboardInterrupt or SystemExit; an eval_fn that can never work: each
         # ends the run, not just this eval.
         raise

@@ -31,12 +31,18 @@ from ..batching import (
     stamp_policy_versions,
     version_type_error,
 )
-from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
+from ..errors import (
+    CallbackNotAwaitable,
+    ExecutorUnavailable,
+    RolloutLost,
+    RolloutRejected,
+    RolloutsKeepFailing,
+    _BaseExceptionEscaped,
+    _GateClosed,
+)
 from ..events import GroupQueued
-from ..executor import ExecutorUnavailable, RolloutLost
 from ..fates import Fate
-from ..gate import GateClosed
 from ..metrics import mean_policy_version, newest_token_version, token_count_error
 from ..run import Delivered, PipelineRun
 
@@ -51,19 +57,11 @@ MAX_LOSSES = 3
 #: KeyboardInterrupt or SystemExit carried out of a callback, a rollout_fn that can never
 #: work, and ART 0.5.20+'s LocalServingUnavailableError (its inference server is gone).
 ENDS_THE_RUN: tuple[type[BaseException], ...] = (
-    BaseExceptionEscaped, CallbackNotAwaitable, ExecutorUnavailable, *FATAL_ROLLOUT_ERRORS,
+    _BaseExceptionEscaped, CallbackNotAwaitable, ExecutorUnavailable, *FATAL_ROLLOUT_ERRORS,
 )
 
 #: What `_call_tracked` returns for a rollout the gate cancelled as doomed.
 DOOMED = object()
-
-
-class RolloutRejected(Exception):
-    """A rollout returned something the trainer cannot train."""
-
-
-class RolloutsKeepFailing(RuntimeError):
-    """Too many rollouts failed in a row: the rollout code or what it calls is broken."""
 
 
 class RolloutStage:
@@ -165,7 +163,7 @@ class RolloutStage:
         while not self._leaving():
             try:
                 version = await gate.admit()
-            except GateClosed:
+            except _GateClosed:
                 if gate.closed:
                     return
                 continue  # sent away by a resize: leave if still over the target

@@ -22,6 +22,7 @@ from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
+from ..errors import BackendStepError
 from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
 from ..fates import Fate
 from ..hooks import backend_hook
@@ -510,10 +511,6 @@ async def _train_and_log(
     row = {**prepared, **row}
     await run.model.log(groups, split="train", step=new_step, metrics=row)
     return result, train_seconds
-
-
-class BackendStepError(RuntimeError):
-    """`backend.train` reported a step other than the one after the step it trained from."""
 
 
 def checked_step(result: Any, expected: int) -> int:

@@ -6,6 +6,11 @@
   and rollout function, run in virtual time against every scheduler invariant) and
   :func:`explore_pipeline`, its Hypothesis-driven variant;
 - :mod:`art_trio.testing.checks`: the invariants, one check each;
+- :mod:`art_trio.testing.distributions`: duration distributions, sampled reproducibly (the
+  simulator's too: ``art_trio.sim`` builds on this package, never the reverse);
+- :func:`art_pipeline_trainer` and :func:`art_trainer_kwargs`: the installed ART's own
+  ``PipelineTrainer`` and its keyword spelling, for side-by-side runs (the benchmark's), and
+  :func:`trainable_model` (``art_trio.trainable_model``) for the model both trainers get;
 - :mod:`art_trio.testing.harness`: runs a :class:`~art_trio.testing.harness.Case` on the real
   trainer under trio's ``MockClock`` and records what its doubles saw;
 - :mod:`art_trio.testing.strategies`: Hypothesis strategies of cases (needs Hypothesis:
@@ -13,9 +18,11 @@
 - the pytest plugin (fixture ``art_trio_pipeline``) is the package ``art_trio_pytest``, apart
   from ``art_trio`` so that pytest runs that do not use it never import the trainer.
 
-Only the doubles are imported eagerly: they import nothing from the rest of art_trio, so the
-benchmark's ART child process can load them without the trainer (trio-asyncio), and nothing
-here imports Hypothesis until a strategy is asked for. The other names load on first use.
+Only the doubles and the side-by-side helpers are imported eagerly: they import nothing from
+the rest of art_trio but ``art_trio.compat`` (ART's line differences), so the benchmark's ART
+child process, which never runs ``art_trio/__init__.py``, can load them without the trainer
+(trio-asyncio), and nothing here imports Hypothesis until a strategy is asked for. The other
+names load on first use.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
 from art_trio.testing.doubles import (
     BackendDouble,
     EvalCall,
@@ -78,11 +86,14 @@ __all__ = [
     "PipelineReport",
     "RolloutPlan",
     "TrainBatch",
+    "art_pipeline_trainer",
+    "art_trainer_kwargs",
     "check_case",
     "check_pipeline",
     "clock_for",
     "explore_pipeline",
     "group_initial_version",
+    "trainable_model",
     "trajectory",
     "trajectory_group",
 ]

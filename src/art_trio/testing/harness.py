@@ -48,12 +48,18 @@ import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
-from art_trio import PipelineTrainer, trio_native  # noqa: E402
+from art_trio import (  # noqa: E402
+    ChannelClosed,
+    GroupReceived,
+    PipelineSettings,
+    PipelineTrainer,
+    PolicyPublished,
+    RunEvent,
+    trainable_model,
+    trio_native,
+)
 from art_trio.bridge import call_asyncio_from_trio, is_native  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
-from art_trio.events import ChannelClosed, GroupReceived, PolicyPublished, RunEvent  # noqa: E402
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
-from art_trio.settings import PipelineSettings  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
     EvalCall,
@@ -79,6 +85,9 @@ FAILURE_KINDS = (
 BAD_TOKEN_COUNTS = {"tokens_inf": math.inf, "tokens_nan": math.nan, "tokens_negative": -3}
 #: Failures that count as `errored`.
 ERROR_KINDS = frozenset({"raise", "wrong_type", "nan", *BAD_TOKEN_COUNTS})
+
+#: How many generated scenarios a check uses when it is given no source.
+DEFAULT_SCENARIOS = 24
 
 
 class PlannedRolloutError(Exception):

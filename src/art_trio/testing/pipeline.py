@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from art_trio.sim.distributions import LatencyDist, parse_distribution
+from art_trio import ArtTrioError
 from art_trio.testing import checks
+from art_trio.testing.distributions import LatencyDist, parse_distribution
 from art_trio.testing.harness import (
+    DEFAULT_SCENARIOS,
     Case,
     CaseResult,
     Config,
@@ -52,11 +54,8 @@ if TYPE_CHECKING:
 #: as `art-trio simulate` takes), or a function of the scenario's index.
 Latency = float | Sequence[float] | LatencyDist | str | Callable[[int], float]
 
-#: How many generated scenarios a check uses when it is given no source.
-DEFAULT_SCENARIOS = 24
 
-
-class PipelineCheckFailed(AssertionError):
+class PipelineCheckFailed(ArtTrioError, AssertionError):
     """A scheduler invariant broke on a case; `case` is the (minimal, if explored) case."""
 
     def __init__(self, message: str, case: Case, tag: str | None) -> None:

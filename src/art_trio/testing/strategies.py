@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from art_trio.sim.distributions import LatencyDist, parse_distribution
+from art_trio.testing.distributions import LatencyDist, parse_distribution
 
-from .harness import Case, Config, Resize, RolloutPlan
+from .harness import DEFAULT_SCENARIOS, Case, Config, Resize, RolloutPlan
 
 durations = st.one_of(
     st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0]),
@@ -214,8 +214,6 @@ def pipeline_cases(
 
     Every argument is as for `art_trio.testing.pipeline.check_pipeline`, or a strategy.
     """
-    from .pipeline import DEFAULT_SCENARIOS
-
     chosen = draw(settings) if isinstance(settings, st.SearchStrategy) else settings
     config = Config.from_settings(chosen)
     if source is None or isinstance(source, int):

@@ -1,0 +1,278 @@
+"""The layers hold, and the contracts that say so can fail.
+
+pyproject.toml's `[tool.importlinter]` contracts (run by `.ci/run` as `lint-imports`) are
+checked here against a copy of the package with one bad import planted: an upward import, a
+circle, a tool reaching into the core. Each must break the contract that forbids it, naming
+the import, while the untouched copy keeps every contract. The benchmark scripts are not a
+package import-linter can read, so their imports are checked directly.
+
+The errors: every exception class art_trio defines derives from `ArtTrioError` (or is one of
+the few that deliberately do not), every public one is exported and documented.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import art_trio
+from art_trio.errors import ArtTrioError
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the package and the contracts, to plant bad imports in."""
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"{LINT_IMPORTS} is missing: pip install -e '.[test]' (import-linter)")
+    copy = tmp_path_factory.mktemp("layers")
+    for package in ("art_trio", "art_trio_pytest"):
+        shutil.copytree(
+            SRC / package, copy / "src" / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    return copy
+
+
+# (what is planted, module it goes into, the line, the contract it must break, what it names)
+PLANTED = [
+    pytest.param(
+        "gate.py", "from art_trio import trainer as _upward  # noqa\n",
+        "Layers", "art_trio.gate -> art_trio.trainer", id="upward import: policy -> facade",
+    ),
+    pytest.param(
+        "events.py", "from art_trio import run as _upward  # noqa\n",
+        "Layers", "art_trio.events -> art_trio.run", id="upward import: messages -> run",
+    ),
+    pytest.param(
+        "retention.py", "from art_trio import batching as _circle  # noqa\n",
+        "No circles", "retention", id="circle within a layer",
+    ),
+    pytest.param(
+        "sim/report.py", "from art_trio.gate import PolicyGate as _inside  # noqa\n",
+        "Tools use the public API", "art_trio.sim.report -> art_trio.gate",
+        id="a tool importing the core's internals",
+    ),
+    pytest.param(
+        "stages/control.py", "from art_trio.stages import training as _sibling  # noqa\n",
+        "The stages do not import each other", "art_trio.stages.control -> "
+        "art_trio.stages.training", id="one stage importing another",
+    ),
+]
+
+
+def test_the_contracts_hold_on_this_tree(tree: Path) -> None:
+    result = lint_imports(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(("module", "line", "contract", "names"), PLANTED)
+def test_a_planted_bad_import_breaks_its_contract(
+    tree: Path, module: str, line: str, contract: str, names: str
+) -> None:
+    if module == "retention.py":  # the other half of the circle
+        planted = {module: line, "batching.py": "from art_trio import retention as _c  # noqa\n"}
+    else:
+        planted = {module: line}
+    saved = {}
+    try:
+        for name, text in planted.items():
+            path = tree / "src" / "art_trio" / name
+            saved[path] = path.read_text()
+            path.write_text(saved[path] + text)
+        result = lint_imports(tree)
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)
+    out = result.stdout
+    assert result.returncode != 0, out
+    broken = out[out.index("Broken contracts"):]
+    assert contract in broken, out
+    assert names in re.sub(r"\s+", " ", broken), out
+
+
+# --- the benchmark scripts: a tool's imports, read directly ---------------------------------
+
+#: What a tool may import from art_trio: the package itself and the tools.
+TOOLS = ("art_trio.testing", "art_trio.sim", "art_trio.bench", "art_trio.demo", "art_trio.cpu")
+
+#: Micro-benchmarks of one internal module, which they exist to time: allowed that module.
+INTERNAL_MICROBENCHMARKS = {
+    "bridge_overhead.py": {"art_trio.bridge"},  # the per-call cost of the asyncio bridge
+    "journal_size.py": {"art_trio.ledger"},  # the resume journal's record and file sizes
+}
+
+
+def art_trio_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "art_trio":
+                # `from art_trio import ledger` imports a module, not a public name.
+                found |= {
+                    f"art_trio.{a.name}" for a in node.names
+                    if (SRC / "art_trio" / f"{a.name}.py").exists()
+                    or (SRC / "art_trio" / a.name).is_dir()
+                } or {"art_trio"}
+            elif node.module.startswith("art_trio."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("art_trio")}
+    return found
+
+
+def is_public(module: str) -> bool:
+    return module == "art_trio" or any(
+        module == tool or module.startswith(tool + ".") for tool in TOOLS
+    )
+
+
+@pytest.mark.parametrize(
+    "script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+)
+def test_benchmarks_use_the_public_api(script: str) -> None:
+    allowed = INTERNAL_MICROBENCHMARKS.get(script, set())
+    inside = {
+        m for m in art_trio_imports(ROOT / "benchmarks" / script)
+        if not is_public(m) and m not in allowed
+    }
+    assert not inside, f"benchmarks/{script} imports art_trio internals {sorted(inside)}"
+
+
+def test_the_benchmark_check_sees_internal_imports(tmp_path: Path) -> None:
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "from art_trio import PipelineTrainer, ledger\nfrom art_trio.gate import PolicyGate\n"
+        "import art_trio.sim.workloads\n"
+    )
+    found = art_trio_imports(script)
+    assert found == {"art_trio.ledger", "art_trio.gate", "art_trio.sim.workloads"}
+    assert [m for m in sorted(found) if not is_public(m)] == ["art_trio.gate", "art_trio.ledger"]
+
+
+# --- the errors -----------------------------------------------------------------------------
+
+#: Exception classes that deliberately do not derive from ArtTrioError, and why.
+NOT_ART_TRIO_ERRORS = {
+    # Signals between art_trio's own modules, never raised to a caller (private names).
+    "art_trio.errors._GateClosed",
+    "art_trio.errors._BaseExceptionEscaped",
+    "art_trio.errors._LoopClosed",
+    # The doubles' planned failures stand for a user's rollout raising.
+    "art_trio.sim.doubles.RolloutFailed",
+    "art_trio.testing.harness.PlannedRolloutError",
+    # The benchmark's note to itself that a trainer lacks a knob (caught in bench/child.py).
+    "art_trio.bench.trainers.UnsupportedKnob",
+    # The demo server's HTTP plumbing: an error response, and a model it does not serve.
+    "art_trio.demo.server.OpenAIError",
+    "art_trio.demo.server.UnknownModelError",
+}
+
+
+def exception_classes() -> dict[str, list[str]]:
+    """Every class in src/art_trio whose bases name an exception, with those bases' names."""
+    found = {}
+    for path in (SRC / "art_trio").rglob("*.py"):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [ast.unparse(b) for b in node.bases]
+            if any(re.search(r"(Error|Exception)$", b) for b in bases):
+                found[f"{module}.{node.name}"] = bases
+    return found
+
+
+def test_every_exception_is_an_art_trio_error_or_says_why_not() -> None:
+    classes = exception_classes()
+    assert "art_trio.errors.RunLockedError" in classes  # the scan finds them
+    stray = []
+    for qualname, bases in classes.items():
+        module, name = qualname.rsplit(".", 1)
+        if qualname in NOT_ART_TRIO_ERRORS:
+            continue
+        cls = getattr(__import__(module, fromlist=[name]), name, None) if not module.startswith(
+            "art_trio.cpu"
+        ) else None
+        if cls is None:  # the llm extra: read the bases instead of importing torch
+            if "ArtTrioError" not in bases:
+                stray.append(qualname)
+        elif not issubclass(cls, ArtTrioError):
+            stray.append(qualname)
+    assert not stray, f"not ArtTrioError and not listed as deliberate: {stray}"
+    assert NOT_ART_TRIO_ERRORS <= set(classes), NOT_ART_TRIO_ERRORS - set(classes)
+
+
+def test_the_core_defines_exceptions_only_in_errors_py() -> None:
+    tools = ("art_trio.sim.", "art_trio.bench.", "art_trio.demo.", "art_trio.cpu.",
+             "art_trio.testing.")
+    elsewhere = [q for q in exception_classes()
+                 if not q.startswith("art_trio.errors.") and not q.startswith(tools)]
+    assert not elsewhere, f"define these in art_trio/errors.py: {elsewhere}"
+
+
+def test_every_public_error_is_exported_and_documented() -> None:
+    import art_trio.errors as errors
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, ArtTrioError), name
+        assert getattr(art_trio, name) is cls, f"art_trio.{name} is not exported"
+        assert f"::: art_trio.{name}\n" in api, f"docs/api.md lacks art_trio.{name}"
+    private = [n for n in vars(errors) if isinstance(getattr(errors, n), type)
+               and issubclass(getattr(errors, n), BaseException) and n not in errors.__all__]
+    assert all(n.startswith("_") for n in private), f"internal errors must be private: {private}"
+
+
+def test_old_import_locations_of_public_errors_still_work() -> None:
+    from art_trio.autotune import ProfileError
+    from art_trio.batching import FuturePolicyError
+    from art_trio.bridge import AsyncioTaskCancelled, CallbackNotAwaitable
+    from art_trio.executor import ExecutorUnavailable, RolloutLost
+    from art_trio.ledger import (
+        ForeignStateError,
+        ModelDirectoryLostError,
+        StateFileError,
+        StateWriteError,
+    )
+    from art_trio.lock import ModelDirectoryError, RunLockedError
+    from art_trio.provenance import EvalProvenanceError
+    from art_trio.stages.rollout import RolloutRejected, RolloutsKeepFailing
+    from art_trio.stages.training import BackendStepError
+    from art_trio.testing.pipeline import PipelineCheckFailed
+    from art_trio.threads import LoopUnresponsive
+
+    old = [ProfileError, FuturePolicyError, AsyncioTaskCancelled, CallbackNotAwaitable,
+           ExecutorUnavailable, RolloutLost, ForeignStateError, ModelDirectoryLostError,
+           StateFileError, StateWriteError, ModelDirectoryError, RunLockedError,
+           EvalProvenanceError, RolloutRejected, RolloutsKeepFailing, BackendStepError,
+           LoopUnresponsive]
+    assert all(getattr(art_trio, cls.__name__) is cls for cls in old)
+    # The builtin bases callers catch are kept.
+    assert issubclass(StateFileError, ValueError) and issubclass(RunLockedError, RuntimeError)
+    assert issubclass(LoopUnresponsive, TimeoutError)
+    assert issubclass(ModelDirectoryLostError, OSError)
+    assert issubclass(CallbackNotAwaitable, TypeError) and issubclass(ProfileError, ValueError)
+    assert issubclass(PipelineCheckFailed, AssertionError)
+    assert issubclass(PipelineCheckFailed, ArtTrioError)
