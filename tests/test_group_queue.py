@@ -286,20 +286,43 @@ def test_a_cancelled_blocked_sender_does_not_deliver_and_the_next_keeps_its_plac
             tg.start_soon(sending, queue.send_end, "b", second)
             await settle()
             scope.cancel()
-            # Cancelled but not yet out of its wait: passed over, its item stays its own.
-            assert queue.receive_end.receive_nowait() == "x"
-            assert queue.queued() == ("b",)
             await settle()
+            assert queue.statistics().waiting_senders == 1
+            assert queue.receive_end.receive_nowait() == "x"
         assert isinstance(first.error, anyio.get_cancelled_exc_class())
         assert second.error is None
         assert drain(queue) == ["b"]
-        assert queue.statistics().waiting_senders == 0
 
     run(loop, main)
 
 
 @LOOPS
-def test_a_cancelled_rendezvous_sender_keeps_its_item(loop: str) -> None:
+def test_a_sender_cancelled_as_its_item_moves_in_takes_it_back(loop: str) -> None:
+    async def main() -> None:
+        queue = GroupQueue[str](1)
+        queue.send_end.send_nowait("x")
+        first, second = Outcome(), Outcome()
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+            tg.start_soon(_in_scope, scope, sending, queue.send_end, "a", first)
+            await settle()
+            tg.start_soon(sending, queue.send_end, "b", second)
+            await settle()
+            scope.cancel()  # delivered, but "a"'s sender has not run yet
+            assert queue.receive_end.receive_nowait() == "x"
+            assert queue.queued() == ("a",)  # moved in the same instant
+            await settle()
+            # Its sender raised, so "a" left again, and "b" took its place.
+            assert queue.queued() == ("b",)
+        assert isinstance(first.error, anyio.get_cancelled_exc_class())
+        assert second.error is None
+        assert drain(queue) == ["b"]
+
+    run(loop, main)
+
+
+@LOOPS
+def test_a_sender_cancelled_as_its_item_is_received_reports_it_sent(loop: str) -> None:
     async def main() -> None:
         queue = GroupQueue[str](0)
         out = Outcome()
@@ -308,15 +331,34 @@ def test_a_cancelled_rendezvous_sender_keeps_its_item(loop: str) -> None:
             tg.start_soon(_in_scope, scope, sending, queue.send_end, "a", out)
             await settle()
             scope.cancel()
-            with pytest.raises(anyio.WouldBlock):
-                queue.receive_end.receive_nowait()
-        assert isinstance(out.error, anyio.get_cancelled_exc_class())
+            assert queue.receive_end.receive_nowait() == "a"
+        # Received, so sent: exactly once (the cancellation lands at its next checkpoint).
+        assert out.done and out.error is None
 
     run(loop, main)
 
 
 @LOOPS
-def test_a_cancelled_receiver_loses_no_item(loop: str) -> None:
+def test_a_cancelled_receiver_loses_no_item_and_keeps_the_order(loop: str) -> None:
+    async def main() -> None:
+        queue = GroupQueue[str](2)
+        doomed = Outcome()
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+            tg.start_soon(_in_scope, scope, receiving, queue.receive_end, doomed)
+            await settle()
+            scope.cancel()
+            queue.send_end.send_nowait("a")  # handed to the receiver being cancelled
+            queue.send_end.send_nowait("b")
+        assert isinstance(doomed.error, anyio.get_cancelled_exc_class())
+        assert doomed.value is None
+        assert drain(queue) == ["a", "b"]  # "a" came back to the front
+
+    run(loop, main)
+
+
+@LOOPS
+def test_a_cancelled_receiver_hands_its_item_to_the_next_receiver(loop: str) -> None:
     async def main() -> None:
         queue = GroupQueue[str](1)
         doomed, waiting = Outcome(), Outcome()
@@ -327,11 +369,10 @@ def test_a_cancelled_receiver_loses_no_item(loop: str) -> None:
             tg.start_soon(receiving, queue.receive_end, waiting)
             await settle()
             scope.cancel()
-            queue.send_end.send_nowait("a")  # not to the cancelled receiver: to the next
-            queue.send_end.send_nowait("b")
+            queue.send_end.send_nowait("a")  # to the first receiver, being cancelled
         assert isinstance(doomed.error, anyio.get_cancelled_exc_class())
         assert waiting.value == "a"
-        assert drain(queue) == ["b"]
+        assert queue.statistics().waiting_receivers == 0
 
     run(loop, main)
 

@@ -4,8 +4,8 @@ A bounded FIFO with send and receive ends that behave as anyio's memory object s
 methods, same exceptions: the stages were written against those), plus what art_trio needs
 and anyio keeps private: `resize()`, the queued groups in order and how long the oldest has
 waited. It is built on public API only (sniffio, trio's and asyncio's events and clocks,
-`anyio.lowlevel.checkpoint`, `anyio.get_current_task`), so it runs unchanged on trio and on
-asyncio and no library update can change it behind art_trio's back.
+`anyio.lowlevel.checkpoint`), so it runs unchanged on trio and on asyncio and no library
+update can change it behind art_trio's back.
 
 Semantics (the tests in tests/test_group_queue.py hold each one):
 
@@ -16,12 +16,12 @@ Semantics (the tests in tests/test_group_queue.py hold each one):
   the queue is empty. Once every receive end is closed, senders (blocked or new) get
   `BrokenResourceError`, as anyio's do. Using an end after closing it: `ClosedResourceError`.
 - Exactly once: a send that raises did not deliver its item, a send that returns did, and a
-  cancelled receive loses nothing. A blocked task whose cancellation is already pending is
-  passed over (its item stays with it). If a cancellation still lands after the item moved
-  (only a cancellation from outside anyio can: anyio and trio never cancel a task whose wait
-  has been answered), a sender takes its item back if no one received it yet and raises;
-  otherwise the send happened and returns, leaving the cancellation to the next checkpoint as
-  trio's channels do. A receiver hands its item back to the front of the queue and raises.
+  cancelled receive loses nothing. A blocked task can be cancelled in the same instant the
+  queue moves its item (the cancellation was delivered, the task has not run yet): a sender
+  then takes its item back out of the queue and raises, unless it was received already; then
+  the send happened and returns, and the cancellation lands at the next checkpoint (its scope
+  is still cancelled: trio and anyio deliver it again). A receiver hands what it was given
+  back to the front of the queue (or to the next receiver) and raises.
 - `resize(capacity)` lets blocked senders in when the capacity grows; when it shrinks the
   queued items stay, and senders wait until the queue is below the new capacity.
 
@@ -41,7 +41,6 @@ from typing import Generic, Protocol, TypeVar
 
 import anyio
 import sniffio
-from anyio import TaskInfo
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from anyio.lowlevel import checkpoint
 
@@ -103,48 +102,36 @@ class GroupQueueStatistics:
 _WAITING, _MOVED, _BROKEN, _WITHDRAWN = range(4)
 
 
-class _Blocked:
-    """A task blocked on the queue: what wakes it, and its task (to see a cancellation)."""
-
-    __slots__ = ("event", "task")
-
-    def __init__(self, event: _Event, task: TaskInfo) -> None:
-        self.event = event
-        self.task = task
-
-
-_B = TypeVar("_B", bound=_Blocked)
-
-
-class _Sender(_Blocked, Generic[T]):
+class _Sender(Generic[T]):
     """A task blocked in `send`: its item, and what became of it."""
 
-    __slots__ = ("at", "item", "state")
+    __slots__ = ("at", "event", "item", "state")
 
-    def __init__(self, item: T, at: float, event: _Event, task: TaskInfo) -> None:
-        super().__init__(event, task)
+    def __init__(self, item: T, at: float, event: _Event) -> None:
+        self.event = event
         self.item = item
         self.at = at  # when it was offered: its age counts from here once it is queued
         self.state = _WAITING
 
 
-class _Receiver(_Blocked, Generic[T]):
+class _Receiver(Generic[T]):
     """A task blocked in `receive`; `entry` is what a sender handed it."""
 
-    __slots__ = ("entry",)
+    __slots__ = ("entry", "event")
 
-    def __init__(self, event: _Event, task: TaskInfo) -> None:
-        super().__init__(event, task)
+    def __init__(self, event: _Event) -> None:
+        self.event = event
         self.entry: tuple[T, float, _Sender[T] | None] | None = None
 
 
 def _loop_primitives() -> tuple[Callable[[], float], Callable[[], _Event]]:
     """The running loop's clock and event class: the native ones (anyio's wrappers cost a
-    backend lookup per call, and the queue takes the time once per item)."""
+    backend lookup per call, and the queue takes the time once per item; trio's clock
+    object itself, virtual under MockClock, skips `trio.current_time`'s run lookup)."""
     if sniffio.current_async_library() == "trio":
         import trio
 
-        return trio.current_time, trio.Event
+        return trio.lowlevel.current_clock().current_time, trio.Event
     return asyncio.get_running_loop().time, asyncio.Event
 
 
@@ -174,8 +161,10 @@ class GroupQueue(Generic[T]):
         self._receivers: OrderedDict[_Receiver[T], None] = OrderedDict()
         self._open_send = 0
         self._open_receive = 0
-        self._clock = clock
-        self._event_class: Callable[[], _Event] | None = None
+        #: The loop's clock and event class, found on first use (the queue may be built
+        #: before the loop runs); `clock` replaces the loop's clock (tests).
+        self._now: Callable[[], float] = clock or self._first_now
+        self._event: Callable[[], _Event] = self._first_event
         self.send_end: GroupSendEnd[T] = GroupSendEnd(self)
         self.receive_end: GroupReceiveEnd[T] = GroupReceiveEnd(self)
 
@@ -211,70 +200,19 @@ class GroupQueue(Generic[T]):
 
     # -- the ends' operations ------------------------------------------------------------
 
-    def _now(self) -> float:
-        if self._clock is None:
-            self._clock, self._event_class = _loop_primitives()
-        return self._clock()
+    def _first_now(self) -> float:
+        self._now = _loop_primitives()[0]
+        return self._now()
 
-    def _event(self) -> _Event:
-        if self._event_class is None:
-            _, self._event_class = _loop_primitives()
-        return self._event_class()
-
-    def _put(self, item: T) -> None:
-        """send_nowait's work, once the end is known to be open."""
-        if not self._open_receive:
-            raise anyio.BrokenResourceError
-        if self._receivers:
-            receiver = self._next(self._receivers)
-            if receiver is not None:
-                receiver.entry = (item, self._now(), None)
-                receiver.event.set()
-                return
-        if len(self._buffer) < self._capacity:
-            self._buffer.append((item, self._now(), None))
-            return
-        raise anyio.WouldBlock
-
-    def _take(self) -> T:
-        """receive_nowait's work, once the end is known to be open."""
-        buffer = self._buffer
-        if buffer:
-            item = buffer.popleft()[0]
-            if self._senders:
-                self._admit()
-            return item
-        if self._senders:
-            # Capacity 0 (or shrunk to it): the first sender hands its item over directly.
-            sender = self._next(self._senders)
-            if sender is not None:
-                sender.state = _MOVED
-                sender.event.set()
-                return sender.item
-        if not self._open_send:
-            raise anyio.EndOfStream
-        raise anyio.WouldBlock
-
-    @staticmethod
-    def _next(waiting: OrderedDict[_B, None]) -> _B | None:
-        """The first blocked task whose cancellation is not pending, taken out of `waiting`.
-
-        One being cancelled keeps its place until it leaves by itself: handing it an item
-        (or taking its own) now would race its cancellation.
-        """
-        for task in waiting:
-            if not task.task.has_pending_cancellation():
-                del waiting[task]
-                return task
-        return None
+    def _first_event(self) -> _Event:
+        self._event = _loop_primitives()[1]
+        return self._event()
 
     def _admit(self) -> None:
         """Blocked senders' items into the queue, in order, while there is room."""
         buffer, senders = self._buffer, self._senders
         while senders and len(buffer) < self._capacity:
-            sender = self._next(senders)
-            if sender is None:
-                return
+            sender, _ = senders.popitem(last=False)
             buffer.append((sender.item, sender.at, sender))
             sender.state = _MOVED
             sender.event.set()
@@ -291,8 +229,8 @@ class GroupQueue(Generic[T]):
     def _give_back(self, entry: tuple[T, float, _Sender[T] | None]) -> None:
         """An item a cancelled receiver was handed: to the next receiver, or to the front
         of the queue (it was the oldest; the queue may hold one more than its capacity)."""
-        receiver = self._next(self._receivers) if self._receivers else None
-        if receiver is not None:
+        if self._receivers:
+            receiver, _ = self._receivers.popitem(last=False)
             receiver.entry = entry
             receiver.event.set()
         else:
@@ -323,9 +261,20 @@ class GroupSendEnd(ObjectSendStream[T]):
 
     def send_nowait(self, item: T) -> None:
         """Queue `item` now; `anyio.WouldBlock` if the queue is full."""
+        # The queue's hot path, once per group: written out here rather than delegated.
         if self._closed:
             raise anyio.ClosedResourceError
-        self.queue._put(item)
+        queue = self.queue
+        if not queue._open_receive:
+            raise anyio.BrokenResourceError
+        if queue._receivers:
+            receiver, _ = queue._receivers.popitem(last=False)
+            receiver.entry = (item, queue._now(), None)
+            receiver.event.set()
+        elif len(queue._buffer) < queue._capacity:
+            queue._buffer.append((item, queue._now(), None))
+        else:
+            raise anyio.WouldBlock
 
     async def send(self, item: T) -> None:
         """Queue `item`, waiting while the queue is full."""
@@ -336,7 +285,7 @@ class GroupSendEnd(ObjectSendStream[T]):
         except anyio.WouldBlock:
             pass
         queue = self.queue
-        sender = _Sender(item, queue._now(), queue._event(), anyio.get_current_task())
+        sender = _Sender(item, queue._now(), queue._event())
         queue._senders[sender] = None
         self._blocked.add(sender)
         try:
@@ -413,7 +362,21 @@ class GroupReceiveEnd(ObjectReceiveStream[T]):
         none will come."""
         if self._closed:
             raise anyio.ClosedResourceError
-        return self.queue._take()
+        queue = self.queue
+        if queue._buffer:
+            item = queue._buffer.popleft()[0]
+            if queue._senders:
+                queue._admit()
+            return item
+        if queue._senders:
+            # Capacity 0 (or shrunk to it): the first sender hands its item over directly.
+            sender, _ = queue._senders.popitem(last=False)
+            sender.state = _MOVED
+            sender.event.set()
+            return sender.item
+        if not queue._open_send:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
 
     async def receive(self) -> T:
         """The next item, waiting while the queue is empty."""
@@ -423,7 +386,7 @@ class GroupReceiveEnd(ObjectReceiveStream[T]):
         except anyio.WouldBlock:
             pass
         queue = self.queue
-        receiver: _Receiver[T] = _Receiver(queue._event(), anyio.get_current_task())
+        receiver: _Receiver[T] = _Receiver(queue._event())
         queue._receivers[receiver] = None
         self._blocked.add(receiver)
         try:
