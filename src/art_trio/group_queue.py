@@ -248,7 +248,6 @@ class GroupQueue(Generic[T]):
         self._receivers.clear()
 
 
-
 class GroupSendEnd(ObjectSendStream[T]):
     """A send end: `send`, `send_nowait`, `clone`, `close`, as anyio's memory send stream."""
 
