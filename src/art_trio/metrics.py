@@ -429,7 +429,7 @@ class TrainMetrics:
     def _queue(self, new_step: int) -> dict[str, float]:
         run = self._run
         stats = self._receive.statistics()
-        waiting = list(self._ready) + _buffered(self._receive)
+        waiting = [*self._ready, *self._receive.queue.queued()]
         depth = float(len(self._ready) + stats.current_buffer_used)
         capacity = float(stats.max_buffer_size + self._ready_capacity())
         fresh = run.freshness
@@ -463,12 +463,6 @@ class TrainMetrics:
                 sum(1 for age in ages if age > limit) / len(ages) if ages else 0.0
             ),
         }
-
-
-def _buffered(receive: Any) -> list[Delivered]:
-    """The groups in the channel's buffer (anyio keeps no public view of them; [] if moved)."""
-    buffer = getattr(getattr(receive, "_state", None), "buffer", None)
-    return list(buffer) if buffer is not None else []
 
 
 def _art_0518(

@@ -36,6 +36,7 @@ from .errors import LoopUnresponsive, _BaseExceptionEscaped, _LoopClosed
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
 from .fates import RunCounters
+from .group_queue import GroupQueue
 from .hooks import backend_hook
 from .ledger import PipelineState, StateStore
 from .lock import RunLock
@@ -444,10 +445,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         handle_signals: bool,
         task_status: TaskStatus[None],
     ) -> None:
-        send, receive = anyio.create_memory_object_stream[Delivered](
-            run.settings.groups_capacity
-        )
-        run.resize_queue = _channel_resizer(send)
+        groups = GroupQueue[Delivered](run.settings.groups_capacity)
+        send, receive = groups.send_end, groups.receive_end
+        run.resize_queue = groups.resize
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
         with anyio.CancelScope() as run_scope:
@@ -766,30 +766,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             raise ValueError(
                 "PipelineTrainer + LocalBackend(dedicated) requires adam_params=None."
             )
-
-
-def _channel_resizer(send: MemoryObjectSendStream[Any]) -> Callable[[int], None]:
-    """Changes a memory channel's capacity in place.
-
-    anyio has no public setter; its channel state keeps the capacity and the blocked senders'
-    items (anyio 4.x), and the change below is what a receive does to them.
-    """
-    state = getattr(send, "_state", None)
-
-    def resize(capacity: int) -> None:
-        if state is None or not hasattr(state, "waiting_senders"):
-            raise NotImplementedError(
-                "this anyio version's memory channels cannot be resized; resize without "
-                "queue_maxsize"
-            )
-        state.max_buffer_size = capacity
-        # Senders blocked on the full channel: as many as now fit hand their groups over.
-        while state.waiting_senders and len(state.buffer) < capacity:
-            event, item = state.waiting_senders.popitem(last=False)
-            state.buffer.append(item)
-            event.set()
-
-    return resize
 
 
 #: Objects the interpreter itself froze at start-up. CPython 3.12 reports a few hundred

@@ -19,7 +19,6 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
 from ..batching import (
@@ -43,6 +42,7 @@ from ..errors import (
 )
 from ..events import GroupQueued
 from ..fates import Fate
+from ..group_queue import GroupSendEnd
 from ..metrics import mean_policy_version, newest_token_version, token_count_error
 from ..run import Delivered, PipelineRun
 
@@ -67,7 +67,7 @@ DOOMED = object()
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
 
-    def __init__(self, run: PipelineRun, send: MemoryObjectSendStream[Delivered]) -> None:
+    def __init__(self, run: PipelineRun, send: GroupSendEnd[Delivered]) -> None:
         self.run = run
         self._send = send
         #: Scenarios whose rollouts failed since the last one that did not (left unresolved
@@ -124,7 +124,7 @@ class RolloutStage:
     def _leaving(self) -> bool:
         return len(self._live) > self._target
 
-    async def _worker(self, worker_id: int, send: MemoryObjectSendStream[Delivered]) -> None:
+    async def _worker(self, worker_id: int, send: GroupSendEnd[Delivered]) -> None:
         try:
             async with send:
                 while True:
@@ -151,7 +151,7 @@ class RolloutStage:
     async def _serve(
         self,
         worker_id: int,
-        send: MemoryObjectSendStream[Delivered],
+        send: GroupSendEnd[Delivered],
         doom_scope: anyio.CancelScope,
     ) -> None:
         """Admit, roll out and hand over until the run ends, the worker is retired, or the
@@ -186,7 +186,7 @@ class RolloutStage:
                 return
 
     async def _hand_over(
-        self, item: Delivered, version: int, send: MemoryObjectSendStream[Delivered]
+        self, item: Delivered, version: int, send: GroupSendEnd[Delivered]
     ) -> bool:
         """Put a group in the channel to the trainer; False once the trainer stopped taking."""
         run, gate, counters = self.run, self.run.gate, self.run.counters

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
@@ -25,6 +25,7 @@ from ..compat import line_train_kwargs
 from ..errors import BackendStepError
 from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
 from ..fates import Fate
+from ..group_queue import GroupReceiveEnd
 from ..hooks import backend_hook
 from ..metrics import StepTimes, TrainMetrics
 from ..run import Delivered, PipelineRun
@@ -72,7 +73,7 @@ class TrainingStage:
     def __init__(
         self,
         run: PipelineRun,
-        receive: MemoryObjectReceiveStream[Delivered],
+        receive: GroupReceiveEnd[Delivered],
         eval_send: MemoryObjectSendStream[int],
     ) -> None:
         self.run = run
