@@ -160,7 +160,7 @@ def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.Monkey
     async def overfilling(self: TrainingStage, current_step: int) -> Any:
         run = self.run
         settings_ = run.settings
-        run.settings = dataclasses.replace(settings_, max_batch_size=settings_.max_batch_size + 1)
+        run.settings = settings_.replace(max_batch_size=settings_.sizes.max_batch_size + 1)
         try:
             return await real(self, current_step)
         finally:
@@ -179,7 +179,7 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
     async def impatient(self: TrainingStage, current_step: int) -> Any:
         run = self.run
         settings_ = run.settings
-        run.settings = dataclasses.replace(settings_, min_batch_size=1)
+        run.settings = settings_.replace(min_batch_size=1)
         try:
             return await real(self, current_step)
         finally:
@@ -360,7 +360,7 @@ def test_termination_catches_trainer_waiting_past_end_of_source(
 
 def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
     def late(run: Any, step: int) -> bool:
-        every = run.settings.eval_every_n_steps
+        every = run.settings.evaluation.eval_every_n_steps
         return bool(
             run.eval_fn is not None and every > 0 and step - run.state.last_eval_step > every
         )
@@ -389,7 +389,7 @@ def test_collapse_catches_limit_off_by_one(monkeypatch: pytest.MonkeyPatch, off_
     monkeypatch.setattr(
         PipelineSettings,
         "discard_limit",
-        property(lambda s: s.discard_queue_multiplier * s.min_batch_size + off_by),
+        property(lambda s: s.shutdown.discard_queue_multiplier * s.sizes.min_batch_size + off_by),
     )
     counterexample(prop_collapse, STRATEGIES[prop_collapse], checks.COLLAPSE)
 
@@ -402,7 +402,7 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
         PipelineSettings,
         "groups_capacity",
         property(
-            lambda s: 2 * (s.queue_maxsize or max(1, s.max_steps_off_policy * s.max_batch_size))
+            lambda s: 2 * (s.sizes.queue_maxsize or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size))
         ),
     )
     counterexample(prop_channel_capacity, STRATEGIES[prop_channel_capacity], checks.CAPACITY)

@@ -338,8 +338,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
         s = run.settings
         policy = policy_for(self.autotune, {
-            "num_rollout_workers": s.num_rollout_workers, "min_batch_size": s.min_batch_size,
-            "max_batch_size": s.max_batch_size,
+            "num_rollout_workers": s.sizes.num_rollout_workers, "min_batch_size": s.sizes.min_batch_size,
+            "max_batch_size": s.sizes.max_batch_size,
         })
         capacity = getattr(self.rollout_executor, "max_workers", None)
         if capacity is not None:
@@ -383,8 +383,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         s = self.settings
         return RunStatistics(
             running=False, collapsed=False, policy_version=0, steps=0,
-            num_rollout_workers=s.num_rollout_workers, min_batch_size=s.min_batch_size,
-            max_batch_size=s.max_batch_size, queue_capacity=s.groups_capacity,
+            num_rollout_workers=s.sizes.num_rollout_workers, min_batch_size=s.sizes.min_batch_size,
+            max_batch_size=s.sizes.max_batch_size, queue_capacity=s.groups_capacity,
             rollouts_in_flight=0, groups_queued=0, taken=0, trained=0, stale=0,
             stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
             rollouts_started=0, rollouts_lost=0, elapsed_s=0.0, train_s=0.0,
@@ -451,17 +451,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         s = run.settings if run is not None else self.settings
         workers = _fit_executor(
             self.rollout_executor,
-            s.num_rollout_workers if num_rollout_workers is None else num_rollout_workers,
+            s.sizes.num_rollout_workers if num_rollout_workers is None else num_rollout_workers,
             explicit=num_rollout_workers is not None,
         )
         # Checked by PipelineSettings itself (ValueError), as the constructor's values are. A
         # running channel has a capacity now, which stays unless a new one is given.
-        current_queue = s.groups_capacity if run is not None else s.queue_maxsize
-        resized = replace(
-            s,
-            num_rollout_workers=workers,
-            min_batch_size=s.min_batch_size if min_batch_size is None else min_batch_size,
-            max_batch_size=s.max_batch_size if max_batch_size is None else max_batch_size,
+        current_queue = s.groups_capacity if run is not None else s.sizes.queue_maxsize
+        resized = s.replace(num_rollout_workers=workers,
+            min_batch_size=s.sizes.min_batch_size if min_batch_size is None else min_batch_size,
+            max_batch_size=s.sizes.max_batch_size if max_batch_size is None else max_batch_size,
             queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,
         )
         if run is None:
@@ -469,12 +467,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return self.statistics()
         run.resize(resized)
         if self._rollouts is not None:
-            self._rollouts.resize(resized.num_rollout_workers)
+            self._rollouts.resize(resized.sizes.num_rollout_workers)
         run.emit(
             Resized(
-                resized.num_rollout_workers,
-                resized.min_batch_size,
-                resized.max_batch_size,
+                resized.sizes.num_rollout_workers,
+                resized.sizes.min_batch_size,
+                resized.sizes.max_batch_size,
                 resized.groups_capacity,
                 reason,
             )
@@ -528,11 +526,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         start_step = int(await bridge.call(self.model.get_step))
         store = StateStore(
             self.model._get_output_dir(),
-            fsync=settings.fsync_state,
+            fsync=settings.persistence.fsync_state,
             identity={"model": self.model.name, "project": self.model.project},
             lock=self._run_lock,
         )
-        stored = store.read() if settings.resume else None
+        stored = store.read() if settings.persistence.resume else None
         state = stored or PipelineState()
         pending = state.ledger.pending
         if state.ledger.settle_pending(start_step) and pending is not None:
@@ -551,10 +549,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         )
         status = StatusReporter(
             get_scenario_offset=lambda: source.position,
-            log_interval_seconds=settings.log_interval_seconds,
-            status_ewa_alpha=settings.status_ewa_alpha,
-            total_scenarios=settings.total_scenarios,
-            num_workers=settings.num_rollout_workers,
+            log_interval_seconds=settings.status.log_interval_seconds,
+            status_ewa_alpha=settings.status.status_ewa_alpha,
+            total_scenarios=settings.status.total_scenarios,
+            num_workers=settings.sizes.num_rollout_workers,
             clock=anyio.current_time,
         )
         run = PipelineRun(
@@ -587,7 +585,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # its interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead
             # evaluates whatever step it resumes at, and restarts the schedule from there).
             if (
-                settings.eval_at_start
+                settings.evaluation.eval_at_start
                 and (stored is None or start_step == 0)
                 and start_step not in state.pending_eval_steps | state.completed_eval_steps
             ):

@@ -622,7 +622,7 @@ async def _drive(
     resizes: tuple[Resize, ...] = (),
 ) -> None:
     s = trainer.settings
-    record.sizes.append(Sizes(-math.inf, s.min_batch_size, s.max_batch_size, s.groups_capacity))
+    record.sizes.append(Sizes(-math.inf, s.sizes.min_batch_size, s.sizes.max_batch_size, s.groups_capacity))
     async with trio.open_nursery() as nursery:
         if resizes:
 
