@@ -13,7 +13,6 @@ not the bug.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any, cast
@@ -322,13 +321,14 @@ def test_versions_catches_a_skipped_publish(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.trainer.build_settings
+    real = art_trio.trainer.resolve_settings
 
-    def one_more(**kwargs: Any) -> PipelineSettings:
-        s = real(**kwargs)
-        return s if s.max_steps is None else dataclasses.replace(s, max_steps=s.max_steps + 1)
+    def one_more(*args: Any, **kwargs: Any) -> PipelineSettings:
+        s = real(*args, **kwargs)
+        steps = s.shutdown.max_steps
+        return s if steps is None else s.replace(max_steps=steps + 1)
 
-    monkeypatch.setattr(art_trio.trainer, "build_settings", one_more)
+    monkeypatch.setattr(art_trio.trainer, "resolve_settings", one_more)
     counterexample(
         prop_max_steps_and_termination,
         STRATEGIES[prop_max_steps_and_termination],

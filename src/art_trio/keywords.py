@@ -18,7 +18,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, TypedDict, get_type_hints
+from typing import Any, TypedDict, cast, get_type_hints
 
 from .autotune import initial_runtime, load_profile_settings, profile_path
 from .compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
@@ -154,7 +154,8 @@ def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
                 f"{group} must be an art_trio.{GROUP_TYPES[group].__name__}, got "
                 f"{type(value).__name__}"
             )
-        twice = sorted(f.name for f in fields(value) if f.name in flat)
+        given = {f.name: getattr(value, f.name) for f in fields(cast(Any, value))}
+        twice = sorted(name for name in given if name in flat)
         if twice:
             raise TypeError(
                 f"{twice[0]} is given twice, as a keyword and in {group}=; pass it once"
@@ -162,7 +163,7 @@ def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
         if isinstance(value, Sizes):
             sizes = value  # resolved with pipeline= and autotune= (see resolve_runtime)
         else:
-            flat.update({f.name: getattr(value, f.name) for f in fields(value)})
+            flat.update(given)
     return flat, sizes
 
 
@@ -204,7 +205,7 @@ def resolve_settings(
         **runtime,
         # The reference checks a given max_batch_size before defaulting it.
         "max_batch_size": (
-            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)  # type: ignore[operator]
+            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)  # type: ignore[operator,type-var]
         ),
         "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start,
     })

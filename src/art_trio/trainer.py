@@ -16,7 +16,6 @@ import sys
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any, Generic, NoReturn, Unpack
 
 import anyio
@@ -338,8 +337,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
         s = run.settings
         policy = policy_for(self.autotune, {
-            "num_rollout_workers": s.sizes.num_rollout_workers, "min_batch_size": s.sizes.min_batch_size,
-            "max_batch_size": s.sizes.max_batch_size,
+            "num_rollout_workers": s.sizes.num_rollout_workers,
+            "min_batch_size": s.sizes.min_batch_size, "max_batch_size": s.sizes.max_batch_size,
         })
         capacity = getattr(self.rollout_executor, "max_workers", None)
         if capacity is not None:
@@ -383,8 +382,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         s = self.settings
         return RunStatistics(
             running=False, collapsed=False, policy_version=0, steps=0,
-            num_rollout_workers=s.sizes.num_rollout_workers, min_batch_size=s.sizes.min_batch_size,
-            max_batch_size=s.sizes.max_batch_size, queue_capacity=s.groups_capacity,
+            num_rollout_workers=s.sizes.num_rollout_workers,
+            min_batch_size=s.sizes.min_batch_size, max_batch_size=s.sizes.max_batch_size,
+            queue_capacity=s.groups_capacity,
             rollouts_in_flight=0, groups_queued=0, taken=0, trained=0, stale=0,
             stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
             rollouts_started=0, rollouts_lost=0, elapsed_s=0.0, train_s=0.0,
@@ -457,7 +457,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         # Checked by PipelineSettings itself (ValueError), as the constructor's values are. A
         # running channel has a capacity now, which stays unless a new one is given.
         current_queue = s.groups_capacity if run is not None else s.sizes.queue_maxsize
-        resized = s.replace(num_rollout_workers=workers,
+        resized = s.replace(
+            num_rollout_workers=workers,
             min_batch_size=s.sizes.min_batch_size if min_batch_size is None else min_batch_size,
             max_batch_size=s.sizes.max_batch_size if max_batch_size is None else max_batch_size,
             queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,

@@ -113,8 +113,8 @@ class AutotuneStage:
     def _sync(self) -> None:
         # The settings, not the statistics: those count the workers still running, which
         # lag a decrease until each extra worker finishes its rollout.
-        s = self.run.settings
-        self.policy.sync(s.sizes.num_rollout_workers, s.sizes.min_batch_size, s.sizes.max_batch_size)
+        sizes = self.run.settings.sizes
+        self.policy.sync(sizes.num_rollout_workers, sizes.min_batch_size, sizes.max_batch_size)
 
     def _apply(self, decision: Decision) -> None:
         if decision.changed:

@@ -182,7 +182,8 @@ class TrainingStage:
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
         s = self.run.settings
-        return self.run.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity) - s.sizes.max_batch_size
+        largest = s.sizes.max_batch_size
+        return self.run.policy.lookahead(largest, s.groups_capacity) - largest
 
     async def collect_batch(self, current_step: int) -> CollectedBatch | None:
         """The next batch, or None if the run stopped or collapsed while collecting.
