@@ -43,7 +43,16 @@ from .retention import (
     keep_recent_and_top,
 )
 from .rollouts import make_group_rollout_fn
-from .settings import PipelineSettings
+from .settings import (
+    Evaluation,
+    FreshnessSettings,
+    Persistence,
+    PipelineSettings,
+    Shutdown,
+    Sizes,
+    Status,
+    Training,
+)
 from .stages.rollout import RolloutRejected, RolloutsKeepFailing
 from .stages.training import BackendStepError
 from .status import StatusReporter
@@ -115,6 +124,14 @@ __all__ = [
     "InProcessExecutor",
     "PipelineSettings",
     "PipelineTrainer",
+    # The settings' groups (`PipelineTrainer(..., sizes=Sizes(...))`).
+    "Evaluation",
+    "FreshnessSettings",
+    "Persistence",
+    "Shutdown",
+    "Sizes",
+    "Status",
+    "Training",
     "RolloutExecutor",
     "RolloutFn",
     "RolloutLost",

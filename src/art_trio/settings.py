@@ -16,14 +16,14 @@ the reference's checks refuse gets the reference's text).
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from .batching import Freshness
 from .compat import check_line_supports
 from .retention import CheckpointRetentionStrategy
+from .rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
 
 Admission = Literal["staleness_aware", "eager"]
 ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
@@ -45,49 +45,6 @@ as errored while printing failure lines forever.
 
 
 # -- how a setting is declared ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """A range check: `test(value)` must hold, else "<name> must be <text>".
-
-    None passes whenever the setting's type allows None (the reference's own rule).
-    """
-
-    test: Callable[[Any], bool]
-    text: str
-
-    def problem(self, name: str, value: object) -> str | None:
-        if self.test(value):
-            return None
-        return f"{name} must be {self.text}"
-
-
-def above(low: float, note: str = "") -> Rule:
-    return Rule(lambda v: v > low, f"> {low:g}{note}")
-
-
-def at_least(low: float, note: str = "") -> Rule:
-    return Rule(lambda v: v >= low, f">= {low:g}{note}")
-
-
-def one_of(choices: tuple[str, ...]) -> Rule:
-    text = f"one of {', '.join(map(repr, choices))}"
-
-    def test(value: object) -> bool:
-        return value in choices
-
-    return _Shown(test, text)
-
-
-@dataclass(frozen=True, slots=True)
-class _Shown(Rule):
-    """A rule whose message also shows the value given (a choice among names)."""
-
-    def problem(self, name: str, value: object) -> str | None:
-        if self.test(value):
-            return None
-        return f"{name} must be {self.text}, got {value!r}"
 
 
 Number = Literal["count", "real", "finite"]
@@ -343,42 +300,10 @@ def optional(name: str) -> bool:
 # -- the checks ---------------------------------------------------------------------------
 
 
-def count_error(name: str, value: object, *, optional: bool) -> str | None:
-    """Why `value` cannot be the count `name`, else None."""
-    if value is None and optional:
-        return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return None
-    what = "a whole number (an int)" + (" or None" if optional else "")
-    return f"{name} must be {what}, got {value!r}"
-
-
-def _not_a_number(name: str, value: object, optional: bool) -> str | None:
-    """Checked before the range checks, which would fail with a bare TypeError comparing a
-    string (or None) to a number."""
-    if value is None and optional:
-        return None
-    if isinstance(value, numbers.Real):
-        return None
-    what = "a number" + (" or None" if optional else "")
-    return f"{name} must be {what}, got {value!r} ({type(value).__name__})"
-
-
-def _not_finite(name: str, value: object) -> str | None:
-    # ART 0.5.23 accepts inf and then fails sizing its queue (math.ceil(inf)); None is the
-    # one spelling of "no mean-age bound" on every line.
-    if value is None or (not isinstance(value, bool) and math.isfinite(value)):  # type: ignore[arg-type]
-        return None
-    return (
-        f"{name} must be a finite number of steps, got {value!r}; pass None for no mean "
-        "policy-age bound"
-    )
-
-
 def _type_problem(name: str, value: object) -> str | None:
     if DECLARATIONS[name].metadata["number"] is None:
         return None
-    return _not_a_number(name, value, optional(name))
+    return not_a_number(name, value, optional(name))
 
 
 def _range_problem(name: str, value: object) -> str | None:
@@ -393,7 +318,7 @@ def _whole_problem(name: str, value: object) -> str | None:
     if number == "count":
         return count_error(name, value, optional=optional(name))
     if number == "finite":
-        return _not_finite(name, value)
+        return not_finite(name, value)
     return None
 
 
