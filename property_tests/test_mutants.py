@@ -402,7 +402,10 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
         PipelineSettings,
         "groups_capacity",
         property(
-            lambda s: 2 * (s.sizes.queue_maxsize or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size))
+            lambda s: 2 * (
+                s.sizes.queue_maxsize
+                or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size)
+            )
         ),
     )
     counterexample(prop_channel_capacity, STRATEGIES[prop_channel_capacity], checks.CAPACITY)

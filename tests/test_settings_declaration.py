@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
 
+import art_trio
 import art_trio.keywords
 import art_trio.settings
 from art_trio import PipelineTrainer
@@ -236,3 +241,43 @@ def test_replace_checks_names_and_values() -> None:
         settings.replace(max_batch_size=2)
     assert settings.replace(max_steps=4).shutdown.max_steps == 4
     assert settings.replace(max_steps=4).sizes is settings.sizes
+
+
+USER_CODE = '''
+from typing import Any
+
+from art_trio import PipelineTrainer, Sizes
+
+
+def build(model: Any, backend: Any, rollout: Any) -> None:
+    PipelineTrainer(model, backend, rollout, [], None, max_batch_size=8, learning_rate=1e-4)
+    PipelineTrainer(model, backend, rollout, [], None, sizes=Sizes(max_batch_size=8))
+    PipelineTrainer(model, backend, rollout, [], None, max_bach_size=8)
+    PipelineTrainer(model, backend, rollout, [], None, max_batch_size="8")
+    PipelineTrainer(model, backend, rollout, [], None, admission="greedy")
+'''
+
+
+def test_a_users_mypy_sees_each_settings_keyword_and_its_type(tmp_path: Path) -> None:
+    """The typed view (SettingKeywords through `**settings: Unpack[...]`) as mypy reads it:
+    the good calls pass, a misspelt name and wrong types are errors on their lines."""
+    user = tmp_path / "user.py"
+    user.write_text(USER_CODE)
+    # art_trio is read; what it imports (ART, anyio, ...) is skipped (as Any): reading ART's
+    # own dependencies would take minutes and is not what this test is about.
+    config = tmp_path / "mypy.ini"
+    config.write_text(
+        "[mypy]\nignore_missing_imports = True\nfollow_imports = skip\n"
+        "[mypy-art_trio.*]\nfollow_imports = normal\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(config), "--no-incremental",
+         "--python-version", "3.11", "--cache-dir", str(tmp_path / "cache"), str(user)],
+        capture_output=True, text=True,
+        env={**os.environ, "MYPYPATH": str(Path(art_trio.__file__).parents[1])},
+    )
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    assert [int(line.split(":")[1]) for line in errors] == [10, 11, 12], result.stdout
+    assert 'Unexpected keyword argument "max_bach_size"' in errors[0]
+    assert 'expected "int | None"' in errors[1]
+    assert "Literal['staleness_aware', 'eager']" in errors[2]
