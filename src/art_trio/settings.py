@@ -102,7 +102,8 @@ class FreshnessSettings:
         "staleness_aware", "'staleness_aware' starts a rollout only if a batch still to come "
         "can train it; 'eager' is the reference's gate exactly.", rule=one_of(ADMISSION_MODES))
     max_rollouts_beyond_bound: int | None = setting(
-        None, "Rollouts 'staleness_aware' admits past its bound (None: max_batch_size / 8).",
+        None, "Rollouts 'staleness_aware' admits past its bound, trading wasted rollouts for "
+        "trainer utilization (None: max_batch_size / 8).",
         rule=at_least(0, " (or None for max_batch_size / 8)"), number="count")
 
     @property
@@ -156,8 +157,9 @@ class Persistence:
         1, "Steps between retention passes.", rule=above(0), number="count")
     resume: bool = setting(True, "Continue from the model directory's resume record.")
     fsync_state: bool = setting(
-        False, "Make each step's resume record durable against power loss, not only against "
-        "the process dying (a disk sync per step).")
+        False, "Also make each step's resume record durable against power loss or an OS "
+        "crash, not only against the process dying (off by default: a disk sync per step "
+        "costs 0.5-5 ms on a plain SSD, more than the rest of a step's overhead).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,9 @@ class Shutdown:
         "collapsed.", rule=above(0), number="count")
     max_consecutive_rollout_failures: int | None = setting(
         DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
-        "Rollouts failing in a row after which the run stops with an error (None: never).",
+        "Rollouts failing in a row after which the run stops with an error (None: never). "
+        "Those scenarios stay unresolved, so a resumed run rolls them again once the cause "
+        "is fixed.",
         rule=above(0, " (or None to never stop on failures)"), number="count")
     shutdown_grace_seconds: float | None = setting(
         DEFAULT_SHUTDOWN_GRACE_SECONDS,

@@ -60,21 +60,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     `pipeline=PipelineRuntimeConfig(...)`; ART 0.5.20's `limit_mean_steps_off_policy`,
     `rollout_executor` (ART's `RolloutExecutor` protocol; a worker that dies raises
     `RolloutLost` and its scenario is rolled again) and training kwargs. art_trio's own
-    parameters:
-
-    - `shutdown_grace_seconds`: after a stop, how long in-flight rollouts and a running eval
-      may take to finish before they are cancelled (`None`: as long as they take).
-    - `admission`: "staleness_aware" (default) starts a rollout only if a batch still to come
-      can train it; "eager" reproduces the reference's gate exactly.
-    - `max_rollouts_beyond_bound`: how many rollouts "staleness_aware" admits past that bound,
-      trading wasted rollouts for trainer utilization (default: `max_batch_size / 8`).
-    - `eval_at_start`: ART 0.5.18's name for `eval_step_0`.
-    - `fsync_state`: also make each step's resume record durable against power loss or an OS
-      crash, not only against the process dying (default False: a disk sync per step costs
-      0.5-5 ms on a plain SSD, more than the rest of a step's overhead).
-    - `max_consecutive_rollout_failures`: stop the run with an error after this many rollouts
-      in a row fail (default 100; None never stops). Those scenarios stay unresolved, so a
-      resumed run rolls them again once the cause is fixed.
+    settings (`shutdown_grace_seconds`, `admission`, `max_rollouts_beyond_bound`,
+    `fsync_state`, `max_consecutive_rollout_failures`) and ART's are documented where they
+    are declared, in their groups (art_trio.settings: `Sizes`, `Shutdown`, ...).
 
     `rollout_fn`, `eval_fn` and async scenario iterators are asyncio code unless marked with
     `art_trio.trio_native`. The settings are declared in art_trio.settings, in groups
