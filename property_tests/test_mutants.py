@@ -13,7 +13,6 @@ not the bug.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any, cast
@@ -160,7 +159,7 @@ def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.Monkey
     async def overfilling(self: TrainingStage, current_step: int) -> Any:
         run = self.run
         settings_ = run.settings
-        run.settings = dataclasses.replace(settings_, max_batch_size=settings_.max_batch_size + 1)
+        run.settings = settings_.replace(max_batch_size=settings_.sizes.max_batch_size + 1)
         try:
             return await real(self, current_step)
         finally:
@@ -179,7 +178,7 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
     async def impatient(self: TrainingStage, current_step: int) -> Any:
         run = self.run
         settings_ = run.settings
-        run.settings = dataclasses.replace(settings_, min_batch_size=1)
+        run.settings = settings_.replace(min_batch_size=1)
         try:
             return await real(self, current_step)
         finally:
@@ -322,13 +321,14 @@ def test_versions_catches_a_skipped_publish(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.trainer.build_settings
+    real = art_trio.trainer.resolve_settings
 
-    def one_more(**kwargs: Any) -> PipelineSettings:
-        s = real(**kwargs)
-        return s if s.max_steps is None else dataclasses.replace(s, max_steps=s.max_steps + 1)
+    def one_more(*args: Any, **kwargs: Any) -> PipelineSettings:
+        s = real(*args, **kwargs)
+        steps = s.shutdown.max_steps
+        return s if steps is None else s.replace(max_steps=steps + 1)
 
-    monkeypatch.setattr(art_trio.trainer, "build_settings", one_more)
+    monkeypatch.setattr(art_trio.trainer, "resolve_settings", one_more)
     counterexample(
         prop_max_steps_and_termination,
         STRATEGIES[prop_max_steps_and_termination],
@@ -360,7 +360,7 @@ def test_termination_catches_trainer_waiting_past_end_of_source(
 
 def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
     def late(run: Any, step: int) -> bool:
-        every = run.settings.eval_every_n_steps
+        every = run.settings.evaluation.eval_every_n_steps
         return bool(
             run.eval_fn is not None and every > 0 and step - run.state.last_eval_step > every
         )
@@ -389,7 +389,7 @@ def test_collapse_catches_limit_off_by_one(monkeypatch: pytest.MonkeyPatch, off_
     monkeypatch.setattr(
         PipelineSettings,
         "discard_limit",
-        property(lambda s: s.discard_queue_multiplier * s.min_batch_size + off_by),
+        property(lambda s: s.shutdown.discard_queue_multiplier * s.sizes.min_batch_size + off_by),
     )
     counterexample(prop_collapse, STRATEGIES[prop_collapse], checks.COLLAPSE)
 
@@ -402,7 +402,10 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
         PipelineSettings,
         "groups_capacity",
         property(
-            lambda s: 2 * (s.queue_maxsize or max(1, s.max_steps_off_policy * s.max_batch_size))
+            lambda s: 2 * (
+                s.sizes.queue_maxsize
+                or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size)
+            )
         ),
     )
     counterexample(prop_channel_capacity, STRATEGIES[prop_channel_capacity], checks.CAPACITY)

@@ -578,11 +578,13 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
     """The tuner never ends a run: a resize the trainer refuses leaves the live sizes."""
     from types import SimpleNamespace
 
+    from art_trio import PipelineSettings
     from art_trio.autotune import Decision
     from art_trio.stages.autotune import AutotuneStage
 
-    settings = SimpleNamespace(num_rollout_workers=4, min_batch_size=8, max_batch_size=8,
-                               queue_maxsize=None)
+    settings = PipelineSettings.from_flat(
+        {"num_rollout_workers": 4, "min_batch_size": 8, "max_batch_size": 8}
+    )
     run = SimpleNamespace(settings=settings, model=None)
 
     def refuse(**change: Any) -> Any:

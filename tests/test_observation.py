@@ -16,6 +16,7 @@ from typing import Any, get_type_hints
 import art
 import pytest
 
+import art_trio.keywords
 import art_trio.settings
 import art_trio.trainer
 from art_trio import (
@@ -30,6 +31,8 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
+from art_trio.keywords import RESOLVED_LATER, SettingKeywords
+from art_trio.settings import FIELDS, GROUP_TYPES
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
@@ -133,18 +136,24 @@ async def test_an_observer_that_raises_ends_the_run_with_its_error(
 
 
 def test_the_settings_have_one_source() -> None:
-    """The constructor's defaults are PipelineSettings' defaults, and the attributes the
-    trainer reads back are typed as PipelineSettings declares them."""
+    """The constructor's defaults are the declarations' defaults, its settings keywords are
+    typed as the declarations (see tests/test_settings_declaration.py for the rest), and the
+    attributes the trainer reads back are the configured settings."""
     defaults = PipelineSettings()
     signature = inspect.signature(PipelineTrainer.__init__)
     for name, parameter in signature.parameters.items():
-        if name in PipelineSettings.__dataclass_fields__ and parameter.default is not None:
-            assert parameter.default == getattr(defaults, name), name
-    hints = get_type_hints(PipelineTrainer, vars(art_trio.trainer))
-    fields = get_type_hints(PipelineSettings, vars(art_trio.settings))
-    assert {n: hints[n] for n in fields} == fields
+        if name in FIELDS and parameter.default is not None:
+            assert parameter.default == defaults.get(name), name
+    hints = get_type_hints(SettingKeywords, vars(art_trio.keywords))
+    declared = {
+        name: get_type_hints(GROUP_TYPES[group], vars(art_trio.settings))[name]
+        for name, group in FIELDS.items()
+    }
+    assert {n: hints[n] for n in declared if n not in RESOLVED_LATER} == {
+        n: t for n, t in declared.items() if n not in RESOLVED_LATER
+    }
     admission = signature.parameters["admission"].annotation
-    assert "Admission" in str(admission)
+    assert "Literal['staleness_aware', 'eager']" in str(admission)
 
 
 async def test_the_library_logs_and_prints_only_its_status_line(

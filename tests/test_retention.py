@@ -27,6 +27,7 @@ import art_trio
 from art_trio import (
     CheckpointInfo,
     CheckpointRetentionContext,
+    PipelineSettings,
     PipelineTrainer,
     keep_recent_and_top,
 )
@@ -185,16 +186,11 @@ def stand_in_run(
         model=SimpleNamespace(_get_output_dir=lambda: str(tmp_path)),
         backend=DeletingBackend(tmp_path),
         bridge=Bridge(),
-        settings=SimpleNamespace(
-            checkpoint_retention_strategy=recording,
-            checkpoint_retention_interval=interval,
-            **{
-                "kl_penalty_coef": 0.0,
-                "kl_penalty_reference_step": None,
-                "kl_penalty_step_lag": None,
-                **(kl or {}),
-            },
-        ),
+        settings=PipelineSettings.from_flat({
+            "checkpoint_retention_strategy": recording,
+            "checkpoint_retention_interval": interval,
+            **(kl or {}),
+        }),
         state=SimpleNamespace(
             completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
         ),
@@ -284,7 +280,7 @@ async def test_retention_runs_only_every_interval_steps(tmp_path: Path) -> None:
 
 async def test_no_strategy_deletes_nothing(tmp_path: Path) -> None:
     run = stand_in_run(tmp_path, [1, 2], keep_none)
-    run.settings.checkpoint_retention_strategy = None
+    run.settings = run.settings.replace(checkpoint_retention_strategy=None)
     await apply_retention(run, 2)
     assert run.backend.keep_lists == []
 

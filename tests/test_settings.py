@@ -21,7 +21,7 @@ from art_trio.compat import (
     art_pipeline_trainer,
     art_trainer_kwargs,
 )
-from art_trio.settings import RUNTIME_DEFAULTS
+from art_trio.keywords import RUNTIME_DEFAULTS
 from tests.doubles import asyncio_rollout
 
 ArtPipelineTrainer = art_pipeline_trainer()

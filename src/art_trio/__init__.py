@@ -61,7 +61,16 @@ from .retention import (
     keep_recent_and_top,
 )
 from .rollouts import make_group_rollout_fn
-from .settings import PipelineSettings
+from .settings import (
+    Evaluation,
+    FreshnessSettings,
+    Persistence,
+    PipelineSettings,
+    Shutdown,
+    Sizes,
+    Status,
+    Training,
+)
 from .status import StatusReporter
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
@@ -134,6 +143,14 @@ __all__ = [
     "PipelineSettings",
     "ProfileError",
     "PipelineTrainer",
+    # The settings' groups (`PipelineTrainer(..., sizes=Sizes(...))`).
+    "Evaluation",
+    "FreshnessSettings",
+    "Persistence",
+    "Shutdown",
+    "Sizes",
+    "Status",
+    "Training",
     "RolloutExecutor",
     "RolloutFn",
     "RolloutLost",

@@ -119,8 +119,8 @@ class PipelineRun:
         self.status = status
         self.start_step = start_step
         self.source = source
-        self.freshness = settings.freshness
-        self.policy = admission_policy(settings.admission, settings.rollouts_beyond_bound)
+        self.freshness = settings.freshness.rule
+        self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
         # The loop's own clock: anyio.current_time() looks the backend up on every call, and
         # the stages read the time several times per rollout.
         self._clock = loop_clock()
@@ -130,7 +130,7 @@ class PipelineRun:
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
-            max_batch_size=settings.max_batch_size,
+            max_batch_size=settings.sizes.max_batch_size,
             policy=self.policy,
             clock=self._clock,
             new_event=loop_event_factory(),
@@ -145,7 +145,7 @@ class PipelineRun:
             gate=self.gate,
             observers=self.observers,
         )
-        self.stop = StopControl(settings.shutdown_grace_seconds)
+        self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
         self.stop.on_stop(self.gate.close)
         self.stop.on_stop(self.source.close)
         #: Set by the training stage when it stopped the run as collapsed.
@@ -183,10 +183,10 @@ class PipelineRun:
         """The run's sizes change to `settings`' (validated); the trainer has the rollout
         stage start or retire workers."""
         before, self.settings = self.settings, settings
-        self.gate.max_batch_size = settings.max_batch_size
+        self.gate.max_batch_size = settings.sizes.max_batch_size
         if settings.groups_capacity != before.groups_capacity and self.resize_queue is not None:
             self.resize_queue(settings.groups_capacity)
-        self.status.set_workers(settings.num_rollout_workers)
+        self.status.set_workers(settings.sizes.num_rollout_workers)
         self.gate.admissions_changed()
 
     # -- stopping ------------------------------------------------------------------------
@@ -247,10 +247,10 @@ class PipelineRun:
             policy_version=gate.policy_version,
             steps=c.steps,
             num_rollout_workers=(
-                self.workers_running if running else self.settings.num_rollout_workers
+                self.workers_running if running else self.settings.sizes.num_rollout_workers
             ),
-            min_batch_size=self.settings.min_batch_size,
-            max_batch_size=self.settings.max_batch_size,
+            min_batch_size=self.settings.sizes.min_batch_size,
+            max_batch_size=self.settings.sizes.max_batch_size,
             queue_capacity=self.settings.groups_capacity,
             rollouts_in_flight=gate.in_flight,
             groups_queued=gate.queued,

@@ -1,21 +1,29 @@
-"""The trainer's validated parameters.
+"""The trainer's settings, each declared once: name, type, default, doc and check.
+
+The settings come in seven groups (`Sizes`, `FreshnessSettings`, `Training`, `Evaluation`,
+`Persistence`, `Status`, `Shutdown`), joined in `PipelineSettings`. Everything else that
+lists settings is derived from the declarations below: the flat keyword view of
+`PipelineTrainer(...)` (see art_trio.keywords), the trainer's attribute proxy
+(`trainer.max_batch_size`), `resize`'s names (the `Sizes` group) and the value checks.
 
 Every ValueError the reference raises for a bad constructor value is raised here, with the
-same message, in the same order, so code that catches them keeps working. New parameters
-validate the same way: the message names the parameter and the range it accepts.
+same message. Checks run group by group in the order declared (the runtime sizes first, as
+ART 0.5.20+'s `PipelineRuntimeConfig` checks them), in three passes: values that are not
+numbers at all, then the range checks, then whole-number and finiteness checks (so a number
+the reference's checks refuse gets the reference's text).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from .batching import Freshness
 from .compat import check_line_supports
 from .retention import CheckpointRetentionStrategy
+from .rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
 
 Admission = Literal["staleness_aware", "eager"]
 ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
@@ -27,7 +35,6 @@ Long enough for an agent's tool calls to return and clean up, short enough that 
 never feels like a hang. `None` waits as long as they take, as ART's trainer does.
 """
 
-
 DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES = 100
 """Rollouts failing in a row (no success between) after which the run stops with an error.
 
@@ -37,65 +44,220 @@ as errored while printing failure lines forever.
 """
 
 
+# -- how a setting is declared ----------------------------------------------------------
+
+
+Number = Literal["count", "real", "finite"]
+
+
+def setting(
+    default: Any, doc: str, *, rule: Rule | None = None, number: Number | None = None
+) -> Any:
+    """Declare one setting (a dataclass field of its group).
+
+    `number`: "count" for a whole number (an int, not a bool), "real" for any real number,
+    "finite" for a finite one; None for values art_trio passes on unchecked (a loss name,
+    a learning rate: ART's backends judge them). Whether None is allowed comes from the
+    field's type.
+    """
+    return field(default=default, metadata={"doc": doc, "rule": rule, "number": number})
+
+
+# -- the groups ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """How many rollouts run and how many groups a batch takes (ART 0.5.20+'s
+    `PipelineRuntimeConfig`); the settings `resize()` changes while a run goes."""
+
+    num_rollout_workers: int = setting(
+        16, "Rollouts running at once.", rule=above(0), number="count")
+    min_batch_size: int = setting(
+        4, "Groups a batch waits for.", rule=above(0), number="count")
+    max_batch_size: int = setting(
+        40, "Most groups in a batch (the constructor defaults it to 10 x min_batch_size).",
+        rule=above(0), number="count")
+    queue_maxsize: int | None = setting(
+        None, "Capacity of the groups channel (None: max_batch_size x the staleness window).",
+        rule=above(0), number="count")
+
+    def problems(self) -> list[str]:
+        if self.max_batch_size < self.min_batch_size:
+            return ["max_batch_size must be >= min_batch_size"]
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class FreshnessSettings:
+    """How old a group may be when it trains, and how rollouts are admitted against that."""
+
+    max_steps_off_policy: int | None = setting(
+        4, "The hard bound on a group's age in steps (None: off, ART 0.5.20+).",
+        rule=at_least(0), number="count")
+    limit_mean_steps_off_policy: float | None = setting(
+        None, "ART 0.5.20's bound on a group's token-weighted mean policy age (None: off).",
+        rule=at_least(0), number="finite")
+    admission: Admission = setting(
+        "staleness_aware", "'staleness_aware' starts a rollout only if a batch still to come "
+        "can train it; 'eager' is the reference's gate exactly.", rule=one_of(ADMISSION_MODES))
+    max_rollouts_beyond_bound: int | None = setting(
+        None, "Rollouts 'staleness_aware' admits past its bound, trading wasted rollouts for "
+        "trainer utilization (None: max_batch_size / 8).",
+        rule=at_least(0, " (or None for max_batch_size / 8)"), number="count")
+
+    @property
+    def rule(self) -> Freshness:
+        """The staleness bounds, as one rule (see batching.Freshness)."""
+        return Freshness(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    """What each `backend.train` call is given (ART's training keyword arguments)."""
+
+    learning_rate: float = setting(1e-5, "The optimizer's learning rate.")
+    loss_fn: str = setting("cispo", "ART's loss function name.")
+    loss_fn_config: dict[str, Any] | None = setting(None, "The loss function's options.")
+    normalize_advantages: bool = setting(True, "Normalize advantages within a group.")
+    adam_params: object | None = setting(None, "Adam's parameters, as ART takes them.")
+    kl_penalty_coef: float = setting(0.0, "The KL penalty's weight (0: no penalty).")
+    kl_penalty_reference_step: int | None = setting(
+        None, "The step the KL penalty measures against.", number="count")
+    kl_penalty_step_lag: int | None = setting(
+        None, "Or: how many steps behind the current one that reference is (ART 0.5.20+).",
+        rule=at_least(1), number="count")
+    grad_accumulation_sequences: int | None = setting(
+        None, "Sequences per gradient accumulation (ART 0.5.20+).",
+        rule=at_least(1), number="count")
+    packed_sequence_length: int | None = setting(
+        None, "Packed sequence length (ART 0.5.18).",
+        rule=above(0, " (or None to leave it unset)"), number="count")
+    optimizer_save_interval: int = setting(
+        5, "Steps between optimizer state saves (ART 0.5.20+).", rule=above(0), number="count")
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """When `eval_fn` runs."""
+
+    eval_every_n_steps: int = setting(
+        20, "Steps between evals (0: none after the start).", rule=at_least(0), number="count")
+    eval_at_start: bool = setting(True, "Eval the starting policy (ART 0.5.18: eval_step_0).")
+
+
+@dataclass(frozen=True, slots=True)
+class Persistence:
+    """What a run keeps on disk: checkpoints and the resume record."""
+
+    save_checkpoint: bool = setting(True, "Save a checkpoint at each step.")
+    checkpoint_retention_strategy: CheckpointRetentionStrategy | None = setting(
+        None, "Which checkpoints to keep (None: the backend's own rule).")
+    checkpoint_retention_interval: int = setting(
+        1, "Steps between retention passes.", rule=above(0), number="count")
+    resume: bool = setting(True, "Continue from the model directory's resume record.")
+    fsync_state: bool = setting(
+        False, "Also make each step's resume record durable against power loss or an OS "
+        "crash, not only against the process dying (off by default: a disk sync per step "
+        "costs 0.5-5 ms on a plain SSD, more than the rest of a step's overhead).")
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The status line and the progress it reports."""
+
+    log_interval_seconds: float = setting(
+        60.0, "Seconds between status lines.", rule=above(0), number="real")
+    status_ewa_alpha: float = setting(
+        0.2, "Smoothing of the status line's rates.",
+        rule=Rule(lambda v: 0 < v <= 1, "in (0, 1]"), number="real")
+    total_scenarios: int | None = setting(
+        None, "Scenarios in the source, for the progress shown.", rule=at_least(0),
+        number="count")
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """When a run ends, and how long its end may take."""
+
+    max_steps: int | None = setting(
+        None, "Steps to train (None: until the scenarios end).", rule=at_least(0),
+        number="count")
+    discard_queue_multiplier: int = setting(
+        100, "Held zero-variance groups, per min_batch_size, at which training stops as "
+        "collapsed.", rule=above(0), number="count")
+    max_consecutive_rollout_failures: int | None = setting(
+        DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES,
+        "Rollouts failing in a row after which the run stops with an error (None: never). "
+        "Those scenarios stay unresolved, so a resumed run rolls them again once the cause "
+        "is fixed.",
+        rule=above(0, " (or None to never stop on failures)"), number="count")
+    shutdown_grace_seconds: float | None = setting(
+        DEFAULT_SHUTDOWN_GRACE_SECONDS,
+        "After a stop, how long in-flight rollouts and an eval may take before they are "
+        "cancelled (None: as long as they take).",
+        rule=at_least(0, " (or None to wait for in-flight work however long it takes)"),
+        number="real")
+
+
+# -- all of them --------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
-    """What `PipelineTrainer(...)` was configured with, after defaults are resolved."""
+    """What `PipelineTrainer(...)` was configured with, after defaults are resolved.
 
-    num_rollout_workers: int = 16
-    min_batch_size: int = 4
-    max_batch_size: int = 40
-    #: The hard bound on a group's age (None: off, ART 0.5.20+).
-    max_steps_off_policy: int | None = 4
-    #: ART 0.5.20's bound on a group's token-weighted mean policy age (None: off).
-    limit_mean_steps_off_policy: float | None = None
-    queue_maxsize: int | None = None
-    learning_rate: float = 1e-5
-    loss_fn: str = "cispo"
-    loss_fn_config: dict[str, Any] | None = None
-    normalize_advantages: bool = True
-    adam_params: object | None = None
-    kl_penalty_coef: float = 0.0
-    kl_penalty_reference_step: int | None = None
-    kl_penalty_step_lag: int | None = None
-    grad_accumulation_sequences: int | None = None
-    optimizer_save_interval: int = 5
-    packed_sequence_length: int | None = None
-    max_steps: int | None = None
-    discard_queue_multiplier: int = 100
-    log_interval_seconds: float = 60.0
-    status_ewa_alpha: float = 0.2
-    total_scenarios: int | None = None
-    eval_every_n_steps: int = 20
-    eval_at_start: bool = True
-    save_checkpoint: bool = True
-    checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None
-    checkpoint_retention_interval: int = 1
-    resume: bool = True
-    shutdown_grace_seconds: float | None = DEFAULT_SHUTDOWN_GRACE_SECONDS
-    admission: Admission = "staleness_aware"
-    max_rollouts_beyond_bound: int | None = None
-    fsync_state: bool = False
-    max_consecutive_rollout_failures: int | None = DEFAULT_MAX_CONSECUTIVE_ROLLOUT_FAILURES
+    Read a setting through its group (`settings.sizes.max_batch_size`); `replace()` and
+    `from_flat()` take the flat names ART's keyword arguments use.
+    """
+
+    sizes: Sizes = field(default_factory=Sizes)
+    freshness: FreshnessSettings = field(default_factory=FreshnessSettings)
+    training: Training = field(default_factory=Training)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    persistence: Persistence = field(default_factory=Persistence)
+    status: Status = field(default_factory=Status)
+    shutdown: Shutdown = field(default_factory=Shutdown)
 
     def __post_init__(self) -> None:
         validate(self)
 
-    @property
-    def freshness(self) -> Freshness:
-        """The staleness bounds, as one rule (see batching.Freshness)."""
-        return Freshness(self.max_steps_off_policy, self.limit_mean_steps_off_policy)
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> PipelineSettings:
+        """Settings from flat names (`max_batch_size=...`), the rest at their defaults."""
+        return cls().replace(**values)
+
+    def replace(self, **changes: Any) -> PipelineSettings:
+        """A copy with the named settings changed (flat names), validated (ValueError)."""
+        unknown = sorted(set(changes) - set(FIELDS))
+        if unknown:
+            raise TypeError(f"unknown setting {unknown[0]!r}; the settings are {sorted(FIELDS)}")
+        groups: dict[str, Any] = {}
+        for group in GROUPS:
+            mine = {n: v for n, v in changes.items() if FIELDS[n] == group}
+            current = getattr(self, group)
+            groups[group] = type(current)(**{**_values(current), **mine}) if mine else current
+        return PipelineSettings(**groups)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name, in declaration order."""
+        return {n: v for group in GROUPS for n, v in _values(getattr(self, group)).items()}
+
+    def get(self, name: str) -> Any:
+        """One setting by its flat name (KeyError if there is none)."""
+        return getattr(getattr(self, FIELDS[name]), name)
 
     @property
     def groups_capacity(self) -> int:
         """Capacity of the channel from rollout workers to the trainer (as the reference)."""
-        if self.queue_maxsize is not None:
-            return self.queue_maxsize
-        return max(1, self.freshness.queue_window * self.max_batch_size)
+        if self.sizes.queue_maxsize is not None:
+            return self.sizes.queue_maxsize
+        return max(1, self.freshness.rule.queue_window * self.sizes.max_batch_size)
 
     @property
     def discard_limit(self) -> int:
         """Held zero-variance groups at which training stops as collapsed."""
-        return self.discard_queue_multiplier * self.min_batch_size
+        return self.shutdown.discard_queue_multiplier * self.sizes.min_batch_size
 
     @property
     def rollouts_beyond_bound(self) -> int:
@@ -107,222 +269,80 @@ class PipelineSettings:
         utilization 0.956 with 4.5% wasted rollouts, 1 gives 0.974 / 8.5%, 4 gives 0.980 / 17%.
         The gate admits less of it when rollouts end close together (see gate.py).
         """
-        if self.max_rollouts_beyond_bound is not None:
-            return self.max_rollouts_beyond_bound
-        return max(1, math.ceil(self.max_batch_size / 8))
+        if self.freshness.max_rollouts_beyond_bound is not None:
+            return self.freshness.max_rollouts_beyond_bound
+        return max(1, math.ceil(self.sizes.max_batch_size / 8))
 
 
-def resolve_runtime(
-    pipeline: Any | None, autotune: Any | None, direct: dict[str, int | None]
-) -> dict[str, int | None]:
-    """The four runtime settings, from `pipeline=PipelineRuntimeConfig(...)` or the direct kwargs.
-
-    ART 0.5.20 moved them into a config object and kept the keyword arguments as aliases;
-    both spellings work here on every ART line (the trainer warns about the aliases as the
-    installed ART does, see compat.deprecate_direct_runtime), and giving both is ART's
-    ValueError.
-    """
-    given = {name: value for name, value in direct.items() if value is not None}
-    mode = getattr(autotune, "mode", "off") if autotune is not None else "off"
-    if mode != "off":
-        if pipeline is not None or given:
-            raise ValueError(
-                "Pipeline runtime config cannot be provided when pipeline autotuning is "
-                "enabled. The autotuner owns the initial and online pipeline settings."
-            )
-        # The autotuner's starting point (a saved profile, if asked for, is read by the
-        # trainer, which knows the model's directory).
-        from .autotune import initial_runtime
-
-        return initial_runtime(autotune)
-    if pipeline is not None and given:
-        raise ValueError(
-            "Use either pipeline=PipelineRuntimeConfig(...) or deprecated direct pipeline "
-            "settings, not both."
-        )
-    if pipeline is not None:
-        return {name: getattr(pipeline, name) for name in direct}
-    return {**RUNTIME_DEFAULTS, **given}
+def _values(group: object) -> dict[str, Any]:
+    return {f.name: getattr(group, f.name) for f in fields(group)}  # type: ignore[arg-type]
 
 
-#: The runtime settings' defaults when neither `pipeline=` nor a direct kwarg sets them.
-RUNTIME_DEFAULTS: dict[str, int | None] = {
-    "num_rollout_workers": 16,
-    "min_batch_size": 4,
-    "max_batch_size": None,
-    "queue_maxsize": None,
+#: The groups' attribute names on PipelineSettings, in declaration order.
+GROUPS: tuple[str, ...] = tuple(f.name for f in fields(PipelineSettings))
+#: The group classes, by attribute name.
+GROUP_TYPES: dict[str, type] = {
+    f.name: f.default_factory for f in fields(PipelineSettings)  # type: ignore[misc]
 }
+#: Every setting's flat name -> the group that declares it.
+FIELDS: dict[str, str] = {}
+#: Every setting's declaration (a dataclass Field: type, default, doc, rule, number).
+DECLARATIONS: dict[str, Any] = {}
+for _group in GROUPS:
+    for _field in fields(GROUP_TYPES[_group]):
+        if _field.name in FIELDS or _field.name in GROUPS:
+            raise TypeError(f"setting {_field.name!r} is declared twice")
+        FIELDS[_field.name] = _group
+        DECLARATIONS[_field.name] = _field
 
 
-def _positive(name: str) -> Check:
-    return (lambda s: getattr(s, name) > 0, f"{name} must be > 0")
+def optional(name: str) -> bool:
+    """Whether the setting's type allows None."""
+    return "None" in str(DECLARATIONS[name].type)
 
 
-def _at_least(name: str, low: float, suffix: str = "") -> Check:
-    return (
-        lambda s: getattr(s, name) is None or getattr(s, name) >= low,
-        f"{name} must be >= {low:g}{suffix}",
-    )
+# -- the checks ---------------------------------------------------------------------------
 
 
-Check = tuple[Callable[["PipelineSettings"], bool], str]
-
-#: Every value check, in the reference's order and with its messages first (code that catches
-#: them keeps working), then ART 0.5.18's and 0.5.20's additions, then art_trio's own.
-CHECKS: tuple[Check, ...] = (
-    _positive("num_rollout_workers"),
-    _positive("min_batch_size"),
-    _positive("max_batch_size"),
-    (lambda s: s.max_batch_size >= s.min_batch_size, "max_batch_size must be >= min_batch_size"),
-    _at_least("max_steps_off_policy", 0),
-    (
-        lambda s: s.limit_mean_steps_off_policy is None or s.limit_mean_steps_off_policy >= 0,
-        "limit_mean_steps_off_policy must be >= 0",
-    ),
-    (lambda s: s.queue_maxsize is None or s.queue_maxsize > 0, "queue_maxsize must be > 0"),
-    _at_least("eval_every_n_steps", 0),
-    _at_least("max_steps", 0),
-    _positive("log_interval_seconds"),
-    _positive("discard_queue_multiplier"),
-    (lambda s: 0 < s.status_ewa_alpha <= 1, "status_ewa_alpha must be in (0, 1]"),
-    _at_least("total_scenarios", 0),
-    _positive("checkpoint_retention_interval"),
-    (
-        lambda s: s.packed_sequence_length is None or s.packed_sequence_length > 0,
-        "packed_sequence_length must be > 0 (or None to leave it unset)",
-    ),
-    _positive("optimizer_save_interval"),
-    _at_least("kl_penalty_step_lag", 1),
-    _at_least("grad_accumulation_sequences", 1),
-    (
-        lambda s: s.shutdown_grace_seconds is None or s.shutdown_grace_seconds >= 0,
-        "shutdown_grace_seconds must be >= 0 (or None to wait for in-flight work however "
-        "long it takes)",
-    ),
-    (
-        lambda s: s.admission in ADMISSION_MODES,
-        f"admission must be one of {', '.join(map(repr, ADMISSION_MODES))}",
-    ),
-    (
-        lambda s: s.max_consecutive_rollout_failures is None
-        or s.max_consecutive_rollout_failures > 0,
-        "max_consecutive_rollout_failures must be > 0 (or None to never stop on failures)",
-    ),
-    (
-        lambda s: s.max_rollouts_beyond_bound is None or s.max_rollouts_beyond_bound >= 0,
-        "max_rollouts_beyond_bound must be >= 0 (or None for max_batch_size / 8)",
-    ),
-)
-
-
-#: Settings that count or size something: whole numbers (`int`, not `bool`), `True` where
-#: None is allowed. A float count used to get through the checks above and break the run
-#: later (`num_rollout_workers=inf` started workers forever, `max_batch_size=inf` ended
-#: the run with a TypeError, 2.5 workers were accepted).
-COUNTS: dict[str, bool] = {
-    "num_rollout_workers": False,
-    "min_batch_size": False,
-    "max_batch_size": False,
-    "max_steps_off_policy": True,
-    "queue_maxsize": True,
-    "kl_penalty_reference_step": True,
-    "kl_penalty_step_lag": True,
-    "grad_accumulation_sequences": True,
-    "optimizer_save_interval": False,
-    "packed_sequence_length": True,
-    "max_steps": True,
-    "discard_queue_multiplier": False,
-    "total_scenarios": True,
-    "eval_every_n_steps": False,
-    "checkpoint_retention_interval": False,
-    "max_rollouts_beyond_bound": True,
-    "max_consecutive_rollout_failures": True,
-}
-
-#: Settings that are real numbers (None allowed for all of them but the interval).
-REALS: dict[str, bool] = {
-    "limit_mean_steps_off_policy": True,
-    "log_interval_seconds": False,
-    "status_ewa_alpha": False,
-    "shutdown_grace_seconds": True,
-}
-
-
-def count_error(name: str, value: object, *, optional: bool) -> str | None:
-    """Why `value` cannot be the count `name`, else None."""
-    if value is None and optional:
+def _type_problem(name: str, value: object) -> str | None:
+    if DECLARATIONS[name].metadata["number"] is None:
         return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return None
-    what = "a whole number (an int)" + (" or None" if optional else "")
-    return f"{name} must be {what}, got {value!r}"
+    return not_a_number(name, value, optional(name))
 
 
-def _not_a_number(name: str, value: object, optional: bool) -> str | None:
-    """Checked before the reference's value checks, which would fail with a bare TypeError
-    comparing a string (or None) to a number."""
-    if value is None and optional:
+def _range_problem(name: str, value: object) -> str | None:
+    rule: Rule | None = DECLARATIONS[name].metadata["rule"]
+    if rule is None or (value is None and optional(name)):
         return None
-    if isinstance(value, numbers.Real):
-        return None
-    what = "a number" + (" or None" if optional else "")
-    return f"{name} must be {what}, got {value!r} ({type(value).__name__})"
+    return rule.problem(name, value)
+
+
+def _whole_problem(name: str, value: object) -> str | None:
+    number = DECLARATIONS[name].metadata["number"]
+    if number == "count":
+        return count_error(name, value, optional=optional(name))
+    if number == "finite":
+        return not_finite(name, value)
+    return None
 
 
 def validate(settings: PipelineSettings) -> None:
-    """Raise the first failing check's ValueError (see CHECKS), then the type checks'.
-
-    Values that are not numbers at all are refused first (the reference's checks would raise
-    a bare TypeError on them); numbers its checks accept but no count can be (2.5, inf,
-    True) after them, so every ValueError the reference raises keeps its text.
-    """
-    for name, optional in (COUNTS | REALS).items():
-        problem = _not_a_number(name, getattr(settings, name), optional)
-        if problem is not None:
-            raise ValueError(problem)
-    for check, message in CHECKS:
-        if not check(settings):
-            if message.startswith("admission "):
-                message = f"{message}, got {settings.admission!r}"
-            raise ValueError(message)
-    for name, optional in COUNTS.items():
-        problem = count_error(name, getattr(settings, name), optional=optional)
-        if problem is not None:
-            raise ValueError(problem)
-    limit = settings.limit_mean_steps_off_policy
-    if limit is not None and (isinstance(limit, bool) or not math.isfinite(limit)):
-        # ART 0.5.23 accepts inf and then fails sizing its queue (math.ceil(inf)); None is
-        # the one spelling of "no mean-age bound" on every line.
-        raise ValueError(
-            f"limit_mean_steps_off_policy must be a finite number of steps, got {limit!r}; "
-            "pass None for no mean policy-age bound"
-        )
-    check_line_supports(grad_accumulation_sequences=settings.grad_accumulation_sequences)
+    """Raise the first problem's ValueError: not-a-number values, then ranges (with each
+    group's own cross checks after its fields'), then whole numbers and finiteness."""
+    values = settings.flat()
+    for name, value in values.items():
+        _raise(_type_problem(name, value))
+    for group in GROUPS:
+        part = getattr(settings, group)
+        for name, value in _values(part).items():
+            _raise(_range_problem(name, value))
+        for problem in getattr(part, "problems", list)():
+            _raise(problem)
+    for name, value in values.items():
+        _raise(_whole_problem(name, value))
+    check_line_supports(grad_accumulation_sequences=values["grad_accumulation_sequences"])
 
 
-def build_settings(
-    *,
-    max_batch_size: int | None,
-    eval_step_0: bool,
-    eval_at_start: bool | None,
-    **values: Any,
-) -> PipelineSettings:
-    """The constructor's values with their aliases and derived defaults resolved, validated
-    (ValueError on a bad value; see CHECKS)."""
-    min_batch_size = values["min_batch_size"]
-    settings = PipelineSettings(
-        # The reference checks a given max_batch_size before defaulting it (CHECKS' order).
-        max_batch_size=(
-            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)
-        ),
-        eval_at_start=eval_step_0 if eval_at_start is None else eval_at_start,
-        **values,
-    )
-    # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
-    # apart from the default: that, against eval_at_start=True, is a contradiction.
-    if eval_at_start is not None and not eval_step_0 and eval_at_start:
-        raise ValueError(
-            "eval_at_start and eval_step_0 disagree (eval_at_start is the newer name of "
-            "eval_step_0): pass only one of them"
-        )
-    return settings
+def _raise(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ForeignStateError, StateFileError, StateWriteError
 from ..lock import RunLock, RunLockedError
 from . import files
-from ..errors import ForeignStateError, StateFileError, StateWriteError
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
 from .state import PIPELINE_STATE_KEY, PipelineState, _count
 

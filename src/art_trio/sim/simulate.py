@@ -439,12 +439,12 @@ async def _drive(
     resolved = PipelineTrainer(model, backend, _no_rollout, [], None, **kwargs).settings
     workload = Workload(
         name="sim",
-        workers=resolved.num_rollout_workers,
+        workers=resolved.sizes.num_rollout_workers,
         rollout_latency=spec.rollout_latency,
         train_time=spec.train_time,
-        min_batch=resolved.min_batch_size,
-        max_batch=resolved.max_batch_size,
-        max_steps_off_policy=resolved.max_steps_off_policy,
+        min_batch=resolved.sizes.min_batch_size,
+        max_batch=resolved.sizes.max_batch_size,
+        max_steps_off_policy=resolved.freshness.max_steps_off_policy,
         steps=spec.steps,
         seed=spec.seed,
         zero_variance_prob=spec.zero_variance_prob,

@@ -113,8 +113,8 @@ class AutotuneStage:
     def _sync(self) -> None:
         # The settings, not the statistics: those count the workers still running, which
         # lag a decrease until each extra worker finishes its rollout.
-        s = self.run.settings
-        self.policy.sync(s.num_rollout_workers, s.min_batch_size, s.max_batch_size)
+        sizes = self.run.settings.sizes
+        self.policy.sync(sizes.num_rollout_workers, sizes.min_batch_size, sizes.max_batch_size)
 
     def _apply(self, decision: Decision) -> None:
         if decision.changed:
@@ -163,7 +163,7 @@ class AutotuneStage:
                 self._profile,
                 profile_document(
                     self.policy, self.config, model_name=getattr(self.run.model, "name", None),
-                    queue_maxsize=self.run.settings.queue_maxsize,
+                    queue_maxsize=self.run.settings.sizes.queue_maxsize,
                 ),
             )
         except OSError as exc:

@@ -174,19 +174,19 @@ def kl_reference_steps(settings: Any, current_step: int) -> set[int]:
     `kl_penalty_reference_step` is that one step. Deleting one of them would leave
     `backend.train` without the reference it is asked to use.
     """
-    if settings.kl_penalty_coef <= 0.0:
+    if settings.training.kl_penalty_coef <= 0.0:
         return set()
-    if settings.kl_penalty_reference_step is not None:
-        return {settings.kl_penalty_reference_step}
-    lag = settings.kl_penalty_step_lag
+    if settings.training.kl_penalty_reference_step is not None:
+        return {settings.training.kl_penalty_reference_step}
+    lag = settings.training.kl_penalty_step_lag
     if lag is None:
         return {0}
     return set(range(max(0, current_step - lag), current_step + 1))
 
 
 async def apply_retention(run: PipelineRun, step: int) -> None:
-    strategy = run.settings.checkpoint_retention_strategy
-    if strategy is None or step % run.settings.checkpoint_retention_interval != 0:
+    strategy = run.settings.persistence.checkpoint_retention_strategy
+    if strategy is None or step % run.settings.persistence.checkpoint_retention_interval != 0:
         return
     infos = checkpoint_infos(run)
     protected = protected_steps(run, step)

@@ -61,7 +61,7 @@ async def _receive_signals(run: PipelineRun) -> None:
             async for signum in received:
                 name = signal.Signals(signum).name
                 if not run.stopping:
-                    grace = run.settings.shutdown_grace_seconds
+                    grace = run.settings.shutdown.shutdown_grace_seconds
                     within = "as long as it takes" if grace is None else f"up to {grace:g}s"
                     logger.warning(
                         "Shutdown requested (%s): finishing in-flight work (%s); send %s "

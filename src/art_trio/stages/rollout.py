@@ -87,7 +87,7 @@ class RolloutStage:
             with run.stop.rollout_scope:
                 async with self._send, anyio.create_task_group() as workers:
                     self._workers = workers
-                    self.resize(run.settings.num_rollout_workers)
+                    self.resize(run.settings.sizes.num_rollout_workers)
         finally:
             self._workers = None
             run.workers_running = 0
@@ -416,7 +416,7 @@ class RolloutStage:
             return
         run.fates.settle(Fate.ERRORED, index)
         self.failure_streak.append(index)
-        limit = run.settings.max_consecutive_rollout_failures
+        limit = run.settings.shutdown.max_consecutive_rollout_failures
         if limit is None or len(self.failure_streak) != limit:
             return  # (past the limit: another worker already raised; all are cancelled)
         raise RolloutsKeepFailing(

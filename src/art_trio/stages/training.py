@@ -127,7 +127,7 @@ class TrainingStage:
 
     async def _train_until_done(self) -> None:
         run = self.run
-        max_steps = run.settings.max_steps
+        max_steps = run.settings.shutdown.max_steps
         step = run.start_step
         metrics = TrainMetrics(run, self._receive, self.ready, self._ready_capacity)
         # Counted by the trainer itself, not read off the backend's step (which is checked
@@ -163,8 +163,8 @@ class TrainingStage:
             prepare,
             run.model,
             groups,
-            normalize_advantages=s.normalize_advantages,
-            grad_accumulation_sequences=s.grad_accumulation_sequences,
+            normalize_advantages=s.training.normalize_advantages,
+            grad_accumulation_sequences=s.training.grad_accumulation_sequences,
         )
         if reported is None:
             # As in ART: the batch is not trained. Its scenarios are done with (nothing in
@@ -184,7 +184,8 @@ class TrainingStage:
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
         s = self.run.settings
-        return self.run.policy.lookahead(s.max_batch_size, s.groups_capacity) - s.max_batch_size
+        largest = s.sizes.max_batch_size
+        return self.run.policy.lookahead(largest, s.groups_capacity) - largest
 
     async def collect_batch(self, current_step: int) -> CollectedBatch | None:
         """The next batch, or None if the run stopped or collapsed while collecting.
@@ -213,7 +214,7 @@ class TrainingStage:
             # Stopped while collecting: the ready groups are neither trained nor resolved,
             # so a resumed run rolls their scenarios again.
             return None
-        batch.items = run.policy.take_batch(self.ready, run.settings.max_batch_size)
+        batch.items = run.policy.take_batch(self.ready, run.settings.sizes.max_batch_size)
         batch.idle_s = run.now() - started
         return batch
 
@@ -222,7 +223,7 @@ class TrainingStage:
         False on collapse."""
         if not self._receive_ready(stale, batch):
             return False
-        while len(self.ready) < self.run.settings.min_batch_size and not batch.source_ended:
+        while len(self.ready) < self.run.settings.sizes.min_batch_size and not batch.source_ended:
             in_channel = self._in_channel()
             try:
                 item = await self._receive.receive()
@@ -237,7 +238,7 @@ class TrainingStage:
         """Move groups waiting in the channel to the ready pool, up to the policy's
         lookahead; False on collapse."""
         s = self.run.settings
-        lookahead = self.run.policy.lookahead(s.max_batch_size, s.groups_capacity)
+        lookahead = self.run.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
         while not batch.source_ended and len(self.ready) < lookahead:
             in_channel = self._in_channel()
             try:
@@ -292,7 +293,7 @@ class TrainingStage:
         run.collapsed = True
         logger.error(
             COLLAPSE_MESSAGE.format(
-                limit=limit, multiplier=run.settings.discard_queue_multiplier
+                limit=limit, multiplier=run.settings.shutdown.discard_queue_multiplier
             )
         )
         return False
@@ -441,30 +442,30 @@ def train_kwargs(
     """
     s = run.settings
     kwargs: dict[str, Any] = {
-        "learning_rate": s.learning_rate,
-        "loss_fn": s.loss_fn,
-        "loss_fn_config": s.loss_fn_config,
-        "normalize_advantages": s.normalize_advantages,
+        "learning_rate": s.training.learning_rate,
+        "loss_fn": s.training.loss_fn,
+        "loss_fn_config": s.training.loss_fn_config,
+        "normalize_advantages": s.training.normalize_advantages,
         "save_checkpoint": save_checkpoint,
-        "adam_params": s.adam_params,
+        "adam_params": s.training.adam_params,
     }
     kwargs.update(
         line_train_kwargs(
             current_step=current_step,
-            kl_penalty_coef=s.kl_penalty_coef,
-            kl_penalty_reference_step=s.kl_penalty_reference_step,
-            kl_penalty_step_lag=s.kl_penalty_step_lag,
-            optimizer_save_interval=s.optimizer_save_interval,
-            grad_accumulation_sequences=s.grad_accumulation_sequences,
+            kl_penalty_coef=s.training.kl_penalty_coef,
+            kl_penalty_reference_step=s.training.kl_penalty_reference_step,
+            kl_penalty_step_lag=s.training.kl_penalty_step_lag,
+            optimizer_save_interval=s.training.optimizer_save_interval,
+            grad_accumulation_sequences=s.training.grad_accumulation_sequences,
         )
     )
-    if s.packed_sequence_length is not None:
-        kwargs["packed_sequence_length"] = s.packed_sequence_length
+    if s.training.packed_sequence_length is not None:
+        kwargs["packed_sequence_length"] = s.training.packed_sequence_length
     return kwargs
 
 
 def should_eval(run: PipelineRun, step: int) -> bool:
-    every = run.settings.eval_every_n_steps
+    every = run.settings.evaluation.eval_every_n_steps
     if run.eval_fn is None or every <= 0:
         return False
     return step - run.state.last_eval_step >= every
@@ -489,7 +490,7 @@ async def _train_and_log(
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")
-    save_checkpoint = run.settings.save_checkpoint and eval_this_step
+    save_checkpoint = run.settings.persistence.save_checkpoint and eval_this_step
     train_started = run.now()
     if run.first_step_at is None:
         run.first_step_at = train_started

@@ -152,7 +152,7 @@ class Config:
         defaults = PipelineSettings()
         own = {f for f in cls.__dataclass_fields__ if f != "extra"}
         values: dict[str, Any] = {
-            name: settings.get(name, getattr(defaults, name)) for name in sorted(own)
+            name: settings.get(name, defaults.get(name)) for name in sorted(own)
         }
         if "eval_at_start" not in settings and "eval_step_0" in settings:
             # ART 0.5.18's spelling of the same switch.
@@ -631,7 +631,9 @@ async def _drive(
     resizes: tuple[Resize, ...] = (),
 ) -> None:
     s = trainer.settings
-    record.sizes.append(Sizes(-math.inf, s.min_batch_size, s.max_batch_size, s.groups_capacity))
+    record.sizes.append(
+        Sizes(-math.inf, s.sizes.min_batch_size, s.sizes.max_batch_size, s.groups_capacity)
+    )
     async with trio.open_nursery() as nursery:
         if resizes:
 
