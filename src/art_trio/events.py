@@ -18,10 +18,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .fates import Fate
+from .messages import Fate
 
 logger = logging.getLogger("art_trio")
 

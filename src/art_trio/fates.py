@@ -12,44 +12,18 @@ and is taken again.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .events import Observers, ScenarioSettled
+from .messages import RESOLVED_AT_ONCE, Fate
 
 if TYPE_CHECKING:
     from .gate import PolicyGate
     from .ledger import ScenarioLedger
     from .status import StatusReporter
-
-
-class Fate(enum.Enum):
-    """How a scenario taken from the source ended."""
-
-    #: Its group was in a batch `backend.train` trained.
-    TRAINED = "trained"
-    #: Its group completed but was too old for every batch still to come.
-    STALE = "stale"
-    #: Its rollout was cancelled by the gate before it completed: no batch still to come
-    #: could train it (doomed). Counted in `stale` too, as ART counts it.
-    CANCELLED_STALE = "cancelled_stale"
-    #: Every trajectory of its group scored the same: nothing to learn from.
-    ZERO_VARIANCE = "zero_variance"
-    #: Its rollout raised or returned something untrainable.
-    ERRORED = "errored"
-    #: In flight, queued or ready when the run stopped, or in a `backend.train` call that
-    #: ended without a result (a forced stop, an error): unresolved here. A resumed run rolls
-    #: it again, except a batch the backend's step shows was trained (see the ledger).
-    DROPPED_AT_STOP = "dropped_at_stop"
-
-
-#: Fates after which a resumed run never rolls the scenario again, resolved as they happen.
-#: (TRAINED is resolved with its batch's step, ERRORED once a later rollout succeeds: see
-#: the ledger and the rollout stage.)
-RESOLVED_AT_ONCE = frozenset({Fate.STALE, Fate.CANCELLED_STALE, Fate.ZERO_VARIANCE})
 
 
 @dataclass(slots=True)

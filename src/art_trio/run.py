@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import art
 import sniffio
-from art import TrajectoryGroup
 
 from .admission import admission_policy
 from .bridge import Bridge
@@ -28,34 +26,13 @@ from .executor import RolloutExecutor
 from .fates import FateRecord, RunCounters
 from .gate import LoopEvent, PolicyGate
 from .ledger import PipelineState, StateStore
+from .messages import Delivered, TallyBase
 from .settings import PipelineSettings
 from .source import ScenarioSource
 from .status import StatusReporter
 from .stop import StopControl
 
 R = TypeVar("R")
-
-
-@dataclass(slots=True)
-class Delivered:
-    """A group on its way from a rollout worker to the trainer, with where it came from."""
-
-    group: TrajectoryGroup
-    scenario_index: int
-    rollout_wall_s: float
-    actor_idle_s: float
-    #: The group's `initial_policy_version` (oldest of its trajectories), None if unversioned.
-    version: int | None = None
-    #: Its tokens' mean policy version, token-weighted (only with a mean-age bound set).
-    mean_version: float | None = None
-
-
-class TallyBase(NamedTuple):
-    """ART 0.5.20's persisted tallies at the start of a run (groups, not rollouts)."""
-
-    accepted: int
-    stale: int
-    zero_variance: int
 
 
 def loop_clock() -> Callable[[], float]:

@@ -35,10 +35,10 @@ from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
 from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..events import GroupQueued
 from ..executor import ExecutorUnavailable, RolloutLost
-from ..fates import Fate
+from ..freshness import mean_policy_version, newest_token_version, token_count_error
 from ..gate import GateClosed
-from ..metrics import mean_policy_version, newest_token_version, token_count_error
-from ..run import Delivered, PipelineRun
+from ..messages import Delivered, Fate
+from ..run import PipelineRun
 
 logger = logging.getLogger("art_trio")
 

@@ -23,10 +23,10 @@ from art import TrajectoryGroup
 from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
 from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
-from ..fates import Fate
 from ..hooks import backend_hook
+from ..messages import Delivered, Fate
 from ..metrics import StepTimes, TrainMetrics
-from ..run import Delivered, PipelineRun
+from ..run import PipelineRun
 from .checkpoints import after_step
 
 logger = logging.getLogger("art_trio")
