@@ -77,6 +77,7 @@ class PipelineRun:
         config: Any,
         executor: RolloutExecutor | None = None,
         observers: Observers | None = None,
+        score_references: tuple[float | None, float | None] = (8.0, None),
     ) -> None:
         self.model = model
         #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
@@ -138,7 +139,7 @@ class PipelineRun:
             state.discarded_zero_variance_groups,
         )
         #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
-        self.score_references: tuple[float | None, float | None] = (8.0, None)
+        self.score_references = score_references
         #: Rollout workers running now (the rollout stage keeps it).
         self.workers_running = 0
         #: Changes the groups channel's capacity (set by whoever made the channel).

@@ -11,13 +11,11 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import math
 import sys
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Generic, NoReturn
+from typing import Any, Generic
 
 import anyio
 import art
@@ -25,7 +23,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .autotune import load_profile_settings, policy_for, profile_path
-from .bridge import BaseExceptionEscaped, Bridge, is_native, open_bridge
+from .bridge import Bridge, is_native, open_bridge
 from .compat import (
     PipelineAutotuneConfig,
     PipelineRuntimeConfig,
@@ -36,7 +34,6 @@ from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
 from .fates import RunCounters
 from .hooks import backend_hook
-from .ledger import PipelineState, StateStore
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
 from .run import Delivered, PipelineRun
@@ -47,14 +44,14 @@ from .settings import (
     count_error,
     resolve_runtime,
 )
-from .source import ScenarioSource
 from .stages.autotune import AutotuneStage
 from .stages.control import control_stage
 from .stages.evaluation import eval_stage
 from .stages.rollout import RolloutStage
 from .stages.status import status_stage
 from .stages.training import TrainingStage
-from .status import StatusReporter
+from .startup import open_run
+from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 from .threads import DEFAULT_TIMEOUT_S, LoopClosed, LoopHandle, LoopUnresponsive
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
@@ -346,16 +343,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     # otherwise wrap it (the stages' group too) in groups of its own.
                     failure = exc
         except BaseExceptionGroup as group:
-            # What escaped the body bare (trio's KeyboardInterrupt, SystemExit) comes out of
-            # the trio-asyncio loop wrapped twice; give the caller the exception itself.
-            leaves = list(_leaves(group))
-            if len(leaves) == 1 and isinstance(leaves[0], (KeyboardInterrupt, SystemExit)):
-                raise leaves[0] from None
-            raise
-        if isinstance(failure, BaseExceptionGroup):
-            _raise_failure(failure)
+            unwrap_escaped(group)
         if failure is not None:
-            raise failure
+            raise_failure(failure)
 
     async def _train_in_bridge(
         self, bridge: Bridge, handle_signals: bool, task_status: TaskStatus[None]
@@ -396,12 +386,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._finish(run, None)
 
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
-        """Count what was dropped, save the state and close its files, whatever happened.
-
-        The first error wins: if saving fails after `failure`, the caller still gets
-        `failure`, with the saving error in a note; without a failure, the saving error is
-        raised (the run's state on disk is then the last journal record).
-        """
+        """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
         self._last_statistics = run.statistics(running=False)
         self._run = None
@@ -409,31 +394,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts = None
         self._tuner = None
         self.last_counters = run.counters
-        counters = run.counters
-        if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
-            warnings.warn(
-                f"no step was trained: all {counters.empty_groups} groups rollout_fn returned "
-                "had no trajectories. Check that rollout_fn returns its trajectories.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        try:
-            run.snapshot()
-        except Exception as exc:
-            if failure is None:
-                raise
-            failure.add_note(
-                f"art_trio could not save the final resume state after this failure: "
-                f"{type(exc).__name__}: {exc}. The last journal record on disk is the resume "
-                "point: a resumed run settles the batch in flight against the backend's step."
-            )
-            warnings.warn(
-                f"could not save the resume state after a failure: {exc!r}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        finally:
-            run.store.close()
+        close_run(run, failure)
 
     async def _run_stages(
         self,
@@ -451,7 +412,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts = rollouts
         with anyio.CancelScope() as run_scope:
             run.stop.run_scope = run_scope
-            stage = functools.partial(_stage, run)
+            stage = functools.partial(run_stage, run)
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
                 tg.start_soon(stage, "rollout", rollouts)
@@ -658,78 +619,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     async def _prepare_run(
         self, bridge: Bridge
     ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
-        settings = self.settings
-        start_step = int(await bridge.call(self.model.get_step))
-        store = StateStore(
-            self.model._get_output_dir(),
-            fsync=settings.fsync_state,
-            identity={"model": self.model.name, "project": self.model.project},
-            lock=self._run_lock,
-        )
-        stored = store.read() if settings.resume else None
-        state = stored or PipelineState()
-        pending = state.ledger.pending
-        if state.ledger.settle_pending(start_step) and pending is not None:
-            state.training_step = pending.step
-        if state.training_step is not None and state.training_step != start_step:
-            logger.warning(
-                "the pipeline state was saved at step %d but the backend is at step %d; "
-                "continuing from the backend's step.",
-                state.training_step,
-                start_step,
-            )
-        state.training_step = start_step
-
-        source: ScenarioSource[Any] = ScenarioSource(
-            self._scenarios, state, bridge, state_file=str(store.sidecar_path)
-        )
-        status = StatusReporter(
-            get_scenario_offset=lambda: source.position,
-            log_interval_seconds=settings.log_interval_seconds,
-            status_ewa_alpha=settings.status_ewa_alpha,
-            total_scenarios=settings.total_scenarios,
-            num_workers=settings.num_rollout_workers,
-            clock=anyio.current_time,
-        )
-        run = PipelineRun(
+        return await open_run(
+            bridge,
             model=self.model,
             backend=self.backend,
-            settings=settings,
-            bridge=bridge,
-            state=state,
-            store=store,
-            status=status,
-            start_step=start_step,
-            source=source,
+            settings=self.settings,
+            scenarios=self._scenarios,
+            lock=self._run_lock,
             rollout_fn=self.rollout_fn,
             eval_fn=self.eval_fn,
             config=self.config,
             executor=self.rollout_executor,
             observers=self._observers,
+            score_references=self._score_references,
         )
-        run.score_references = self._score_references
-        # The resolved prefix is skipped by the rollout stage's first take, where a stop
-        # reaches it (a slow source can take long to skip).
-
-        eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
-        if self.eval_fn is not None:
-            # Evals a stop interrupted, then the start-of-run eval.
-            for step in sorted(state.pending_eval_steps - state.completed_eval_steps):
-                if step <= start_step:
-                    eval_send.send_nowait(step)
-            # The start step of a fresh run (or a run at step 0), once: a resumed run re-ran
-            # its interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead
-            # evaluates whatever step it resumes at, and restarts the schedule from there).
-            if (
-                settings.eval_at_start
-                and (stored is None or start_step == 0)
-                and start_step not in state.pending_eval_steps | state.completed_eval_steps
-            ):
-                state.pending_eval_steps.add(start_step)
-                state.last_eval_step = start_step
-                eval_send.send_nowait(start_step)
-        run.snapshot()
-        return run, eval_send, eval_receive
 
     def _validate_backend_support(self) -> None:
         # A LocalBackend instance exists only if its module was imported; checking sys.modules
@@ -892,58 +795,6 @@ def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
         await control_stage(run, handle_signals=handle_signals)
 
     return control
-
-
-async def _stage(
-    run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any
-) -> None:
-    """Run one stage; an exception leaving it is labelled with the stage's name, and is the
-    run's first error unless another came first (`PipelineRun.note_failure`).
-
-    A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
-    group holding one exception is unwrapped, so the caller gets one group, not two nested.
-    """
-    try:
-        try:
-            await fn(*args)
-        except ExceptionGroup as group:
-            leaves = list(_leaves(group))
-            if len(leaves) != 1:
-                raise
-            raise leaves[0] from None
-    except Exception as exc:
-        run.note_failure(exc)
-        exc.add_note(f"raised in art_trio's {name} stage")
-        if isinstance(exc, BaseExceptionEscaped):
-            logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)
-        else:
-            logger.error("Pipeline stage failed: %s: %s: %s", name, type(exc).__name__, exc)
-        raise
-
-
-def _raise_failure(failure: BaseExceptionGroup[Any]) -> NoReturn:
-    """Raise the stages' failure: KeyboardInterrupt or SystemExit as themselves, else the group.
-
-    A callback's KeyboardInterrupt or SystemExit travelled through the stages as
-    `BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
-    stage's note, as if the run had not been in between.
-    """
-    for leaf in _leaves(failure):
-        original = leaf.original if isinstance(leaf, BaseExceptionEscaped) else leaf
-        if isinstance(original, (KeyboardInterrupt, SystemExit)):
-            for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
-                if note not in getattr(original, "__notes__", []):
-                    original.add_note(note)
-            raise original from None
-    raise failure
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 __all__ = ["PipelineTrainer"]
