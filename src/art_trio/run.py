@@ -21,9 +21,9 @@ from .admission import admission_policy
 from .bridge import Bridge
 from .compat import eval_lease, rollout_lease
 from .eval_leases import EvalRetentionLeases
-from .events import Observers, RunEvent, RunStatistics
+from .events import Observers, RunStatistics
 from .executor import RolloutExecutor
-from .fates import FateRecord, RunCounters
+from .fates import CounterFold, FateRecord, RunCounters
 from .gate import LoopEvent, PolicyGate
 from .ledger import PipelineState, StateStore
 from .messages import Delivered, TallyBase
@@ -103,8 +103,6 @@ class PipelineRun:
         # the stages read the time several times per rollout.
         self._clock = loop_clock()
         self.started_at = self._clock()
-        #: When the first step's `backend.train` began (None until then).
-        self.first_step_at: float | None = None
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
@@ -113,21 +111,17 @@ class PipelineRun:
             clock=self._clock,
             new_event=loop_event_factory(),
         )
+        #: The run's record: its events, folded by the counters and the status line first
+        #: (registered before the user's observers), then heard by the user's.
+        self.fold = CounterFold()
         self.observers = observers or Observers()
-        self.observers.begin_run()
-        self.counters = RunCounters()
-        self.fates = FateRecord(
-            self.counters,
-            ledger=state.ledger,
-            status=status,
-            gate=self.gate,
-            observers=self.observers,
-        )
+        self.observers.begin_run(internal=(self.fold, status))
+        #: Tell the observers (the counters, the status line, then the user's).
+        self.emit = self.observers.emit
+        self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)
         self.stop = StopControl(settings.shutdown_grace_seconds)
         self.stop.on_stop(self.gate.close)
         self.stop.on_stop(self.source.close)
-        #: Set by the training stage when it stopped the run as collapsed.
-        self.collapsed = False
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leased_steps: dict[int, int] = {}
         #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
@@ -140,10 +134,11 @@ class PipelineRun:
         )
         #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
         self.score_references = score_references
-        #: Rollout workers running now (the rollout stage keeps it).
-        self.workers_running = 0
-        #: Changes the groups channel's capacity (set by whoever made the channel).
-        self.resize_queue: Callable[[int], None] | None = None
+
+    @property
+    def counters(self) -> RunCounters:
+        """The run's counters, as the events folded them so far (read them; never write)."""
+        return self.fold.counters
 
     def note_failure(self, exc: BaseException) -> None:
         """The run is failing with `exc` (unless it already was): from now on an observer
@@ -151,20 +146,11 @@ class PipelineRun:
         if isinstance(exc, Exception):  # cancellation is not a failure
             self.observers.note_failure(exc)
 
-    def emit(self, event: RunEvent) -> None:
-        """Tell the observers (callers check `self.observers.emit` first on hot paths)."""
-        emit = self.observers.emit
-        if emit is not None:
-            emit(event)
-
     def resize(self, settings: PipelineSettings) -> None:
-        """The run's sizes change to `settings`' (validated); the trainer has the rollout
-        stage start or retire workers."""
-        before, self.settings = self.settings, settings
+        """The run's sizes change to `settings` (validated); the trainer has the rollout
+        stage start or retire workers, and the groups channel change its capacity."""
+        self.settings = settings
         self.gate.max_batch_size = settings.max_batch_size
-        if settings.groups_capacity != before.groups_capacity and self.resize_queue is not None:
-            self.resize_queue(settings.groups_capacity)
-        self.status.set_workers(settings.num_rollout_workers)
         self.gate.admissions_changed()
 
     # -- stopping ------------------------------------------------------------------------
@@ -216,39 +202,16 @@ class PipelineRun:
 
     # -- views ---------------------------------------------------------------------------
 
-    def statistics(self, *, running: bool) -> RunStatistics:
-        c, gate, now = self.counters, self.gate, self._clock()
-        since_first = 0.0 if self.first_step_at is None else now - self.first_step_at
-        return RunStatistics(
+    def statistics(self, *, running: bool, workers_running: int) -> RunStatistics:
+        """The run now: the folded counters, the gate's figures, the live settings."""
+        return compose_statistics(
             running=running,
-            collapsed=self.collapsed,
-            policy_version=gate.policy_version,
-            steps=c.steps,
-            num_rollout_workers=(
-                self.workers_running if running else self.settings.num_rollout_workers
-            ),
-            min_batch_size=self.settings.min_batch_size,
-            max_batch_size=self.settings.max_batch_size,
-            queue_capacity=self.settings.groups_capacity,
-            rollouts_in_flight=gate.in_flight,
-            groups_queued=gate.queued,
-            taken=c.taken,
-            trained=c.trained,
-            stale=c.stale,
-            stale_cancelled=c.stale_cancelled,
-            zero_variance=c.zero_variance,
-            errored=c.errored,
-            dropped_at_stop=c.dropped_at_stop,
-            rollouts_started=c.rollouts_started,
-            rollouts_lost=c.rollouts_lost,
-            elapsed_s=now - self.started_at,
-            train_s=c.train_s,
-            since_first_step_s=since_first,
-            trainer_utilization=c.train_s / since_first if since_first > 0 and c.steps else None,
-            rollout_s_spent=c.spent_rollout_s,
-            rollout_latency_s=gate.rollout_latency,
-            step_period_s=gate.step_period,
-            staleness=MappingProxyType(dict(c.staleness)),
+            settings=self.settings,
+            fold=self.fold,
+            gate=self.gate,
+            workers_running=workers_running,
+            elapsed_s=self._clock() - self.started_at,
+            now=self._clock(),
         )
 
     # -- persistence ---------------------------------------------------------------------
@@ -279,4 +242,50 @@ class PipelineRun:
         return self._clock()
 
 
-__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource"]
+def compose_statistics(
+    *,
+    running: bool,
+    settings: PipelineSettings,
+    fold: CounterFold,
+    gate: PolicyGate | None,
+    workers_running: int,
+    elapsed_s: float,
+    now: float,
+) -> RunStatistics:
+    """`RunStatistics` composed from its owners: the counters folded from the events, the
+    gate's figures (None before a run: none yet) and the settings in force."""
+    c = fold.counters
+    first = fold.first_step_at
+    since_first = 0.0 if first is None else now - first
+    return RunStatistics(
+        running=running,
+        collapsed=fold.collapsed,
+        policy_version=gate.policy_version if gate is not None else 0,
+        steps=c.steps,
+        num_rollout_workers=workers_running if running else settings.num_rollout_workers,
+        min_batch_size=settings.min_batch_size,
+        max_batch_size=settings.max_batch_size,
+        queue_capacity=settings.groups_capacity,
+        rollouts_in_flight=gate.in_flight if gate is not None else 0,
+        groups_queued=gate.queued if gate is not None else 0,
+        taken=c.taken,
+        trained=c.trained,
+        stale=c.stale,
+        stale_cancelled=c.stale_cancelled,
+        zero_variance=c.zero_variance,
+        errored=c.errored,
+        dropped_at_stop=c.dropped_at_stop,
+        rollouts_started=c.rollouts_started,
+        rollouts_lost=c.rollouts_lost,
+        elapsed_s=elapsed_s,
+        train_s=c.train_s,
+        since_first_step_s=since_first,
+        trainer_utilization=c.train_s / since_first if since_first > 0 and c.steps else None,
+        rollout_s_spent=c.spent_rollout_s,
+        rollout_latency_s=gate.rollout_latency if gate is not None else None,
+        step_period_s=gate.step_period if gate is not None else None,
+        staleness=MappingProxyType(dict(c.staleness)),
+    )
+
+
+__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource", "compose_statistics"]

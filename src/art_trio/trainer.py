@@ -32,11 +32,11 @@ from .compat import (
 )
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
-from .fates import RunCounters
+from .fates import CounterFold, RunCounters
 from .hooks import backend_hook
 from .lock import RunLock
 from .retention import CheckpointRetentionStrategy
-from .run import Delivered, PipelineRun
+from .run import Delivered, PipelineRun, compose_statistics
 from .settings import (
     Admission,
     PipelineSettings,
@@ -271,6 +271,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.last_counters: RunCounters | None = None
         self._observers = Observers()
         self._rollouts: RolloutStage | None = None
+        #: Changes the groups channel's capacity while a run goes (set with the channel).
+        self._resize_queue: Callable[[int], None] | None = None
         #: The online autotuner of the running `train()`, told of the user's own resizes.
         self._tuner: AutotuneStage | None = None
         self._last_statistics: RunStatistics | None = None
@@ -388,10 +390,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
         """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
-        self._last_statistics = run.statistics(running=False)
+        self._last_statistics = run.statistics(running=False, workers_running=0)
         self._run = None
         self._loop = None
         self._rollouts = None
+        self._resize_queue = None
         self._tuner = None
         self.last_counters = run.counters
         close_run(run, failure)
@@ -407,11 +410,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         send, receive = anyio.create_memory_object_stream[Delivered](
             run.settings.groups_capacity
         )
-        run.resize_queue = _channel_resizer(send)
+        self._resize_queue = _channel_resizer(send)
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
-        with anyio.CancelScope() as run_scope:
-            run.stop.run_scope = run_scope
+        with run.stop.run_scope as run_scope:
             stage = functools.partial(run_stage, run)
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
@@ -472,19 +474,18 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 # The run ended while the call waited (a loop that closes drops what was
                 # scheduled on it): its last view follows.
         if self._run is not None:
-            return self._run.statistics(running=True)
+            rollouts = self._rollouts
+            return self._run.statistics(
+                running=True,
+                workers_running=rollouts.statistics().workers_running if rollouts else 0,
+            )
         if self._last_statistics is not None:
             return self._last_statistics
-        s = self.settings
-        return RunStatistics(
-            running=False, collapsed=False, policy_version=0, steps=0,
-            num_rollout_workers=s.num_rollout_workers, min_batch_size=s.min_batch_size,
-            max_batch_size=s.max_batch_size, queue_capacity=s.groups_capacity,
-            rollouts_in_flight=0, groups_queued=0, taken=0, trained=0, stale=0,
-            stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
-            rollouts_started=0, rollouts_lost=0, elapsed_s=0.0, train_s=0.0,
-            since_first_step_s=0.0, trainer_utilization=None, rollout_s_spent=0.0,
-            rollout_latency_s=None, step_period_s=None, staleness={},
+        # Before the first run: the configured sizes, and the counters of a run that has
+        # seen no event.
+        return compose_statistics(
+            running=False, settings=self.settings, fold=CounterFold(), gate=None,
+            workers_running=0, elapsed_s=0.0, now=0.0,
         )
 
     def add_observer(self, observer: Observer) -> Callable[[], None]:
@@ -563,6 +564,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.settings = resized
             return self.statistics()
         run.resize(resized)
+        if resized.groups_capacity != s.groups_capacity and self._resize_queue is not None:
+            self._resize_queue(resized.groups_capacity)
         if self._rollouts is not None:
             self._rollouts.resize(resized.num_rollout_workers)
         run.emit(

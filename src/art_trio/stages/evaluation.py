@@ -18,6 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
 from ..bridge import BaseExceptionEscaped, CallbackNotAwaitable
+from ..events import EvalEnded, EvalStarted
 from ..provenance import check_eval_provenance
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
@@ -33,18 +34,15 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
                 if run.stopping:
                     # Not started before the stop: resume evaluates it (it stays scheduled).
                     continue
-                stop.eval_idle = anyio.Event()
                 try:
-                    with anyio.CancelScope() as scope:
-                        stop.eval_scope = scope
+                    with stop.eval_begins():
                         # Held since the step was scheduled (or from now, for the start
                         # step and resumed evals) until the eval has ended.
                         await run.eval_leases.take(step)
                         await run_eval(run, step)
                 finally:
-                    stop.eval_scope = None
                     await run.eval_leases.release(step)
-                    stop.eval_idle.set()
+                    stop.eval_ended()
     finally:
         # Evals that will not run now (a stop, the end): their steps need no holding.
         await run.eval_leases.release_all()
@@ -53,9 +51,8 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
 
 async def run_eval(run: PipelineRun, step: int) -> None:
     """Evaluate the policy at `step` and log each split the eval_fn returned."""
-    model, status = run.model, run.status
-    status.note_val_started(step)
-    run.counters.evals_started += 1
+    model = run.model
+    run.emit(EvalStarted(step))
     reward: float | None = None
     completed = False
     try:
@@ -99,9 +96,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
         run.state.pending_eval_steps.discard(step)
     finally:
-        status.note_val_finished(step, reward)
+        run.emit(EvalEnded(step, completed, reward))
         if completed:
-            run.counters.evals_finished += 1
             run.state.pending_eval_steps.discard(step)
             run.state.complete_eval(step)
             # Persisted now, as ART does, so a run killed before its next step does not

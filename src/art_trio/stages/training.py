@@ -22,11 +22,22 @@ from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
 from ..compat import line_train_kwargs
-from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
+from ..events import (
+    BatchTaken,
+    ChannelClosed,
+    Collapsed,
+    EmptyGroupReceived,
+    GroupReceived,
+    PolicyPublished,
+    StepTrained,
+    TrainCallEnded,
+    TrainCallStarted,
+)
 from ..hooks import backend_hook
 from ..messages import Delivered, Fate
 from ..metrics import StepTimes, TrainMetrics
 from ..run import PipelineRun
+from ..status import reward_summary
 from .checkpoints import after_step
 
 logger = logging.getLogger("art_trio")
@@ -52,6 +63,13 @@ Things that help:
 To let the run continue regardless, raise `discard_queue_multiplier` (now
 {multiplier}; the run stops at {multiplier} * min_batch_size = {limit} held groups).
 """
+
+
+@dataclass(slots=True)
+class _TrainClock:
+    """Seconds the `backend.train` call took, written by the call (None until it ended)."""
+
+    train_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -251,7 +269,7 @@ class TrainingStage:
 
     def _in_channel(self) -> int:
         """Groups in the channel now, for observers (not measured while nobody observes)."""
-        if self.run.observers.emit is None:
+        if not self.run.observers.watched:
             return 0
         return self._receive.statistics().current_buffer_used
 
@@ -265,10 +283,7 @@ class TrainingStage:
     ) -> bool:
         """Sort one received group into the ready pool or a discard pile; False on collapse."""
         run, group = self.run, item.group
-        run.counters.received += 1
-        run.status.note_group_dequeued(group)
-        if run.observers.emit is not None:
-            run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+        run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
         error = all_failed_error(group)
         if error is not None:
             raise error
@@ -287,7 +302,7 @@ class TrainingStage:
         limit = run.settings.discard_limit
         if len(self.held_zero_variance) < limit:
             return True
-        run.collapsed = True
+        run.emit(Collapsed(len(self.held_zero_variance)))
         logger.error(
             COLLAPSE_MESSAGE.format(
                 limit=limit, multiplier=run.settings.discard_queue_multiplier
@@ -316,33 +331,39 @@ class TrainingStage:
         run.state.training_step = current_step
         run.persist()
 
-        run.status.note_training_start(len(groups))
         settled = False
+        clock = _TrainClock()
+        run.emit(TrainCallStarted(expected, run.now()))
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result, train_s = await run.bridge.call(
+                result = await run.bridge.call(
                     _train_and_log, run, batch, groups, expected, eval_this_step,
-                    step_started, metrics, prepared,
+                    step_started, metrics, prepared, clock,
                 )
-                new_step = int(result.step)
-                await self._log_held_zero_variance(new_step)
-                settled = True
-                self._settle_trained(batch, new_step, step_started, train_s)
             except BaseException as exc:
-                if not settled:
-                    run.note_failure(exc)
-                    self._settle_unfinished(batch)
+                # Noted first: an observer raising on the event must not replace this error.
+                run.note_failure(exc)
+                run.emit(TrainCallEnded(expected, clock.train_s or 0.0))
                 raise
-            if eval_this_step:
-                run.state.pending_eval_steps.add(new_step)
-                run.state.last_eval_step = new_step
-                await run.eval_leases.take(new_step)
-                self._eval_send.send_nowait(new_step)
-            await after_step(run, result, new_step)
-        finally:
-            run.status.note_training_end()
+            train_s = clock.train_s or 0.0
+            run.emit(TrainCallEnded(expected, train_s))
+            new_step = int(result.step)
+            await self._log_held_zero_variance(new_step)
+            settled = True
+            self._settle_trained(batch, new_step, step_started, train_s)
+        except BaseException as exc:
+            if not settled:
+                run.note_failure(exc)
+                self._settle_unfinished(batch)
+            raise
+        if eval_this_step:
+            run.state.pending_eval_steps.add(new_step)
+            run.state.last_eval_step = new_step
+            await run.eval_leases.take(new_step)
+            self._eval_send.send_nowait(new_step)
+        await after_step(run, result, new_step)
         run.gate.publish(new_step)
         run.emit(PolicyPublished(run.gate.policy_version))
         return new_step
@@ -350,30 +371,31 @@ class TrainingStage:
     def _settle_trained(
         self, batch: CollectedBatch, new_step: int, step_started: float, train_s: float
     ) -> None:
-        run, counters = self.run, self.run.counters
+        run = self.run
         run.state.ledger.commit_batch()
         run.state.training_step = new_step
-        counters.steps += 1
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
-        counters.staleness.update(staleness)
         run.fates.settle_trained(
             (item.scenario_index for item in batch.items),
             (item.rollout_wall_s for item in batch.items),
         )
-        if run.observers.emit is not None:
-            run.emit(
-                StepTrained(
-                    step=new_step,
-                    batch_size=len(batch.items),
-                    scenario_indices=tuple(item.scenario_index for item in batch.items),
-                    staleness=staleness,
-                    wall_s=run.now() - step_started,
-                    train_s=train_s,
-                )
+        reward_mean, reward_std_mean, flat = reward_summary([item.group for item in batch.items])
+        run.emit(
+            StepTrained(
+                step=new_step,
+                batch_size=len(batch.items),
+                scenario_indices=tuple(item.scenario_index for item in batch.items),
+                staleness=staleness,
+                wall_s=run.now() - step_started,
+                train_s=train_s,
+                reward_mean=reward_mean,
+                reward_std_mean=reward_std_mean,
+                zero_variance_groups=flat,
             )
+        )
 
     def _settle_unfinished(self, batch: CollectedBatch) -> None:
         """The batch's `backend.train` (or the logging after it) ended without a result: a
@@ -405,8 +427,8 @@ def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
     Counting it silently let a rollout_fn that only returned empty groups use up a whole
     source without training a step and return normally.
     """
-    run.counters.empty_groups += 1
-    if run.counters.empty_groups == 1:
+    run.emit(EmptyGroupReceived(item.scenario_index))
+    if run.counters.empty_groups == 1:  # the first of the run
         warnings.warn(
             f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
             f"index {item.scenario_index}; it is discarded as zero variance (nothing to learn "
@@ -477,11 +499,13 @@ async def _train_and_log(
     step_started: float,
     metrics: TrainMetrics,
     prepared: dict[str, float],
-) -> tuple[Any, float]:
+    clock: _TrainClock,
+) -> Any:
     """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
 
-    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult and
-    the seconds spent in `backend.train`.
+    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult; the
+    seconds spent in `backend.train` go to `clock` (the stage reports them as an event once
+    back in its own task, whether the call returned or not).
     """
     # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
@@ -489,27 +513,23 @@ async def _train_and_log(
         print(f"[train] step {expected} starting (batch={len(groups)})")
     save_checkpoint = run.settings.save_checkpoint and eval_this_step
     train_started = run.now()
-    if run.first_step_at is None:
-        run.first_step_at = train_started
     try:
         kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
         result = await run.backend.train(run.model, groups, **kwargs)
     finally:
-        train_seconds = run.now() - train_started
-        run.counters.train_s += train_seconds
+        train_seconds = clock.train_s = run.now() - train_started
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
 
     new_step = checked_step(result, expected)
     step_seconds = run.now() - step_started
-    run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
     times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
     row = metrics.build(batch.items, new_step, times, result.metrics)
     # What backend.prepare_pipeline_batch reported: in the row, under the train result's
     # own metrics, as ART orders them.
     row = {**prepared, **row}
     await run.model.log(groups, split="train", step=new_step, metrics=row)
-    return result, train_seconds
+    return result
 
 
 class BackendStepError(RuntimeError):
