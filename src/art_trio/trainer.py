@@ -12,7 +12,7 @@ import functools
 import gc
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Generic
@@ -44,11 +44,12 @@ from .settings import (
     count_error,
     resolve_runtime,
 )
+from .stages import Stage
 from .stages.autotune import AutotuneStage
-from .stages.control import control_stage
-from .stages.evaluation import eval_stage
+from .stages.control import ControlStage
+from .stages.evaluation import EvalStage
 from .stages.rollout import RolloutStage
-from .stages.status import status_stage
+from .stages.status import StatusStage
 from .stages.training import TrainingStage
 from .startup import open_run
 from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
@@ -413,17 +414,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._resize_queue = _channel_resizer(send)
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
+        stages: list[Stage] = [
+            rollouts,
+            TrainingStage(run, receive, eval_send),
+            EvalStage(run, eval_receive),
+            StatusStage(run),
+            ControlStage(run, handle_signals=handle_signals),
+        ]
+        if getattr(self.autotune, "mode", "off") == "online":
+            stages.append(self._autotune_stage(run))
         with run.stop.run_scope as run_scope:
-            stage = functools.partial(run_stage, run)
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
-                tg.start_soon(stage, "rollout", rollouts)
-                tg.start_soon(stage, "training", TrainingStage(run, receive, eval_send))
-                tg.start_soon(stage, "eval", eval_stage, run, eval_receive)
-                tg.start_soon(stage, "status", status_stage, run)
-                tg.start_soon(stage, "control", _control(handle_signals), run)
-                if getattr(self.autotune, "mode", "off") == "online":
-                    tg.start_soon(stage, "autotune", self._autotune_stage(run))
+                for stage in stages:
+                    tg.start_soon(run_stage, run, stage.name, stage)
                 task_status.started()
         finalize = backend_hook(self.backend, "finalize_training_session")
         if finalize is not None and run.counters.steps and not run_scope.cancel_called:
@@ -791,13 +795,6 @@ def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> 
             "scenarios must be an iterable (a list, a generator) or an async iterator of "
             f"scenarios, got {type(scenarios).__name__}"
         )
-
-
-def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
-    async def control(run: PipelineRun) -> None:
-        await control_stage(run, handle_signals=handle_signals)
-
-    return control
 
 
 __all__ = ["PipelineTrainer"]

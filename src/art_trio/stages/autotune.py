@@ -36,6 +36,8 @@ logger = logging.getLogger("art_trio")
 
 
 class AutotuneStage:
+    name = "autotune"
+
     def __init__(
         self,
         run: PipelineRun,
@@ -71,6 +73,10 @@ class AutotuneStage:
                                  min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         logger.info("autotune: the user resized the run; left alone from now on: %s",
                     ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
+
+    def statistics(self) -> None:
+        """The stage owns no run figures (its policy's decisions go out as `Resized`)."""
+        return None
 
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, StepTrained):

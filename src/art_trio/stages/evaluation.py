@@ -26,6 +26,23 @@ from .checkpoints import note_eval_completed
 logger = logging.getLogger("art_trio")
 
 
+class EvalStage:
+    """Runs the evals the training stage requests, one at a time."""
+
+    name = "eval"
+
+    def __init__(self, run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
+        self.run = run
+        self._receive = receive
+
+    async def __call__(self) -> None:
+        await eval_stage(self.run, self._receive)
+
+    def statistics(self) -> None:
+        """The stage owns no figures (evals are counted from their events)."""
+        return None
+
+
 async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
     stop = run.stop
     try:
@@ -105,4 +122,4 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             run.persist()
 
 
-__all__ = ["eval_stage", "run_eval"]
+__all__ = ["EvalStage", "eval_stage", "run_eval"]

@@ -86,6 +86,8 @@ class RolloutStatistics:
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
 
+    name = "rollout"
+
     def __init__(self, run: PipelineRun, send: MemoryObjectSendStream[Delivered]) -> None:
         self.run = run
         self._send = send

@@ -65,6 +65,16 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
+@dataclass(frozen=True, slots=True)
+class TrainingStatistics:
+    """The training stage at one instant."""
+
+    #: Usable groups received and waiting for a batch.
+    ready: int
+    #: Zero-variance groups held since the last step (logged with the next).
+    held_zero_variance: int
+
+
 @dataclass(slots=True)
 class _TrainClock:
     """Seconds the `backend.train` call took, written by the call (None until it ended)."""
@@ -86,6 +96,8 @@ class TrainingStage:
     batch) and the zero-variance groups held until the next step logs them.
     """
 
+    name = "training"
+
     def __init__(
         self,
         run: PipelineRun,
@@ -100,6 +112,12 @@ class TrainingStage:
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
         self._preparation = batch_preparation(run.backend, run.model)
+
+    def statistics(self) -> TrainingStatistics:
+        """The stage's own figures now."""
+        return TrainingStatistics(
+            ready=len(self.ready), held_zero_variance=len(self.held_zero_variance)
+        )
 
     async def __call__(self) -> None:
         run = self.run
@@ -566,6 +584,7 @@ __all__ = [
     "BackendStepError",
     "CollectedBatch",
     "TrainingStage",
+    "TrainingStatistics",
     "batch_preparation",
     "checked_step",
     "train_kwargs",
