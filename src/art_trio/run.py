@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -57,6 +58,26 @@ def loop_event_factory() -> Callable[[], LoopEvent]:
     return asyncio.Event
 
 
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """The run's fixed parts, as every stage sees them: the model, the backend, the user's
+    callbacks, the bridge to asyncio code, where the run started. Frozen: nothing a stage
+    does changes them."""
+
+    model: art.TrainableModel
+    backend: Any
+    bridge: Bridge
+    rollout_fn: Any
+    eval_fn: Any
+    config: Any
+    #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
+    executor: RolloutExecutor | None
+    start_step: int
+    #: The backend's lease on a step's weights for a rollout, and for an eval (None: none).
+    rollout_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
+    eval_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
+
+
 class PipelineRun:
     """State shared by the stages of one `train()` call."""
 
@@ -79,23 +100,25 @@ class PipelineRun:
         observers: Observers | None = None,
         score_references: tuple[float | None, float | None] = (8.0, None),
     ) -> None:
-        self.model = model
-        #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
-        self.executor = executor
-        self.backend = backend
-        # The backend's leases on a step's weights, as the installed ART line uses them.
-        self.rollout_lease = rollout_lease(backend)
-        self.eval_lease = eval_lease(backend)
-        self.rollout_fn = rollout_fn
-        self.eval_fn = eval_fn
-        self.config = config
+        #: What every stage reads and nobody changes while the run goes.
+        self.context = StageContext(
+            model=model,
+            backend=backend,
+            bridge=bridge,
+            rollout_fn=rollout_fn,
+            eval_fn=eval_fn,
+            config=config,
+            executor=executor,
+            start_step=start_step,
+            # The backend's leases on a step's weights, as the installed ART line uses them.
+            rollout_lease=rollout_lease(backend),
+            eval_lease=eval_lease(backend),
+        )
         #: The run's settings as they are now: `resize` replaces them while the run goes.
         self.settings = settings
-        self.bridge = bridge
         self.state = state
         self.store = store
         self.status = status
-        self.start_step = start_step
         self.source = source
         self.freshness = settings.freshness
         self.policy = admission_policy(settings.admission, settings.rollouts_beyond_bound)
@@ -192,9 +215,9 @@ class PipelineRun:
         self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
         try:
             if lease is None:
-                return await self.bridge.callback(fn, *args)
-            model = self.model
-            return await self.bridge.callback_holding(lambda: lease(model, step), fn, *args)
+                return await self.context.bridge.callback(fn, *args)
+            model = self.context.model
+            return await self.context.bridge.callback_holding(lambda: lease(model, step), fn, *args)
         finally:
             self.leased_steps[step] -= 1
             if self.leased_steps[step] <= 0:

@@ -434,7 +434,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # ART 0.5.20+'s end of a training session (the Megatron backend's), once every
             # stage ended without an error and this run trained a step; not after a forced
             # stop. Its metrics feed only ART's autotuner attachments, which art_trio has not.
-            await run.bridge.call(finalize, self.model)
+            await run.context.bridge.call(finalize, self.model)
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
         s = run.settings

@@ -168,7 +168,8 @@ class AutotuneStage:
             save_profile(
                 self._profile,
                 profile_document(
-                    self.policy, self.config, model_name=getattr(self.run.model, "name", None),
+                    self.policy, self.config,
+                    model_name=getattr(self.run.context.model, "name", None),
                     queue_maxsize=self.run.settings.queue_maxsize,
                 ),
             )

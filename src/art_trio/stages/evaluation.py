@@ -68,7 +68,7 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
 
 async def run_eval(run: PipelineRun, step: int) -> None:
     """Evaluate the policy at `step` and log each split the eval_fn returned."""
-    model = run.model
+    model = run.context.model
     run.emit(EvalStarted(step))
     reward: float | None = None
     completed = False
@@ -77,7 +77,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         started = run.now()
         try:
             result = await run.call_leased(
-                step, run.eval_fn, model, step, run.config, lease=run.eval_lease
+                step, run.context.eval_fn, model, step, run.context.config,
+                lease=run.context.eval_lease,
             )
         finally:
             token.var.reset(token)
@@ -95,10 +96,12 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             if groups:
                 # The eval's duration rides on the first split logged.
                 metrics = None if timing_logged else {"time/step_eval_s": elapsed}
-                await run.bridge.call(model.log, groups, split=split, step=step, metrics=metrics)
+                await run.context.bridge.call(
+                    model.log, groups, split=split, step=step, metrics=metrics
+                )
                 timing_logged = True
         if not timing_logged and elapsed > 0:
-            await run.bridge.call(
+            await run.context.bridge.call(
                 model.log, None, split="val", step=step, metrics={"time/step_eval_s": elapsed}
             )
         note_eval_completed(run, step)

@@ -134,7 +134,7 @@ class RolloutStage:
         if extra > 0:
             # Waiting at the gate: sent away now. Busy ones leave after their rollout.
             self.run.gate.dismiss(extra)
-        executor = self.run.executor
+        executor = self.run.context.executor
         if executor is not None:
             # The one place the executor learns the worker count (at start and on a resize).
             executor.set_target(workers)
@@ -328,18 +328,18 @@ class RolloutStage:
         return group
 
     async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        run = self.run
-        token = run.model.activate_metrics_context("train")
+        run, ctx = self.run, self.run.context
+        token = ctx.model.activate_metrics_context("train")
         try:
             # Leased for the whole call: the rollout samples from `version`'s weights.
-            if run.executor is not None:
+            if ctx.executor is not None:
                 return await run.call_leased(
-                    version, run.executor.run, worker_id, run.rollout_fn, run.model, scenario,
-                    run.config, lease=run.rollout_lease,
+                    version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
+                    ctx.config, lease=ctx.rollout_lease,
                 )
             return await run.call_leased(
-                version, run.rollout_fn, run.model, scenario, run.config,
-                lease=run.rollout_lease,
+                version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
+                lease=ctx.rollout_lease,
             )
         finally:
             token.var.reset(token)

@@ -23,7 +23,7 @@ class StatusStage:
     async def __call__(self) -> None:
         run = self.run
         status = run.status
-        status.start(initial_step=run.start_step)
+        status.start(initial_step=run.context.start_step)
         try:
             while not run.stop.finished.is_set():
                 status.log_if_due()

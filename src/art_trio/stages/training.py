@@ -111,7 +111,7 @@ class TrainingStage:
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
-        self._preparation = batch_preparation(run.backend, run.model)
+        self._preparation = batch_preparation(run.context.backend, run.context.model)
 
     def statistics(self) -> TrainingStatistics:
         """The stage's own figures now."""
@@ -162,7 +162,7 @@ class TrainingStage:
     async def _train_until_done(self) -> None:
         run = self.run
         max_steps = run.settings.max_steps
-        step = run.start_step
+        step = run.context.start_step
         metrics = TrainMetrics(run, self._receive, self.ready, self._ready_capacity)
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
@@ -193,9 +193,9 @@ class TrainingStage:
             return {}
         run, groups = self.run, [item.group for item in batch.items]
         s = run.settings
-        reported = await run.bridge.call(
+        reported = await run.context.bridge.call(
             prepare,
-            run.model,
+            run.context.model,
             groups,
             normalize_advantages=s.normalize_advantages,
             grad_accumulation_sequences=s.grad_accumulation_sequences,
@@ -356,7 +356,7 @@ class TrainingStage:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result = await run.bridge.call(
+                result = await run.context.bridge.call(
                     _train_and_log, run, batch, groups, expected, eval_this_step,
                     step_started, metrics, prepared, clock,
                 )
@@ -436,7 +436,8 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        await self.run.bridge.call(self.run.model.log, held, split="discarded", step=step)
+        ctx = self.run.context
+        await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
 
 def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
@@ -503,7 +504,7 @@ def train_kwargs(
 
 def should_eval(run: PipelineRun, step: int) -> bool:
     every = run.settings.eval_every_n_steps
-    if run.eval_fn is None or every <= 0:
+    if run.context.eval_fn is None or every <= 0:
         return False
     return step - run.state.last_eval_step >= every
 
@@ -533,7 +534,7 @@ async def _train_and_log(
     train_started = run.now()
     try:
         kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        result = await run.backend.train(run.model, groups, **kwargs)
+        result = await run.context.backend.train(run.context.model, groups, **kwargs)
     finally:
         train_seconds = clock.train_s = run.now() - train_started
         if step_log:
@@ -546,7 +547,7 @@ async def _train_and_log(
     # What backend.prepare_pipeline_batch reported: in the row, under the train result's
     # own metrics, as ART orders them.
     row = {**prepared, **row}
-    await run.model.log(groups, split="train", step=new_step, metrics=row)
+    await run.context.model.log(groups, split="train", step=new_step, metrics=row)
     return result
 
 
