@@ -268,34 +268,43 @@ RunEvent = (
 Observer = Callable[[RunEvent], None]
 
 
+#: How the run's own observers fold events: a handler per event type they follow.
+Routes = Mapping[type, Callable[[Any], None]]
+
+
 class Observers:
     """The observers of one trainer: the run's own (folding its record), then the user's.
 
-    `emit` is always callable. The run's own observers are set by `begin_run` for each run;
-    the user's (`add`) stay from run to run. `watched` says whether a user observes (a figure
-    only an event reports, not the run's record, is measured only then).
+    `emit` is always callable. The run's own observers are set by `begin_run` for each run,
+    as routes (a handler per event type: an event goes straight to the handlers that fold
+    it, which keeps the always-built events cheap); the user's (`add`) stay from run to run
+    and hear every event. `watched` says whether a user observes (a figure only an event
+    reports, not the run's record, is measured only then).
     """
 
     def __init__(self) -> None:
-        self._internal: tuple[Observer, ...] = ()
+        self._routes: dict[type, tuple[Callable[[Any], None], ...]] = {}
         self._callbacks: list[Observer] = []
-        self._all: tuple[Observer, ...] = ()
+        self._users: tuple[Observer, ...] = ()
         self.watched = False
         #: The running run's first error (None while it is not failing; see `note_failure`).
         self.failure: BaseException | None = None
         self._late_errors = 0
 
-    def begin_run(self, internal: tuple[Observer, ...] = ()) -> None:
-        """A new run starts, folded by `internal` (called first, in order): nothing has
+    def begin_run(self, internal: tuple[Routes, ...] = ()) -> None:
+        """A new run starts, folded by `internal` (before the user's, in order): nothing has
         failed yet."""
         self.failure = None
         self._late_errors = 0
-        self._internal = internal
-        self._rebuild()
+        routes: dict[type, list[Callable[[Any], None]]] = {}
+        for table in internal:
+            for kind, handler in table.items():
+                routes.setdefault(kind, []).append(handler)
+        self._routes = {kind: tuple(handlers) for kind, handlers in routes.items()}
 
     def _rebuild(self) -> None:
-        self._all = (*self._internal, *self._callbacks)
-        self.watched = bool(self._callbacks)
+        self._users = tuple(self._callbacks)
+        self.watched = bool(self._users)
 
     def note_failure(self, exc: BaseException) -> None:
         """The run is failing with `exc`, unless it already was (the first error wins)."""
@@ -316,9 +325,12 @@ class Observers:
         return remove
 
     def emit(self, event: RunEvent) -> None:
-        """Hand `event` to every observer, the run's own first. The first error wins: an
-        observer raising while the run is already failing is logged, not raised."""
-        for callback in self._all:
+        """Fold `event` into the run's record, then hand it to every user observer. The
+        first error wins: an observer raising while the run is already failing is logged,
+        not raised."""
+        for handler in self._routes.get(type(event), ()):
+            handler(event)
+        for callback in self._users:
             try:
                 callback(event)
             except Exception as exc:
@@ -420,6 +432,7 @@ __all__ = [
     "RolloutGivenBack",
     "RolloutStarted",
     "RunEvent",
+    "Routes",
     "RunStatistics",
     "ScenarioSettled",
     "StepTrained",

@@ -114,7 +114,8 @@ class CounterFold:
         #: When the first step's `backend.train` began (None until then).
         self.first_step_at: float | None = None
         self.collapsed = False
-        self._fold: dict[type, Callable[[Any], None]] = {
+        #: The events this fold follows, and how (see `Observers.begin_run`).
+        self.routes: dict[type, Callable[[Any], None]] = {
             RolloutStarted: self._rollout_started,
             RolloutEnded: self._rollout_ended,
             RolloutGivenBack: self._given_back,
@@ -133,7 +134,7 @@ class CounterFold:
         }
 
     def __call__(self, event: RunEvent) -> None:
-        fold = self._fold.get(type(event))
+        fold = self.routes.get(type(event))
         if fold is not None:
             fold(event)
 

@@ -138,7 +138,7 @@ class PipelineRun:
         #: (registered before the user's observers), then heard by the user's.
         self.fold = CounterFold()
         self.observers = observers or Observers()
-        self.observers.begin_run(internal=(self.fold, status))
+        self.observers.begin_run(internal=(self.fold.routes, status.routes))
         #: Tell the observers (the counters, the status line, then the user's).
         self.emit = self.observers.emit
         self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)

@@ -108,7 +108,8 @@ class StatusReporter:
         self.val_reward: float | None = None
         self.val_running_step: int | None = None
         self._bar: tqdm[None] | None = None
-        self._fold: dict[type, Callable[[Any], None]] = {
+        #: The events the reporter follows, and how (see `Observers.begin_run`).
+        self.routes: dict[type, Callable[[Any], None]] = {
             RolloutStarted: self._rollout_started,
             RolloutEnded: self._rollout_ended,
             GroupQueued: self._group_queued,
@@ -166,25 +167,29 @@ class StatusReporter:
 
     def __call__(self, event: RunEvent) -> None:
         """Fold one of the run's events (the run registers the reporter as an observer)."""
-        fold = self._fold.get(type(event))
+        fold = self.routes.get(type(event))
         if fold is not None:
             fold(event)
 
     def _rollout_started(self, event: RolloutStarted) -> None:
         self.rolling_out += 1
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
     def _rollout_ended(self, event: RolloutEnded) -> None:
         self.rolling_out = max(0, self.rolling_out - 1)
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
     def _group_queued(self, event: GroupQueued) -> None:
         self.queued += 1
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
     def _group_received(self, event: GroupReceived) -> None:
         self.queued = max(0, self.queued - 1)
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
     def _settled(self, event: ScenarioSettled) -> None:
         fate = event.fate
@@ -196,7 +201,8 @@ class StatusReporter:
             self.errored += 1
         else:
             return
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
     def _batch_taken(self, event: BatchTaken) -> None:
         self.training = event.batch_size
