@@ -363,7 +363,9 @@ def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatc
     def late(run: Any, step: int) -> bool:
         every = run.settings.eval_every_n_steps
         return bool(
-            run.eval_fn is not None and every > 0 and step - run.state.last_eval_step > every
+            run.context.eval_fn is not None
+            and every > 0
+            and step - run.state.last_eval_step > every
         )
 
     monkeypatch.setattr(art_trio.stages.training, "should_eval", late)
