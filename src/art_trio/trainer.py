@@ -494,8 +494,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     def add_observer(self, observer: Observer) -> Callable[[], None]:
         """Call `observer(event)` for each event of every run from now on (see events.py:
-        `ScenarioSettled`, `GroupReceived`, `StepTrained`, `PolicyPublished`, `Resized`,
-        `ChannelClosed`). Returns a function that removes it.
+        every class in `RunEvent`, from `RolloutStarted` to `ScenarioSettled`, `StepTrained`
+        and `Resized`). The run's own counters and status line fold the same events first.
+        Returns a function that removes it.
 
         The observer runs in the trainer's own task, synchronously, the moment the event
         happens: it must return quickly and never block; an exception it raises ends the run
