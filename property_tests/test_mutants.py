@@ -32,6 +32,7 @@ import art_trio.stages.rollout
 import art_trio.stages.training
 import art_trio.trainer
 from art_trio.batching import Freshness
+from art_trio.events import GroupReceived
 from art_trio.gate import PolicyGate
 from art_trio.settings import PipelineSettings
 from art_trio.stages.rollout import RolloutStage
@@ -197,7 +198,7 @@ def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyP
     def losing(self: TrainingStage, item: Any, stale: Any, in_channel: int) -> bool:
         if item.scenario_index % 3 == 2:
             # Taken out of the channel, then forgotten: counted nowhere, never resolved.
-            self.run.counters.received += 1
+            self.run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
             self.run.gate.group_discarded()
             return True
         return bool(real(self, item, stale, in_channel))
@@ -362,7 +363,9 @@ def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatc
     def late(run: Any, step: int) -> bool:
         every = run.settings.evaluation.eval_every_n_steps
         return bool(
-            run.eval_fn is not None and every > 0 and step - run.state.last_eval_step > every
+            run.context.eval_fn is not None
+            and every > 0
+            and step - run.state.last_eval_step > every
         )
 
     monkeypatch.setattr(art_trio.stages.training, "should_eval", late)

@@ -585,7 +585,7 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
     settings = PipelineSettings.from_flat(
         {"num_rollout_workers": 4, "min_batch_size": 8, "max_batch_size": 8}
     )
-    run = SimpleNamespace(settings=settings, model=None)
+    run = SimpleNamespace(settings=settings, context=SimpleNamespace(model=None))
 
     def refuse(**change: Any) -> Any:
         raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")

@@ -10,6 +10,16 @@ import art
 import pytest
 
 from art_trio import PipelineTrainer, StatusReporter
+from art_trio.events import (
+    EvalEnded,
+    GroupQueued,
+    RolloutEnded,
+    RolloutStarted,
+    ScenarioSettled,
+    StepTrained,
+)
+from art_trio.messages import Fate
+from art_trio.status import reward_summary
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 
@@ -22,6 +32,16 @@ def group(*rewards: float) -> art.TrajectoryGroup:
     return art.TrajectoryGroup([trajectory(r) for r in rewards])
 
 
+def trained(batch: list[art.TrajectoryGroup], *, step: int, step_seconds: float) -> StepTrained:
+    """The event the training stage emits for `batch` trained as `step`."""
+    reward_mean, reward_std_mean, flat = reward_summary(batch)
+    return StepTrained(
+        step=step, batch_size=len(batch), scenario_indices=tuple(range(len(batch))),
+        staleness=(0,) * len(batch), wall_s=step_seconds, train_s=step_seconds,
+        reward_mean=reward_mean, reward_std_mean=reward_std_mean, zero_variance_groups=flat,
+    )
+
+
 def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
     now = [0.0]
     out = io.StringIO()
@@ -30,14 +50,17 @@ def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
         total_scenarios=10, num_workers=4, clock=lambda: now[0], stream=out,
     )
     status.start(initial_step=0)
-    status.note_rollout_started()
-    status.note_rollout_started()
-    status.note_rollout_finished(errored=True)
-    status.note_group_enqueued(group(0, 1))
-    status.note_stale(2)
-    status.note_training_batch([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0)
-    status.note_training_batch([group(1.0, 1.0)], step=2, step_seconds=2.0)
-    status.note_val_finished(2, 0.9)
+    # The reporter folds the run's events: nothing else changes its counts.
+    status(RolloutStarted(0))
+    status(RolloutStarted(1))
+    status(RolloutEnded(0, 1.0))
+    status(ScenarioSettled(0, Fate.ERRORED, 0.0))
+    status(GroupQueued(2))
+    status(ScenarioSettled(3, Fate.STALE, 1.0))
+    status(ScenarioSettled(4, Fate.CANCELLED_STALE, 1.0))
+    status(trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0))
+    status(trained([group(1.0, 1.0)], step=2, step_seconds=2.0))
+    status(EvalEnded(2, True, 0.9))
     line = status.full_line()
     assert line.startswith("[status] scenarios[trained=1 remaining=3 queued=1 training=0 ")
     assert "discarded[total=5 0_var=2 stale=2 errored=1] rollouts=1/4" in line
@@ -68,7 +91,7 @@ def test_a_tty_gets_a_live_condensed_line() -> None:
         get_scenario_offset=lambda: 0, log_interval_seconds=60, stream=tty, clock=lambda: 0.0
     )
     status.start(initial_step=3)
-    status.note_training_batch([group(0.0, 1.0)], step=4, step_seconds=1.5)
+    status(trained([group(0.0, 1.0)], step=4, step_seconds=1.5))
     assert "scenarios[tr=1 q=0 b=0 d=0] train[s=4 r=0.50 dt=1.5" in tty.getvalue()
     status.close()
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .gate_snapshot import GateSnapshot
-    from .run import Delivered
+    from .messages import Delivered
     from .settings import Admission
 
 

@@ -1,55 +1,53 @@
-"""Where each scenario ends up: one closed set of fates, recorded once per scenario.
+"""Where each scenario ends up: one closed set of fates, recorded once per scenario, and the
+run's counters folded from its events.
 
 A scenario taken from the source ends exactly once, as one `Fate`, through
-`FateRecord.settle`. Everything that counts fates follows from that one call: the run's
-`RunCounters`, the status line, the resume ledger (which scenarios never roll again), the
-gate's queue bookkeeping and the run's observers (`trainer.add_observer`). No stage counts a
-fate by hand, so the counters cannot drift from the ledger.
+`FateRecord.settle`, which resolves it in the resume ledger where the fate is final, lets it
+leave the gate's queue and emits `ScenarioSettled`. Everything that counts follows from the
+events: `CounterFold` is the run's first observer and the only writer of its `RunCounters`;
+the status line is the second (status.py). No stage counts anything by hand, so the counters
+cannot drift from the ledger or from what a user's observer sees.
 
 A rollout lost with its executor worker is not a fate: its scenario goes back to the source
-and is taken again.
+and is taken again (`RolloutGivenBack`).
 """
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .events import Observers, ScenarioSettled
+from .events import (
+    BatchTaken,
+    Collapsed,
+    EmptyGroupReceived,
+    EvalEnded,
+    EvalStarted,
+    GroupQueued,
+    GroupReceived,
+    HandOverBlocked,
+    Observers,
+    RolloutEnded,
+    RolloutGivenBack,
+    RolloutStarted,
+    RunEvent,
+    ScenarioSettled,
+    StepTrained,
+    TrainCallEnded,
+    TrainCallStarted,
+)
+from .messages import RESOLVED_AT_ONCE, Fate
 
 if TYPE_CHECKING:
-    from .gate import PolicyGate
     from .ledger import ScenarioLedger
-    from .status import StatusReporter
 
 
-class Fate(enum.Enum):
-    """How a scenario taken from the source ended."""
+class _Discards(Protocol):
+    """Whoever keeps the queue a discarded group leaves (the policy gate)."""
 
-    #: Its group was in a batch `backend.train` trained.
-    TRAINED = "trained"
-    #: Its group completed but was too old for every batch still to come.
-    STALE = "stale"
-    #: Its rollout was cancelled by the gate before it completed: no batch still to come
-    #: could train it (doomed). Counted in `stale` too, as ART counts it.
-    CANCELLED_STALE = "cancelled_stale"
-    #: Every trajectory of its group scored the same: nothing to learn from.
-    ZERO_VARIANCE = "zero_variance"
-    #: Its rollout raised or returned something untrainable.
-    ERRORED = "errored"
-    #: In flight, queued or ready when the run stopped, or in a `backend.train` call that
-    #: ended without a result (a forced stop, an error): unresolved here. A resumed run rolls
-    #: it again, except a batch the backend's step shows was trained (see the ledger).
-    DROPPED_AT_STOP = "dropped_at_stop"
-
-
-#: Fates after which a resumed run never rolls the scenario again, resolved as they happen.
-#: (TRAINED is resolved with its batch's step, ERRORED once a later rollout succeeds: see
-#: the ledger and the rollout stage.)
-RESOLVED_AT_ONCE = frozenset({Fate.STALE, Fate.CANCELLED_STALE, Fate.ZERO_VARIANCE})
+    def group_discarded(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -101,21 +99,132 @@ class RunCounters:
     A histogram, not a list per group, so a run of a million groups costs no more memory."""
 
 
+class CounterFold:
+    """Folds a run's events into its `RunCounters`: the counters' one writer.
+
+    Also keeps what the run's statistics need beside the counters: the groups handed to the
+    trainer and not yet trained or discarded, when the first `backend.train` began, and
+    whether the training stage stopped the run as collapsed.
+    """
+
+    def __init__(self) -> None:
+        self.counters = RunCounters()
+        #: Groups handed over and not yet taken in a batch or discarded (channel + ready).
+        self.queued = 0
+        #: When the first step's `backend.train` began (None until then).
+        self.first_step_at: float | None = None
+        self.collapsed = False
+        #: The events this fold follows, and how (see `Observers.begin_run`).
+        self.routes: dict[type, Callable[[Any], None]] = {
+            RolloutStarted: self._rollout_started,
+            RolloutEnded: self._rollout_ended,
+            RolloutGivenBack: self._given_back,
+            GroupQueued: self._queued,
+            HandOverBlocked: self._blocked,
+            GroupReceived: self._received,
+            ScenarioSettled: self._settled,
+            EmptyGroupReceived: self._empty,
+            BatchTaken: self._batch_taken,
+            TrainCallStarted: self._train_started,
+            TrainCallEnded: self._train_ended,
+            StepTrained: self._step_trained,
+            Collapsed: self._collapsed,
+            EvalStarted: self._eval_started,
+            EvalEnded: self._eval_ended,
+        }
+
+    def __call__(self, event: RunEvent) -> None:
+        fold = self.routes.get(type(event))
+        if fold is not None:
+            fold(event)
+
+    def _rollout_started(self, event: RolloutStarted) -> None:
+        c = self.counters
+        c.taken += 1
+        c.rollouts_started += 1
+
+    def _rollout_ended(self, event: RolloutEnded) -> None:
+        c = self.counters
+        c.spent_rollout_s += event.spent_s
+        c.rollout_s += event.completed_s
+        c.rollout_idle_s += event.idle_s
+
+    def _given_back(self, event: RolloutGivenBack) -> None:
+        self.counters.rollouts_lost += 1
+        self.counters.taken -= 1  # taken again when handed out again
+
+    def _queued(self, event: GroupQueued) -> None:
+        c = self.counters
+        c.delivered += 1
+        self.queued += 1
+        if self.queued > c.max_queued:
+            c.max_queued = self.queued
+
+    def _blocked(self, event: HandOverBlocked) -> None:
+        self.counters.put_wait_s += event.seconds
+
+    def _received(self, event: GroupReceived) -> None:
+        self.counters.received += 1
+
+    def _settled(self, event: ScenarioSettled) -> None:
+        c, fate = self.counters, event.fate
+        if fate is Fate.TRAINED:
+            c.trained += 1
+        elif fate is Fate.STALE:
+            c.stale += 1
+            c.stale_rollout_s += event.rollout_s
+        elif fate is Fate.CANCELLED_STALE:
+            c.stale += 1
+            c.stale_cancelled += 1
+            c.cancelled_rollout_s += event.rollout_s
+        elif fate is Fate.ZERO_VARIANCE:
+            c.zero_variance += 1
+        elif fate is Fate.ERRORED:
+            c.errored += 1
+        else:
+            c.dropped_at_stop += 1
+        if event.queued and fate is not Fate.TRAINED:
+            self.queued -= 1
+
+    def _empty(self, event: EmptyGroupReceived) -> None:
+        self.counters.empty_groups += 1
+
+    def _batch_taken(self, event: BatchTaken) -> None:
+        self.queued -= event.batch_size
+
+    def _train_started(self, event: TrainCallStarted) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = event.at
+
+    def _train_ended(self, event: TrainCallEnded) -> None:
+        self.counters.train_s += event.train_s
+
+    def _step_trained(self, event: StepTrained) -> None:
+        self.counters.steps += 1
+        self.counters.staleness.update(event.staleness)
+
+    def _collapsed(self, event: Collapsed) -> None:
+        self.collapsed = True
+
+    def _eval_started(self, event: EvalStarted) -> None:
+        self.counters.evals_started += 1
+
+    def _eval_ended(self, event: EvalEnded) -> None:
+        if event.completed:
+            self.counters.evals_finished += 1
+
+
 class FateRecord:
-    """Records each scenario's fate once and tells everyone who follows fates."""
+    """Records each scenario's fate once: resolves it, lets it leave the queue, emits it."""
 
     def __init__(
         self,
-        counters: RunCounters,
         *,
         ledger: ScenarioLedger,
-        status: StatusReporter,
-        gate: PolicyGate,
+        gate: _Discards,
         observers: Observers,
     ) -> None:
-        self.counters = counters
         self._ledger = ledger
-        self._status = status
         self._gate = gate
         self._observers = observers
 
@@ -126,33 +235,11 @@ class FateRecord:
 
         `queued`: its group had been handed to the trainer (it leaves the gate's queue).
         """
-        c = self.counters
-        if fate is Fate.TRAINED:
-            c.trained += 1
-        elif fate is Fate.STALE:
-            c.stale += 1
-            c.stale_rollout_s += rollout_s
-            self._status.note_stale(1)
-        elif fate is Fate.CANCELLED_STALE:
-            c.stale += 1
-            c.stale_cancelled += 1
-            c.cancelled_rollout_s += rollout_s
-            self._status.note_stale(1)
-        elif fate is Fate.ZERO_VARIANCE:
-            c.zero_variance += 1
-            self._status.note_zero_variance_discarded(1)
-        elif fate is Fate.ERRORED:
-            c.errored += 1
-            self._status.errored += 1
-        else:
-            c.dropped_at_stop += 1
         if fate in RESOLVED_AT_ONCE:
             self._ledger.resolve(index)
         if queued and fate is not Fate.TRAINED:
             self._gate.group_discarded()
-        emit = self._observers.emit  # None while nobody observes: nothing is built
-        if emit is not None:
-            emit(ScenarioSettled(index, fate, rollout_s, queued))
+        self._observers.emit(ScenarioSettled(index, fate, rollout_s, queued))
 
     def settle_many(
         self, fate: Fate, entries: Iterable[tuple[int, float]], *, queued: bool = False
@@ -174,4 +261,4 @@ class FateRecord:
         self.settle_many(Fate.TRAINED, zip(indices, rollout_seconds, strict=True))
 
 
-__all__ = ["Fate", "FateRecord", "RESOLVED_AT_ONCE", "RunCounters"]
+__all__ = ["CounterFold", "Fate", "FateRecord", "RESOLVED_AT_ONCE", "RunCounters"]

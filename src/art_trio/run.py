@@ -13,49 +13,27 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import art
 import sniffio
-from art import TrajectoryGroup
 
 from .admission import admission_policy
 from .bridge import Bridge
 from .compat import eval_lease, rollout_lease
 from .eval_leases import EvalRetentionLeases
-from .events import Observers, RunEvent, RunStatistics
+from .events import Observers, RunStatistics
 from .executor import RolloutExecutor
-from .fates import FateRecord, RunCounters
+from .fates import CounterFold, FateRecord, RunCounters
 from .gate import LoopEvent, PolicyGate
 from .ledger import PipelineState, StateStore
+from .messages import Delivered, TallyBase
 from .settings import PipelineSettings
 from .source import ScenarioSource
 from .status import StatusReporter
 from .stop import StopControl
 
 R = TypeVar("R")
-
-
-@dataclass(slots=True)
-class Delivered:
-    """A group on its way from a rollout worker to the trainer, with where it came from."""
-
-    group: TrajectoryGroup
-    scenario_index: int
-    rollout_wall_s: float
-    actor_idle_s: float
-    #: The group's `initial_policy_version` (oldest of its trajectories), None if unversioned.
-    version: int | None = None
-    #: Its tokens' mean policy version, token-weighted (only with a mean-age bound set).
-    mean_version: float | None = None
-
-
-class TallyBase(NamedTuple):
-    """ART 0.5.20's persisted tallies at the start of a run (groups, not rollouts)."""
-
-    accepted: int
-    stale: int
-    zero_variance: int
 
 
 def loop_clock() -> Callable[[], float]:
@@ -80,6 +58,26 @@ def loop_event_factory() -> Callable[[], LoopEvent]:
     return asyncio.Event
 
 
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """The run's fixed parts, as every stage sees them: the model, the backend, the user's
+    callbacks, the bridge to asyncio code, where the run started. Frozen: nothing a stage
+    does changes them."""
+
+    model: art.TrainableModel
+    backend: Any
+    bridge: Bridge
+    rollout_fn: Any
+    eval_fn: Any
+    config: Any
+    #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
+    executor: RolloutExecutor | None
+    start_step: int
+    #: The backend's lease on a step's weights for a rollout, and for an eval (None: none).
+    rollout_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
+    eval_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
+
+
 class PipelineRun:
     """State shared by the stages of one `train()` call."""
 
@@ -100,24 +98,27 @@ class PipelineRun:
         config: Any,
         executor: RolloutExecutor | None = None,
         observers: Observers | None = None,
+        score_references: tuple[float | None, float | None] = (8.0, None),
     ) -> None:
-        self.model = model
-        #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
-        self.executor = executor
-        self.backend = backend
-        # The backend's leases on a step's weights, as the installed ART line uses them.
-        self.rollout_lease = rollout_lease(backend)
-        self.eval_lease = eval_lease(backend)
-        self.rollout_fn = rollout_fn
-        self.eval_fn = eval_fn
-        self.config = config
+        #: What every stage reads and nobody changes while the run goes.
+        self.context = StageContext(
+            model=model,
+            backend=backend,
+            bridge=bridge,
+            rollout_fn=rollout_fn,
+            eval_fn=eval_fn,
+            config=config,
+            executor=executor,
+            start_step=start_step,
+            # The backend's leases on a step's weights, as the installed ART line uses them.
+            rollout_lease=rollout_lease(backend),
+            eval_lease=eval_lease(backend),
+        )
         #: The run's settings as they are now: `resize` replaces them while the run goes.
         self.settings = settings
-        self.bridge = bridge
         self.state = state
         self.store = store
         self.status = status
-        self.start_step = start_step
         self.source = source
         self.freshness = settings.freshness.rule
         self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
@@ -125,8 +126,6 @@ class PipelineRun:
         # the stages read the time several times per rollout.
         self._clock = loop_clock()
         self.started_at = self._clock()
-        #: When the first step's `backend.train` began (None until then).
-        self.first_step_at: float | None = None
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
@@ -135,21 +134,17 @@ class PipelineRun:
             clock=self._clock,
             new_event=loop_event_factory(),
         )
+        #: The run's record: its events, folded by the counters and the status line first
+        #: (registered before the user's observers), then heard by the user's.
+        self.fold = CounterFold()
         self.observers = observers or Observers()
-        self.observers.begin_run()
-        self.counters = RunCounters()
-        self.fates = FateRecord(
-            self.counters,
-            ledger=state.ledger,
-            status=status,
-            gate=self.gate,
-            observers=self.observers,
-        )
+        self.observers.begin_run(internal=(self.fold.routes, status.routes))
+        #: Tell the observers (the counters, the status line, then the user's).
+        self.emit = self.observers.emit
+        self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)
         self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
         self.stop.on_stop(self.gate.close)
         self.stop.on_stop(self.source.close)
-        #: Set by the training stage when it stopped the run as collapsed.
-        self.collapsed = False
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leased_steps: dict[int, int] = {}
         #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
@@ -161,11 +156,12 @@ class PipelineRun:
             state.discarded_zero_variance_groups,
         )
         #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
-        self.score_references: tuple[float | None, float | None] = (8.0, None)
-        #: Rollout workers running now (the rollout stage keeps it).
-        self.workers_running = 0
-        #: Changes the groups channel's capacity (set by whoever made the channel).
-        self.resize_queue: Callable[[int], None] | None = None
+        self.score_references = score_references
+
+    @property
+    def counters(self) -> RunCounters:
+        """The run's counters, as the events folded them so far (read them; never write)."""
+        return self.fold.counters
 
     def note_failure(self, exc: BaseException) -> None:
         """The run is failing with `exc` (unless it already was): from now on an observer
@@ -173,20 +169,11 @@ class PipelineRun:
         if isinstance(exc, Exception):  # cancellation is not a failure
             self.observers.note_failure(exc)
 
-    def emit(self, event: RunEvent) -> None:
-        """Tell the observers (callers check `self.observers.emit` first on hot paths)."""
-        emit = self.observers.emit
-        if emit is not None:
-            emit(event)
-
     def resize(self, settings: PipelineSettings) -> None:
-        """The run's sizes change to `settings`' (validated); the trainer has the rollout
-        stage start or retire workers."""
-        before, self.settings = self.settings, settings
+        """The run's sizes change to `settings` (validated); the trainer has the rollout
+        stage start or retire workers, and the groups channel change its capacity."""
+        self.settings = settings
         self.gate.max_batch_size = settings.sizes.max_batch_size
-        if settings.groups_capacity != before.groups_capacity and self.resize_queue is not None:
-            self.resize_queue(settings.groups_capacity)
-        self.status.set_workers(settings.sizes.num_rollout_workers)
         self.gate.admissions_changed()
 
     # -- stopping ------------------------------------------------------------------------
@@ -228,9 +215,9 @@ class PipelineRun:
         self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
         try:
             if lease is None:
-                return await self.bridge.callback(fn, *args)
-            model = self.model
-            return await self.bridge.callback_holding(lambda: lease(model, step), fn, *args)
+                return await self.context.bridge.callback(fn, *args)
+            model = self.context.model
+            return await self.context.bridge.callback_holding(lambda: lease(model, step), fn, *args)
         finally:
             self.leased_steps[step] -= 1
             if self.leased_steps[step] <= 0:
@@ -238,39 +225,16 @@ class PipelineRun:
 
     # -- views ---------------------------------------------------------------------------
 
-    def statistics(self, *, running: bool) -> RunStatistics:
-        c, gate, now = self.counters, self.gate, self._clock()
-        since_first = 0.0 if self.first_step_at is None else now - self.first_step_at
-        return RunStatistics(
+    def statistics(self, *, running: bool, workers_running: int) -> RunStatistics:
+        """The run now: the folded counters, the gate's figures, the live settings."""
+        return compose_statistics(
             running=running,
-            collapsed=self.collapsed,
-            policy_version=gate.policy_version,
-            steps=c.steps,
-            num_rollout_workers=(
-                self.workers_running if running else self.settings.sizes.num_rollout_workers
-            ),
-            min_batch_size=self.settings.sizes.min_batch_size,
-            max_batch_size=self.settings.sizes.max_batch_size,
-            queue_capacity=self.settings.groups_capacity,
-            rollouts_in_flight=gate.in_flight,
-            groups_queued=gate.queued,
-            taken=c.taken,
-            trained=c.trained,
-            stale=c.stale,
-            stale_cancelled=c.stale_cancelled,
-            zero_variance=c.zero_variance,
-            errored=c.errored,
-            dropped_at_stop=c.dropped_at_stop,
-            rollouts_started=c.rollouts_started,
-            rollouts_lost=c.rollouts_lost,
-            elapsed_s=now - self.started_at,
-            train_s=c.train_s,
-            since_first_step_s=since_first,
-            trainer_utilization=c.train_s / since_first if since_first > 0 and c.steps else None,
-            rollout_s_spent=c.spent_rollout_s,
-            rollout_latency_s=gate.rollout_latency,
-            step_period_s=gate.step_period,
-            staleness=MappingProxyType(dict(c.staleness)),
+            settings=self.settings,
+            fold=self.fold,
+            gate=self.gate,
+            workers_running=workers_running,
+            elapsed_s=self._clock() - self.started_at,
+            now=self._clock(),
         )
 
     # -- persistence ---------------------------------------------------------------------
@@ -301,4 +265,50 @@ class PipelineRun:
         return self._clock()
 
 
-__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource"]
+def compose_statistics(
+    *,
+    running: bool,
+    settings: PipelineSettings,
+    fold: CounterFold,
+    gate: PolicyGate | None,
+    workers_running: int,
+    elapsed_s: float,
+    now: float,
+) -> RunStatistics:
+    """`RunStatistics` composed from its owners: the counters folded from the events, the
+    gate's figures (None before a run: none yet) and the settings in force."""
+    c = fold.counters
+    first = fold.first_step_at
+    since_first = 0.0 if first is None else now - first
+    return RunStatistics(
+        running=running,
+        collapsed=fold.collapsed,
+        policy_version=gate.policy_version if gate is not None else 0,
+        steps=c.steps,
+        num_rollout_workers=workers_running if running else settings.sizes.num_rollout_workers,
+        min_batch_size=settings.sizes.min_batch_size,
+        max_batch_size=settings.sizes.max_batch_size,
+        queue_capacity=settings.groups_capacity,
+        rollouts_in_flight=gate.in_flight if gate is not None else 0,
+        groups_queued=gate.queued if gate is not None else 0,
+        taken=c.taken,
+        trained=c.trained,
+        stale=c.stale,
+        stale_cancelled=c.stale_cancelled,
+        zero_variance=c.zero_variance,
+        errored=c.errored,
+        dropped_at_stop=c.dropped_at_stop,
+        rollouts_started=c.rollouts_started,
+        rollouts_lost=c.rollouts_lost,
+        elapsed_s=elapsed_s,
+        train_s=c.train_s,
+        since_first_step_s=since_first,
+        trainer_utilization=c.train_s / since_first if since_first > 0 and c.steps else None,
+        rollout_s_spent=c.spent_rollout_s,
+        rollout_latency_s=gate.rollout_latency if gate is not None else None,
+        step_period_s=gate.step_period if gate is not None else None,
+        staleness=MappingProxyType(dict(c.staleness)),
+    )
+
+
+__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource", "compose_statistics"]

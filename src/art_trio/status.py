@@ -1,8 +1,10 @@
 """What a person watching a run sees: a live status line and a periodic `[status]` log line.
 
-The reporter only counts and formats; it never awaits, so noting an event can never block the
-pipeline. The trainer's status stage decides *when* to print. The constructor and the
-`note_*` methods match ART's `StatusReporter`, so code written against ART's keeps working.
+The reporter is one of the run's observers: it folds the run's events (events.py) into its
+own tallies and smoothed numbers, and nothing else changes them. It only counts and formats;
+it never awaits, so an event can never block the pipeline. The trainer's status stage decides
+*when* to print. The constructor matches ART's `StatusReporter`; ART's `note_*` methods are
+gone: feed it events instead (`reporter(event)`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,43 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from art import TrajectoryGroup
 from tqdm import tqdm
 
 from .batching import is_zero_variance, reward_stats
+from .events import (
+    BatchTaken,
+    EvalEnded,
+    EvalStarted,
+    GroupQueued,
+    GroupReceived,
+    Resized,
+    RolloutEnded,
+    RolloutStarted,
+    RunEvent,
+    ScenarioSettled,
+    StepTrained,
+    TrainCallEnded,
+)
+from .messages import Fate
+
+
+def reward_summary(batch: Sequence[TrajectoryGroup]) -> tuple[float | None, float, int]:
+    """A trained batch's mean reward over its trajectories (None if it has none), the mean
+    of its groups' reward standard deviations, and how many groups scored all alike: what
+    `StepTrained` reports for the status line. One pass over each group's rewards."""
+    flat = count = 0
+    total = std_sum = 0.0
+    for group in batch:
+        n, group_total, std = reward_stats(group)
+        # (Rewards all within the tolerance of the first have a tiny std: checked first.)
+        flat += std < 1e-9 and is_zero_variance(group)
+        count += n
+        total += group_total
+        std_sum += std
+    return (total / count if count else None), (std_sum / len(batch) if batch else 0.0), flat
 
 
 def _count(value: int | None) -> str:
@@ -75,6 +108,20 @@ class StatusReporter:
         self.val_reward: float | None = None
         self.val_running_step: int | None = None
         self._bar: tqdm[None] | None = None
+        #: The events the reporter follows, and how (see `Observers.begin_run`).
+        self.routes: dict[type, Callable[[Any], None]] = {
+            RolloutStarted: self._rollout_started,
+            RolloutEnded: self._rollout_ended,
+            GroupQueued: self._group_queued,
+            GroupReceived: self._group_received,
+            ScenarioSettled: self._settled,
+            BatchTaken: self._batch_taken,
+            TrainCallEnded: self._train_ended,
+            StepTrained: self._step_trained,
+            EvalStarted: self._eval_started,
+            EvalEnded: self._eval_ended,
+            Resized: self._resized,
+        }
         self._started = False
         self._last_log = 0.0
         self._last_refresh = 0.0
@@ -116,83 +163,80 @@ class StatusReporter:
         self._last_log = now
         self._write(self.full_line())
 
-    def set_workers(self, num_workers: int) -> None:
-        """The run was resized: the status shows the live worker count."""
-        self._workers = num_workers
-        self._refresh()
-
-    def set_step(self, step: int) -> None:
-        self.step = step
-        self._refresh()
-
     # -- events --------------------------------------------------------------------------
 
-    def note_rollout_started(self) -> None:
+    def __call__(self, event: RunEvent) -> None:
+        """Fold one of the run's events (the run registers the reporter as an observer)."""
+        fold = self.routes.get(type(event))
+        if fold is not None:
+            fold(event)
+
+    def _rollout_started(self, event: RolloutStarted) -> None:
         self.rolling_out += 1
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
-    def note_rollout_finished(self, *, errored: bool) -> None:
+    def _rollout_ended(self, event: RolloutEnded) -> None:
         self.rolling_out = max(0, self.rolling_out - 1)
-        self.errored += int(errored)
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
-    def note_group_enqueued(self, _group: TrajectoryGroup) -> None:
+    def _group_queued(self, event: GroupQueued) -> None:
         self.queued += 1
-        self._refresh()
+        if self._bar is not None:
+            self._refresh()
 
-    def note_group_dequeued(self, _group: TrajectoryGroup) -> None:
+    def _group_received(self, event: GroupReceived) -> None:
         self.queued = max(0, self.queued - 1)
-        self._refresh()
-
-    def note_stale(self, count: int) -> None:
-        if count > 0:
-            self.stale += count
+        if self._bar is not None:
             self._refresh()
 
-    def note_zero_variance_discarded(self, count: int) -> None:
-        if count > 0:
-            self.zero_variance += count
+    def _settled(self, event: ScenarioSettled) -> None:
+        fate = event.fate
+        if fate is Fate.STALE or fate is Fate.CANCELLED_STALE:
+            self.stale += 1
+        elif fate is Fate.ZERO_VARIANCE:
+            self.zero_variance += 1
+        elif fate is Fate.ERRORED:
+            self.errored += 1
+        else:
+            return
+        if self._bar is not None:
             self._refresh()
 
-    def note_training_start(self, group_count: int) -> None:
-        self.training = group_count
+    def _batch_taken(self, event: BatchTaken) -> None:
+        self.training = event.batch_size
         self._refresh()
 
-    def note_training_end(self) -> None:
+    def _train_ended(self, event: TrainCallEnded) -> None:
         self.training = 0
         self._refresh()
 
-    def note_training_batch(
-        self, batch: Sequence[TrajectoryGroup], *, step: int, step_seconds: float
-    ) -> None:
-        # One pass over each group's rewards (this runs every step, on every group).
-        flat = count = 0
-        total = std_sum = 0.0
-        for group in batch:
-            n, group_total, std = reward_stats(group)
-            # (Rewards all within the tolerance of the first have a tiny std: checked first.)
-            flat += std < 1e-9 and is_zero_variance(group)
-            count += n
-            total += group_total
-            std_sum += std
-        self.step = step
-        self.trained += len(batch) - flat
+    def _step_trained(self, event: StepTrained) -> None:
+        flat = event.zero_variance_groups
+        self.step = event.step
+        self.trained += event.batch_size - flat
         self.zero_variance += flat
-        if count:
-            self.reward_ewa = self._ewa(self.reward_ewa, total / count)
-        self.step_seconds_ewa = self._ewa(self.step_seconds_ewa, step_seconds)
-        self.reward_std_ewa = self._ewa(self.reward_std_ewa, std_sum / len(batch) if batch else 0.0)
+        if event.reward_mean is not None:
+            self.reward_ewa = self._ewa(self.reward_ewa, event.reward_mean)
+        self.step_seconds_ewa = self._ewa(self.step_seconds_ewa, event.wall_s)
+        self.reward_std_ewa = self._ewa(self.reward_std_ewa, event.reward_std_mean)
         self._refresh(force=True)
 
-    def note_val_started(self, step: int) -> None:
-        self.val_running_step = step
+    def _eval_started(self, event: EvalStarted) -> None:
+        self.val_running_step = event.step
         self._refresh(force=True)
 
-    def note_val_finished(self, step: int, reward: float | None) -> None:
-        self.val_step, self.val_reward = step, reward
-        if self.val_running_step == step:
+    def _eval_ended(self, event: EvalEnded) -> None:
+        self.val_step, self.val_reward = event.step, event.reward
+        if self.val_running_step == event.step:
             self.val_running_step = None
         self._refresh(force=True)
+
+    def _resized(self, event: Resized) -> None:
+        """The run was resized: the status shows the live worker count."""
+        self._workers = event.num_rollout_workers
+        self._refresh()
 
     # -- rendering -----------------------------------------------------------------------
 
@@ -287,4 +331,4 @@ class StatusReporter:
         self._bar.set_description_str(self.condensed_line())
 
 
-__all__ = ["StatusReporter"]
+__all__ = ["StatusReporter", "reward_summary"]

@@ -28,9 +28,10 @@ class StopControl:
         self.finished = anyio.Event()
         #: Cancelled when the grace period ends (or at once when the run ends on its own).
         self.rollout_scope = anyio.CancelScope()
+        #: The running eval's scope (None while none runs): see `eval_begins`.
         self.eval_scope: anyio.CancelScope | None = None
-        #: Every stage's scope: cancelled by a forced stop.
-        self.run_scope: anyio.CancelScope | None = None
+        #: Every stage's scope (the trainer runs the stages in it): cancelled by a forced stop.
+        self.run_scope = anyio.CancelScope()
         self._on_stop: list[Callable[[], None]] = []
         self._stages_left = {"rollout", "training", "eval"}
 
@@ -69,8 +70,18 @@ class StopControl:
     def cancel_everything(self) -> None:
         """The second signal: cancel every stage now (state is still persisted)."""
         self.request(graceful=False)
-        if self.run_scope is not None:
-            self.run_scope.cancel()
+        self.run_scope.cancel()
+
+    def eval_begins(self) -> anyio.CancelScope:
+        """An eval starts: the scope to run it in (the grace period's end cancels it)."""
+        self.eval_idle = anyio.Event()
+        self.eval_scope = anyio.CancelScope()
+        return self.eval_scope
+
+    def eval_ended(self) -> None:
+        """The eval that began last has ended, its checkpoint released."""
+        self.eval_scope = None
+        self.eval_idle.set()
 
     @property
     def grace_seconds(self) -> float:

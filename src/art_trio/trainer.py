@@ -11,12 +11,10 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import math
 import sys
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic, NoReturn, Unpack
+from typing import Any, Generic, Unpack
 
 import anyio
 import art
@@ -27,26 +25,26 @@ from .autotune import policy_for, profile_path
 from .backend_support import check_backend_support
 from .bridge import Bridge, is_native, open_bridge
 from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig
-from .errors import LoopUnresponsive, _BaseExceptionEscaped, _LoopClosed
+from .errors import LoopUnresponsive, _LoopClosed
 from .events import Observer, Observers, Resized, RunStatistics
 from .executor import RolloutExecutor
-from .fates import RunCounters
+from .fates import CounterFold, RunCounters
 from .group_queue import GroupQueue
 from .hooks import backend_hook
 from .keywords import SettingKeywords, resolve_settings, score_references, spell_out_settings
 from .keywords import fit_executor as _fit_executor
-from .ledger import PipelineState, StateStore
 from .lock import RunLock
-from .run import Delivered, PipelineRun
+from .run import Delivered, PipelineRun, compose_statistics
 from .settings import FIELDS, PipelineSettings, count_error
-from .source import ScenarioSource
+from .stages import Stage
 from .stages.autotune import AutotuneStage
-from .stages.control import control_stage
-from .stages.evaluation import eval_stage
+from .stages.control import ControlStage
+from .stages.evaluation import EvalStage
 from .stages.rollout import RolloutStage
-from .stages.status import status_stage
+from .stages.status import StatusStage
 from .stages.training import TrainingStage
-from .status import StatusReporter
+from .startup import open_run
+from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 from .threads import DEFAULT_TIMEOUT_S, LoopHandle
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT
 
@@ -128,6 +126,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.last_counters: RunCounters | None = None
         self._observers = Observers()
         self._rollouts: RolloutStage | None = None
+        #: Changes the groups channel's capacity while a run goes (set with the channel).
+        self._resize_queue: Callable[[int], None] | None = None
         #: The online autotuner of the running `train()`, told of the user's own resizes.
         self._tuner: AutotuneStage | None = None
         self._last_statistics: RunStatistics | None = None
@@ -201,16 +201,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     # otherwise wrap it (the stages' group too) in groups of its own.
                     failure = exc
         except BaseExceptionGroup as group:
-            # What escaped the body bare (trio's KeyboardInterrupt, SystemExit) comes out of
-            # the trio-asyncio loop wrapped twice; give the caller the exception itself.
-            leaves = list(_leaves(group))
-            if len(leaves) == 1 and isinstance(leaves[0], (KeyboardInterrupt, SystemExit)):
-                raise leaves[0] from None
-            raise
-        if isinstance(failure, BaseExceptionGroup):
-            _raise_failure(failure)
+            unwrap_escaped(group)
         if failure is not None:
-            raise failure
+            raise_failure(failure)
 
     async def _train_in_bridge(
         self, bridge: Bridge, handle_signals: bool, task_status: TaskStatus[None]
@@ -251,44 +244,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._finish(run, None)
 
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
-        """Count what was dropped, save the state and close its files, whatever happened.
-
-        The first error wins: if saving fails after `failure`, the caller still gets
-        `failure`, with the saving error in a note; without a failure, the saving error is
-        raised (the run's state on disk is then the last journal record).
-        """
+        """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
-        self._last_statistics = run.statistics(running=False)
+        self._last_statistics = run.statistics(running=False, workers_running=0)
         self._run = None
         self._loop = None
         self._rollouts = None
+        self._resize_queue = None
         self._tuner = None
         self.last_counters = run.counters
-        counters = run.counters
-        if counters.steps == 0 and 0 < counters.empty_groups == counters.zero_variance:
-            warnings.warn(
-                f"no step was trained: all {counters.empty_groups} groups rollout_fn returned "
-                "had no trajectories. Check that rollout_fn returns its trajectories.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        try:
-            run.snapshot()
-        except Exception as exc:
-            if failure is None:
-                raise
-            failure.add_note(
-                f"art_trio could not save the final resume state after this failure: "
-                f"{type(exc).__name__}: {exc}. The last journal record on disk is the resume "
-                "point: a resumed run settles the batch in flight against the backend's step."
-            )
-            warnings.warn(
-                f"could not save the resume state after a failure: {exc!r}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        finally:
-            run.store.close()
+        close_run(run, failure)
 
     async def _run_stages(
         self,
@@ -300,28 +265,30 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     ) -> None:
         groups = GroupQueue[Delivered](run.settings.groups_capacity)
         send, receive = groups.send_end, groups.receive_end
-        run.resize_queue = groups.resize
+        self._resize_queue = groups.resize
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
-        with anyio.CancelScope() as run_scope:
-            run.stop.run_scope = run_scope
-            stage = functools.partial(_stage, run)
+        stages: list[Stage] = [
+            rollouts,
+            TrainingStage(run, receive, eval_send),
+            EvalStage(run, eval_receive),
+            StatusStage(run),
+            ControlStage(run, handle_signals=handle_signals),
+        ]
+        if getattr(self.autotune, "mode", "off") == "online":
+            stages.append(self._autotune_stage(run))
+        with run.stop.run_scope as run_scope:
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
-                tg.start_soon(stage, "rollout", rollouts)
-                tg.start_soon(stage, "training", TrainingStage(run, receive, eval_send))
-                tg.start_soon(stage, "eval", eval_stage, run, eval_receive)
-                tg.start_soon(stage, "status", status_stage, run)
-                tg.start_soon(stage, "control", _control(handle_signals), run)
-                if getattr(self.autotune, "mode", "off") == "online":
-                    tg.start_soon(stage, "autotune", self._autotune_stage(run))
+                for stage in stages:
+                    tg.start_soon(run_stage, run, stage.name, stage)
                 task_status.started()
         finalize = backend_hook(self.backend, "finalize_training_session")
         if finalize is not None and run.counters.steps and not run_scope.cancel_called:
             # ART 0.5.20+'s end of a training session (the Megatron backend's), once every
             # stage ended without an error and this run trained a step; not after a forced
             # stop. Its metrics feed only ART's autotuner attachments, which art_trio has not.
-            await run.bridge.call(finalize, self.model)
+            await run.context.bridge.call(finalize, self.model)
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
         s = run.settings
@@ -365,26 +332,25 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 # The run ended while the call waited (a loop that closes drops what was
                 # scheduled on it): its last view follows.
         if self._run is not None:
-            return self._run.statistics(running=True)
+            rollouts = self._rollouts
+            return self._run.statistics(
+                running=True,
+                workers_running=rollouts.statistics().workers_running if rollouts else 0,
+            )
         if self._last_statistics is not None:
             return self._last_statistics
-        s = self.settings
-        return RunStatistics(
-            running=False, collapsed=False, policy_version=0, steps=0,
-            num_rollout_workers=s.sizes.num_rollout_workers,
-            min_batch_size=s.sizes.min_batch_size, max_batch_size=s.sizes.max_batch_size,
-            queue_capacity=s.groups_capacity,
-            rollouts_in_flight=0, groups_queued=0, taken=0, trained=0, stale=0,
-            stale_cancelled=0, zero_variance=0, errored=0, dropped_at_stop=0,
-            rollouts_started=0, rollouts_lost=0, elapsed_s=0.0, train_s=0.0,
-            since_first_step_s=0.0, trainer_utilization=None, rollout_s_spent=0.0,
-            rollout_latency_s=None, step_period_s=None, staleness={},
+        # Before the first run: the configured sizes, and the counters of a run that has
+        # seen no event.
+        return compose_statistics(
+            running=False, settings=self.settings, fold=CounterFold(), gate=None,
+            workers_running=0, elapsed_s=0.0, now=0.0,
         )
 
     def add_observer(self, observer: Observer) -> Callable[[], None]:
         """Call `observer(event)` for each event of every run from now on (see events.py:
-        `ScenarioSettled`, `GroupReceived`, `StepTrained`, `PolicyPublished`, `Resized`,
-        `ChannelClosed`). Returns a function that removes it.
+        every class in `RunEvent`, from `RolloutStarted` to `ScenarioSettled`, `StepTrained`
+        and `Resized`). The run's own counters and status line fold the same events first.
+        Returns a function that removes it.
 
         The observer runs in the trainer's own task, synchronously, the moment the event
         happens: it must return quickly and never block; an exception it raises ends the run
@@ -456,6 +422,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.settings = resized
             return self.statistics()
         run.resize(resized)
+        if resized.groups_capacity != s.groups_capacity and self._resize_queue is not None:
+            self._resize_queue(resized.groups_capacity)
         if self._rollouts is not None:
             self._rollouts.resize(resized.sizes.num_rollout_workers)
         run.emit(
@@ -512,78 +480,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     async def _prepare_run(
         self, bridge: Bridge
     ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
-        settings = self.settings
-        start_step = int(await bridge.call(self.model.get_step))
-        store = StateStore(
-            self.model._get_output_dir(),
-            fsync=settings.persistence.fsync_state,
-            identity={"model": self.model.name, "project": self.model.project},
-            lock=self._run_lock,
-        )
-        stored = store.read() if settings.persistence.resume else None
-        state = stored or PipelineState()
-        pending = state.ledger.pending
-        if state.ledger.settle_pending(start_step) and pending is not None:
-            state.training_step = pending.step
-        if state.training_step is not None and state.training_step != start_step:
-            logger.warning(
-                "the pipeline state was saved at step %d but the backend is at step %d; "
-                "continuing from the backend's step.",
-                state.training_step,
-                start_step,
-            )
-        state.training_step = start_step
-
-        source: ScenarioSource[Any] = ScenarioSource(
-            self._scenarios, state, bridge, state_file=str(store.sidecar_path)
-        )
-        status = StatusReporter(
-            get_scenario_offset=lambda: source.position,
-            log_interval_seconds=settings.status.log_interval_seconds,
-            status_ewa_alpha=settings.status.status_ewa_alpha,
-            total_scenarios=settings.status.total_scenarios,
-            num_workers=settings.sizes.num_rollout_workers,
-            clock=anyio.current_time,
-        )
-        run = PipelineRun(
+        return await open_run(
+            bridge,
             model=self.model,
             backend=self.backend,
-            settings=settings,
-            bridge=bridge,
-            state=state,
-            store=store,
-            status=status,
-            start_step=start_step,
-            source=source,
+            settings=self.settings,
+            scenarios=self._scenarios,
+            lock=self._run_lock,
             rollout_fn=self.rollout_fn,
             eval_fn=self.eval_fn,
             config=self.config,
             executor=self.rollout_executor,
             observers=self._observers,
+            score_references=self._score_references,
         )
-        run.score_references = self._score_references
-        # The resolved prefix is skipped by the rollout stage's first take, where a stop
-        # reaches it (a slow source can take long to skip).
-
-        eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
-        if self.eval_fn is not None:
-            # Evals a stop interrupted, then the start-of-run eval.
-            for step in sorted(state.pending_eval_steps - state.completed_eval_steps):
-                if step <= start_step:
-                    eval_send.send_nowait(step)
-            # The start step of a fresh run (or a run at step 0), once: a resumed run re-ran
-            # its interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead
-            # evaluates whatever step it resumes at, and restarts the schedule from there).
-            if (
-                settings.evaluation.eval_at_start
-                and (stored is None or start_step == 0)
-                and start_step not in state.pending_eval_steps | state.completed_eval_steps
-            ):
-                state.pending_eval_steps.add(start_step)
-                state.last_eval_step = start_step
-                eval_send.send_nowait(start_step)
-        run.snapshot()
-        return run, eval_send, eval_receive
 
     def _validate_backend_support(self) -> None:
         # A method, as ART's trainer has it (tests stub it to run a LocalBackend double).
@@ -642,65 +552,6 @@ def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> 
             "scenarios must be an iterable (a list, a generator) or an async iterator of "
             f"scenarios, got {type(scenarios).__name__}"
         )
-
-
-def _control(handle_signals: bool) -> Callable[[PipelineRun], Awaitable[None]]:
-    async def control(run: PipelineRun) -> None:
-        await control_stage(run, handle_signals=handle_signals)
-
-    return control
-
-
-async def _stage(
-    run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any
-) -> None:
-    """Run one stage; an exception leaving it is labelled with the stage's name, and is the
-    run's first error unless another came first (`PipelineRun.note_failure`).
-
-    A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
-    group holding one exception is unwrapped, so the caller gets one group, not two nested.
-    """
-    try:
-        try:
-            await fn(*args)
-        except ExceptionGroup as group:
-            leaves = list(_leaves(group))
-            if len(leaves) != 1:
-                raise
-            raise leaves[0] from None
-    except Exception as exc:
-        run.note_failure(exc)
-        exc.add_note(f"raised in art_trio's {name} stage")
-        if isinstance(exc, _BaseExceptionEscaped):
-            logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)
-        else:
-            logger.error("Pipeline stage failed: %s: %s: %s", name, type(exc).__name__, exc)
-        raise
-
-
-def _raise_failure(failure: BaseExceptionGroup[Any]) -> NoReturn:
-    """Raise the stages' failure: KeyboardInterrupt or SystemExit as themselves, else the group.
-
-    A callback's KeyboardInterrupt or SystemExit travelled through the stages as
-    `_BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
-    stage's note, as if the run had not been in between.
-    """
-    for leaf in _leaves(failure):
-        original = leaf.original if isinstance(leaf, _BaseExceptionEscaped) else leaf
-        if isinstance(original, (KeyboardInterrupt, SystemExit)):
-            for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
-                if note not in getattr(original, "__notes__", []):
-                    original.add_note(note)
-            raise original from None
-    raise failure
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 __all__ = ["PipelineTrainer"]

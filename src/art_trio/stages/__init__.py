@@ -1,1 +1,27 @@
-"""The pipeline's stages, each a function that owns its loop and its end of stream."""
+"""The pipeline's stages, all of one shape: a `Stage`.
+
+A stage is an object built from the run before it starts, whose `__call__` runs its loop and
+owns its end of a stream; `name` labels its errors (supervision.py) and `statistics()`
+returns a frozen view of the figures only it changes. The trainer starts each in the run's
+task group.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Stage(Protocol):
+    """What the trainer needs of every stage."""
+
+    #: The stage's name, as errors are labelled ("raised in art_trio's rollout stage").
+    name: str
+
+    async def __call__(self) -> None:
+        """Run until the run ends (or the stage's own work is done)."""
+
+    def statistics(self) -> object:
+        """A frozen view of the stage's own figures."""
+
+
+__all__ = ["Stage"]

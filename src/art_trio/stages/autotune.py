@@ -36,6 +36,8 @@ logger = logging.getLogger("art_trio")
 
 
 class AutotuneStage:
+    name = "autotune"
+
     def __init__(
         self,
         run: PipelineRun,
@@ -71,6 +73,10 @@ class AutotuneStage:
                                  min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         logger.info("autotune: the user resized the run; left alone from now on: %s",
                     ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
+
+    def statistics(self) -> None:
+        """The stage owns no run figures (its policy's decisions go out as `Resized`)."""
+        return None
 
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, StepTrained):
@@ -162,7 +168,8 @@ class AutotuneStage:
             save_profile(
                 self._profile,
                 profile_document(
-                    self.policy, self.config, model_name=getattr(self.run.model, "name", None),
+                    self.policy, self.config,
+                    model_name=getattr(self.run.context.model, "name", None),
                     queue_maxsize=self.run.settings.sizes.queue_maxsize,
                 ),
             )

@@ -30,7 +30,7 @@ from ..run import PipelineRun
 
 
 def _output_dir(run: PipelineRun) -> Path:
-    return Path(run.model._get_output_dir())
+    return Path(run.context.model._get_output_dir())
 
 
 def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, float]) -> None:
@@ -63,7 +63,7 @@ def _append_history_row(
     run: PipelineRun, row: dict[str, Any], step: int, *, wall_clock: bool = False
 ) -> None:
     """Stamp `row` with its step (and the run's wall clock) and append it to history.jsonl."""
-    started = getattr(run.model, "_run_start_time", None) if wall_clock else None
+    started = getattr(run.context.model, "_run_start_time", None) if wall_clock else None
     row["training_step"] = step
     if isinstance(started, (int, float)):
         row["time/wall_clock_sec"] = time.time() - started
@@ -94,10 +94,12 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
-    prune = backend_hook(run.backend, "prune_model_adapters")
+    prune = backend_hook(run.context.backend, "prune_model_adapters")
     if prune is not None:
         oldest = max(0, step - run.freshness.retention_window)
-        await run.bridge.call(prune, run.model, retain_steps=set(range(oldest, step + 1)))
+        await run.context.bridge.call(
+            prune, run.context.model, retain_steps=set(range(oldest, step + 1))
+        )
     await apply_retention(run, step)
 
 
@@ -199,7 +201,8 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
     if not delete:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
-    await run.bridge.call(run.backend._delete_checkpoint_files, run.model, steps_to_keep)
+    ctx = run.context
+    await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)
 
 
 __all__ = [

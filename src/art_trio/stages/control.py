@@ -26,6 +26,23 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 logger = logging.getLogger("art_trio")
 
 
+class ControlStage:
+    """Turns stop requests and signals into cancellation (see the module's docstring)."""
+
+    name = "control"
+
+    def __init__(self, run: PipelineRun, *, handle_signals: bool) -> None:
+        self.run = run
+        self.handle_signals = handle_signals
+
+    async def __call__(self) -> None:
+        await control_stage(self.run, handle_signals=self.handle_signals)
+
+    def statistics(self) -> None:
+        """The stage owns no figures."""
+        return None
+
+
 async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_enforce_grace, run)
@@ -82,4 +99,4 @@ async def _receive_signals(run: PipelineRun) -> None:
                 signal.signal(sig, handler)
 
 
-__all__ = ["STOP_SIGNALS", "control_stage"]
+__all__ = ["STOP_SIGNALS", "ControlStage", "control_stage"]

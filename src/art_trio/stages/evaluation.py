@@ -18,11 +18,29 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
 from ..errors import CallbackNotAwaitable, _BaseExceptionEscaped
+from ..events import EvalEnded, EvalStarted
 from ..provenance import check_eval_provenance
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
 logger = logging.getLogger("art_trio")
+
+
+class EvalStage:
+    """Runs the evals the training stage requests, one at a time."""
+
+    name = "eval"
+
+    def __init__(self, run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
+        self.run = run
+        self._receive = receive
+
+    async def __call__(self) -> None:
+        await eval_stage(self.run, self._receive)
+
+    def statistics(self) -> None:
+        """The stage owns no figures (evals are counted from their events)."""
+        return None
 
 
 async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
@@ -33,18 +51,15 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
                 if run.stopping:
                     # Not started before the stop: resume evaluates it (it stays scheduled).
                     continue
-                stop.eval_idle = anyio.Event()
                 try:
-                    with anyio.CancelScope() as scope:
-                        stop.eval_scope = scope
+                    with stop.eval_begins():
                         # Held since the step was scheduled (or from now, for the start
                         # step and resumed evals) until the eval has ended.
                         await run.eval_leases.take(step)
                         await run_eval(run, step)
                 finally:
-                    stop.eval_scope = None
                     await run.eval_leases.release(step)
-                    stop.eval_idle.set()
+                    stop.eval_ended()
     finally:
         # Evals that will not run now (a stop, the end): their steps need no holding.
         await run.eval_leases.release_all()
@@ -53,9 +68,8 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
 
 async def run_eval(run: PipelineRun, step: int) -> None:
     """Evaluate the policy at `step` and log each split the eval_fn returned."""
-    model, status = run.model, run.status
-    status.note_val_started(step)
-    run.counters.evals_started += 1
+    model = run.context.model
+    run.emit(EvalStarted(step))
     reward: float | None = None
     completed = False
     try:
@@ -63,7 +77,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         started = run.now()
         try:
             result = await run.call_leased(
-                step, run.eval_fn, model, step, run.config, lease=run.eval_lease
+                step, run.context.eval_fn, model, step, run.context.config,
+                lease=run.context.eval_lease,
             )
         finally:
             token.var.reset(token)
@@ -81,10 +96,12 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             if groups:
                 # The eval's duration rides on the first split logged.
                 metrics = None if timing_logged else {"time/step_eval_s": elapsed}
-                await run.bridge.call(model.log, groups, split=split, step=step, metrics=metrics)
+                await run.context.bridge.call(
+                    model.log, groups, split=split, step=step, metrics=metrics
+                )
                 timing_logged = True
         if not timing_logged and elapsed > 0:
-            await run.bridge.call(
+            await run.context.bridge.call(
                 model.log, None, split="val", step=step, metrics={"time/step_eval_s": elapsed}
             )
         note_eval_completed(run, step)
@@ -99,9 +116,8 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
         run.state.pending_eval_steps.discard(step)
     finally:
-        status.note_val_finished(step, reward)
+        run.emit(EvalEnded(step, completed, reward))
         if completed:
-            run.counters.evals_finished += 1
             run.state.pending_eval_steps.discard(step)
             run.state.complete_eval(step)
             # Persisted now, as ART does, so a run killed before its next step does not
@@ -109,4 +125,4 @@ async def run_eval(run: PipelineRun, step: int) -> None:
             run.persist()
 
 
-__all__ = ["eval_stage", "run_eval"]
+__all__ = ["EvalStage", "eval_stage", "run_eval"]

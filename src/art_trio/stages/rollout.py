@@ -15,6 +15,7 @@ its scenario is never lost or trained twice.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -40,11 +41,17 @@ from ..errors import (
     _BaseExceptionEscaped,
     _GateClosed,
 )
-from ..events import GroupQueued
-from ..fates import Fate
+from ..events import (
+    GroupQueued,
+    HandOverBlocked,
+    RolloutEnded,
+    RolloutGivenBack,
+    RolloutStarted,
+)
+from ..freshness import mean_policy_version, newest_token_version, token_count_error
 from ..group_queue import GroupSendEnd
-from ..metrics import mean_policy_version, newest_token_version, token_count_error
-from ..run import Delivered, PipelineRun
+from ..messages import Delivered, Fate
+from ..run import PipelineRun
 
 logger = logging.getLogger("art_trio")
 
@@ -64,8 +71,20 @@ ENDS_THE_RUN: tuple[type[BaseException], ...] = (
 DOOMED = object()
 
 
+@dataclass(frozen=True, slots=True)
+class RolloutStatistics:
+    """The rollout stage at one instant."""
+
+    #: Workers running now (0 once the stage ended).
+    workers_running: int
+    #: Workers the stage is asked to run.
+    target: int
+
+
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
+
+    name = "rollout"
 
     def __init__(self, run: PipelineRun, send: GroupSendEnd[Delivered]) -> None:
         self.run = run
@@ -90,7 +109,6 @@ class RolloutStage:
                     self.resize(run.settings.sizes.num_rollout_workers)
         finally:
             self._workers = None
-            run.workers_running = 0
             run.stop.rollouts_done.set()
             run.stop.stage_done("rollout")
 
@@ -114,12 +132,15 @@ class RolloutStage:
         if extra > 0:
             # Waiting at the gate: sent away now. Busy ones leave after their rollout.
             self.run.gate.dismiss(extra)
-        self.run.workers_running = len(self._live)
-        executor = self.run.executor
+        executor = self.run.context.executor
         if executor is not None:
             # The one place the executor learns the worker count (at start and on a resize).
             executor.set_target(workers)
             executor.set_workers(tuple(sorted(self._live)))
+
+    def statistics(self) -> RolloutStatistics:
+        """The stage's own figures now."""
+        return RolloutStatistics(workers_running=len(self._live), target=self._target)
 
     def _leaving(self) -> bool:
         return len(self._live) > self._target
@@ -146,7 +167,6 @@ class RolloutStage:
             raise
         finally:
             self._live.discard(worker_id)
-            self.run.workers_running = len(self._live)
 
     async def _serve(
         self,
@@ -175,7 +195,6 @@ class RolloutStage:
             if taken is None:
                 gate.rollout_done(version)
                 return
-            run.counters.taken += 1
             item = await self._roll(worker_id, version, taken, idle_since, doom_scope)
             idle_since = run.now()
             if item is None:
@@ -189,11 +208,9 @@ class RolloutStage:
         self, item: Delivered, version: int, send: GroupSendEnd[Delivered]
     ) -> bool:
         """Put a group in the channel to the trainer; False once the trainer stopped taking."""
-        run, gate, counters = self.run, self.run.gate, self.run.counters
+        run, gate = self.run, self.run.gate
         gate.hand_over(version)
-        counters.max_queued = max(counters.max_queued, gate.queued)
-        if run.observers.emit is not None:
-            run.emit(GroupQueued(item.scenario_index))
+        run.emit(GroupQueued(item.scenario_index))
         try:
             try:
                 # Waits only when the channel is full: the worker yields at the gate next
@@ -202,7 +219,7 @@ class RolloutStage:
             except anyio.WouldBlock:
                 blocked = run.now()
                 await send.send(item)
-                counters.put_wait_s += run.now() - blocked
+                run.emit(HandOverBlocked(run.now() - blocked))
         except BaseException as exc:
             # Stopped or ended while handing over: neither trained nor resolved, so a
             # resumed run rolls this scenario again (and it leaves the gate's queue).
@@ -210,8 +227,6 @@ class RolloutStage:
             if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                 return False  # the trainer stopped receiving
             raise
-        counters.delivered += 1
-        run.status.note_group_enqueued(item.group)
         return True
 
     async def _roll(
@@ -231,10 +246,11 @@ class RolloutStage:
         """
         run, gate = self.run, self.run.gate
         index, scenario = taken
-        run.counters.rollouts_started += 1
-        run.status.note_rollout_started()
+        run.emit(RolloutStarted(index))
         started = run.now()
         handed = False
+        # Seconds of a rollout that completed with a group, and idle before it.
+        completed_s = idle_s = 0.0
         try:
             group = await self._call_tracked(worker_id, version, scenario, doom_scope)
             wall = run.now() - started
@@ -248,7 +264,13 @@ class RolloutStage:
             if isinstance(group, Exception):
                 self._failed(worker_id, index, scenario, group)
                 return None
-            item = self._delivery(index, scenario, group, version, started, idle_since)
+            if run.stopping:
+                # Finished after the stop: not trained and not resolved, so a resumed run
+                # rolls it again.
+                run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+                return None
+            completed_s, idle_s = wall, started - idle_since
+            item = self._delivery(index, scenario, group, version, wall, idle_s)
             handed = item is not None
             return item
         except anyio.get_cancelled_exc_class():
@@ -274,10 +296,9 @@ class RolloutStage:
                 self._failed(worker_id, index, scenario, exc)
             return None
         finally:
-            run.counters.spent_rollout_s += run.now() - started
-            run.status.note_rollout_finished(errored=False)
             if not handed:
                 gate.rollout_done(version)
+            run.emit(RolloutEnded(index, run.now() - started, completed_s, idle_s))
 
     async def _call_tracked(
         self, worker_id: int, version: int, scenario: Any, doom_scope: anyio.CancelScope
@@ -305,18 +326,18 @@ class RolloutStage:
         return group
 
     async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        run = self.run
-        token = run.model.activate_metrics_context("train")
+        run, ctx = self.run, self.run.context
+        token = ctx.model.activate_metrics_context("train")
         try:
             # Leased for the whole call: the rollout samples from `version`'s weights.
-            if run.executor is not None:
+            if ctx.executor is not None:
                 return await run.call_leased(
-                    version, run.executor.run, worker_id, run.rollout_fn, run.model, scenario,
-                    run.config, lease=run.rollout_lease,
+                    version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
+                    ctx.config, lease=ctx.rollout_lease,
                 )
             return await run.call_leased(
-                version, run.rollout_fn, run.model, scenario, run.config,
-                lease=run.rollout_lease,
+                version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
+                lease=ctx.rollout_lease,
             )
         finally:
             token.var.reset(token)
@@ -327,19 +348,11 @@ class RolloutStage:
         scenario: Any,
         group: TrajectoryGroup,
         version: int,
-        started: float,
-        idle_since: float,
+        wall: float,
+        idle_s: float,
     ) -> Delivered | None:
         """The completed group as it goes to the trainer; None if it settled here."""
         run = self.run
-        wall = run.now() - started
-        if run.stopping:
-            # Finished after the stop: not trained and not resolved, so a resumed run rolls
-            # it again.
-            run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
-            return None
-        run.counters.rollout_s += wall
-        run.counters.rollout_idle_s += started - idle_since
         # A rollout got through: the failures before it were the scenarios' own.
         run.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
@@ -381,7 +394,7 @@ class RolloutStage:
             group=group,
             scenario_index=index,
             rollout_wall_s=wall,
-            actor_idle_s=started - idle_since,
+            actor_idle_s=idle_s,
             version=group_version,
             mean_version=mean_version,
         )
@@ -393,8 +406,7 @@ class RolloutStage:
             self.lost_rollouts.pop(index, None)
             return False
         self.lost_rollouts[index] = losses
-        self.run.counters.rollouts_lost += 1
-        self.run.counters.taken -= 1  # taken again when handed out again
+        self.run.emit(RolloutGivenBack(index))  # taken again when handed out again
         self.run.source.give_back(index, scenario)
         return True
 
@@ -443,4 +455,6 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(problem)
 
 
-__all__ = ["MAX_LOSSES", "RolloutRejected", "RolloutStage", "RolloutsKeepFailing"]
+__all__ = [
+    "MAX_LOSSES", "RolloutRejected", "RolloutStage", "RolloutStatistics", "RolloutsKeepFailing",
+]

@@ -11,17 +11,36 @@ import anyio
 from ..run import PipelineRun
 
 
+class StatusStage:
+    """Prints the `[status]` line every `log_interval_seconds` (the reporter folds the
+    events; this stage only decides when to print)."""
+
+    name = "status"
+
+    def __init__(self, run: PipelineRun) -> None:
+        self.run = run
+
+    async def __call__(self) -> None:
+        run = self.run
+        status = run.status
+        status.start(initial_step=run.context.start_step)
+        try:
+            while not run.stop.finished.is_set():
+                status.log_if_due()
+                with anyio.move_on_after(status.seconds_until_log()):
+                    await run.stop.finished.wait()
+        finally:
+            status.flush()
+            status.close()
+
+    def statistics(self) -> None:
+        """The stage owns no figures (the reporter's are the events')."""
+        return None
+
+
 async def status_stage(run: PipelineRun) -> None:
-    status = run.status
-    status.start(initial_step=run.start_step)
-    try:
-        while not run.stop.finished.is_set():
-            status.log_if_due()
-            with anyio.move_on_after(status.seconds_until_log()):
-                await run.stop.finished.wait()
-    finally:
-        status.flush()
-        status.close()
+    """The status stage as a function (kept for callers of the old shape)."""
+    await StatusStage(run)()
 
 
-__all__ = ["status_stage"]
+__all__ = ["StatusStage", "status_stage"]

@@ -10,26 +10,41 @@ source on resume) but never interrupts a `backend.train` call already running.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
 from ..batching import all_failed_error, is_zero_variance
-from ..compat import line_train_kwargs
-from ..errors import BackendStepError
-from ..events import BatchTaken, ChannelClosed, GroupReceived, PolicyPublished, StepTrained
-from ..fates import Fate
+from ..events import (
+    BatchTaken,
+    ChannelClosed,
+    Collapsed,
+    EmptyGroupReceived,
+    GroupReceived,
+    PolicyPublished,
+    StepTrained,
+    TrainCallEnded,
+    TrainCallStarted,
+)
 from ..group_queue import GroupReceiveEnd
-from ..hooks import backend_hook
-from ..metrics import StepTimes, TrainMetrics
-from ..run import Delivered, PipelineRun
+from ..messages import Delivered, Fate
+from ..metrics import TrainMetrics
+from ..run import PipelineRun
+from ..status import reward_summary
 from .checkpoints import after_step
+from .train_call import (  # noqa: F401  (BackendStepError, checked_step, train_kwargs: importable here)
+    BackendStepError,
+    CollectedBatch,
+    TrainClock,
+    batch_preparation,
+    checked_step,
+    train_and_log,
+    train_kwargs,
+)
 
 logger = logging.getLogger("art_trio")
 
@@ -56,11 +71,14 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
-@dataclass(slots=True)
-class CollectedBatch:
-    items: list[Delivered] = field(default_factory=list)
-    source_ended: bool = False
-    idle_s: float = 0.0
+@dataclass(frozen=True, slots=True)
+class TrainingStatistics:
+    """The training stage at one instant."""
+
+    #: Usable groups received and waiting for a batch.
+    ready: int
+    #: Zero-variance groups held since the last step (logged with the next).
+    held_zero_variance: int
 
 
 class TrainingStage:
@@ -69,6 +87,8 @@ class TrainingStage:
     Owns what only training needs: the ready pool (groups received and waiting for a
     batch) and the zero-variance groups held until the next step logs them.
     """
+
+    name = "training"
 
     def __init__(
         self,
@@ -83,7 +103,13 @@ class TrainingStage:
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
-        self._preparation = batch_preparation(run.backend, run.model)
+        self._preparation = batch_preparation(run.context.backend, run.context.model)
+
+    def statistics(self) -> TrainingStatistics:
+        """The stage's own figures now."""
+        return TrainingStatistics(
+            ready=len(self.ready), held_zero_variance=len(self.held_zero_variance)
+        )
 
     async def __call__(self) -> None:
         run = self.run
@@ -128,7 +154,7 @@ class TrainingStage:
     async def _train_until_done(self) -> None:
         run = self.run
         max_steps = run.settings.shutdown.max_steps
-        step = run.start_step
+        step = run.context.start_step
         metrics = TrainMetrics(run, self._receive, self.ready, self._ready_capacity)
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
@@ -159,9 +185,9 @@ class TrainingStage:
             return {}
         run, groups = self.run, [item.group for item in batch.items]
         s = run.settings
-        reported = await run.bridge.call(
+        reported = await run.context.bridge.call(
             prepare,
-            run.model,
+            run.context.model,
             groups,
             normalize_advantages=s.training.normalize_advantages,
             grad_accumulation_sequences=s.training.grad_accumulation_sequences,
@@ -254,7 +280,7 @@ class TrainingStage:
 
     def _in_channel(self) -> int:
         """Groups in the channel now, for observers (not measured while nobody observes)."""
-        if self.run.observers.emit is None:
+        if not self.run.observers.watched:
             return 0
         return self._receive.statistics().current_buffer_used
 
@@ -268,10 +294,7 @@ class TrainingStage:
     ) -> bool:
         """Sort one received group into the ready pool or a discard pile; False on collapse."""
         run, group = self.run, item.group
-        run.counters.received += 1
-        run.status.note_group_dequeued(group)
-        if run.observers.emit is not None:
-            run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+        run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
         error = all_failed_error(group)
         if error is not None:
             raise error
@@ -290,7 +313,7 @@ class TrainingStage:
         limit = run.settings.discard_limit
         if len(self.held_zero_variance) < limit:
             return True
-        run.collapsed = True
+        run.emit(Collapsed(len(self.held_zero_variance)))
         logger.error(
             COLLAPSE_MESSAGE.format(
                 limit=limit, multiplier=run.settings.shutdown.discard_queue_multiplier
@@ -319,33 +342,39 @@ class TrainingStage:
         run.state.training_step = current_step
         run.persist()
 
-        run.status.note_training_start(len(groups))
         settled = False
+        clock = TrainClock()
+        run.emit(TrainCallStarted(expected, run.now()))
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result, train_s = await run.bridge.call(
-                    _train_and_log, run, batch, groups, expected, eval_this_step,
-                    step_started, metrics, prepared,
+                result = await run.context.bridge.call(
+                    train_and_log, run, batch, groups, expected, eval_this_step,
+                    step_started, metrics, prepared, clock,
                 )
-                new_step = int(result.step)
-                await self._log_held_zero_variance(new_step)
-                settled = True
-                self._settle_trained(batch, new_step, step_started, train_s)
             except BaseException as exc:
-                if not settled:
-                    run.note_failure(exc)
-                    self._settle_unfinished(batch)
+                # Noted first: an observer raising on the event must not replace this error.
+                run.note_failure(exc)
+                run.emit(TrainCallEnded(expected, clock.train_s or 0.0))
                 raise
-            if eval_this_step:
-                run.state.pending_eval_steps.add(new_step)
-                run.state.last_eval_step = new_step
-                await run.eval_leases.take(new_step)
-                self._eval_send.send_nowait(new_step)
-            await after_step(run, result, new_step)
-        finally:
-            run.status.note_training_end()
+            train_s = clock.train_s or 0.0
+            run.emit(TrainCallEnded(expected, train_s))
+            new_step = int(result.step)
+            await self._log_held_zero_variance(new_step)
+            settled = True
+            self._settle_trained(batch, new_step, step_started, train_s)
+        except BaseException as exc:
+            if not settled:
+                run.note_failure(exc)
+                self._settle_unfinished(batch)
+            raise
+        if eval_this_step:
+            run.state.pending_eval_steps.add(new_step)
+            run.state.last_eval_step = new_step
+            await run.eval_leases.take(new_step)
+            self._eval_send.send_nowait(new_step)
+        await after_step(run, result, new_step)
         run.gate.publish(new_step)
         run.emit(PolicyPublished(run.gate.policy_version))
         return new_step
@@ -353,30 +382,31 @@ class TrainingStage:
     def _settle_trained(
         self, batch: CollectedBatch, new_step: int, step_started: float, train_s: float
     ) -> None:
-        run, counters = self.run, self.run.counters
+        run = self.run
         run.state.ledger.commit_batch()
         run.state.training_step = new_step
-        counters.steps += 1
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
-        counters.staleness.update(staleness)
         run.fates.settle_trained(
             (item.scenario_index for item in batch.items),
             (item.rollout_wall_s for item in batch.items),
         )
-        if run.observers.emit is not None:
-            run.emit(
-                StepTrained(
-                    step=new_step,
-                    batch_size=len(batch.items),
-                    scenario_indices=tuple(item.scenario_index for item in batch.items),
-                    staleness=staleness,
-                    wall_s=run.now() - step_started,
-                    train_s=train_s,
-                )
+        reward_mean, reward_std_mean, flat = reward_summary([item.group for item in batch.items])
+        run.emit(
+            StepTrained(
+                step=new_step,
+                batch_size=len(batch.items),
+                scenario_indices=tuple(item.scenario_index for item in batch.items),
+                staleness=staleness,
+                wall_s=run.now() - step_started,
+                train_s=train_s,
+                reward_mean=reward_mean,
+                reward_std_mean=reward_std_mean,
+                zero_variance_groups=flat,
             )
+        )
 
     def _settle_unfinished(self, batch: CollectedBatch) -> None:
         """The batch's `backend.train` (or the logging after it) ended without a result: a
@@ -399,7 +429,8 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        await self.run.bridge.call(self.run.model.log, held, split="discarded", step=step)
+        ctx = self.run.context
+        await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
 
 def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
@@ -408,8 +439,8 @@ def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
     Counting it silently let a rollout_fn that only returned empty groups use up a whole
     source without training a step and return normally.
     """
-    run.counters.empty_groups += 1
-    if run.counters.empty_groups == 1:
+    run.emit(EmptyGroupReceived(item.scenario_index))
+    if run.counters.empty_groups == 1:  # the first of the run
         warnings.warn(
             f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
             f"index {item.scenario_index}; it is discarded as zero variance (nothing to learn "
@@ -420,124 +451,11 @@ def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
         )
 
 
-def batch_preparation(backend: object, model: Any) -> Callable[..., Any] | None:
-    """The backend's `prepare_pipeline_batch`, if it has one and says it packs this model's
-    batches ahead (`supports_async_pipeline_packing(model)`, where it has that), as ART
-    0.5.23 decides."""
-    prepare = backend_hook(backend, "prepare_pipeline_batch")
-    if not callable(prepare):
-        return None
-    supports = backend_hook(backend, "supports_async_pipeline_packing")
-    if callable(supports) and not supports(model):
-        return None
-    return prepare
-
-
-def train_kwargs(
-    run: PipelineRun, *, save_checkpoint: bool, current_step: int
-) -> dict[str, Any]:
-    """The keyword arguments of `backend.train`, as the installed ART's trainer passes them.
-
-    `current_step` is the step the batch trains from (the KL reference step lags it).
-    """
-    s = run.settings
-    kwargs: dict[str, Any] = {
-        "learning_rate": s.training.learning_rate,
-        "loss_fn": s.training.loss_fn,
-        "loss_fn_config": s.training.loss_fn_config,
-        "normalize_advantages": s.training.normalize_advantages,
-        "save_checkpoint": save_checkpoint,
-        "adam_params": s.training.adam_params,
-    }
-    kwargs.update(
-        line_train_kwargs(
-            current_step=current_step,
-            kl_penalty_coef=s.training.kl_penalty_coef,
-            kl_penalty_reference_step=s.training.kl_penalty_reference_step,
-            kl_penalty_step_lag=s.training.kl_penalty_step_lag,
-            optimizer_save_interval=s.training.optimizer_save_interval,
-            grad_accumulation_sequences=s.training.grad_accumulation_sequences,
-        )
-    )
-    if s.training.packed_sequence_length is not None:
-        kwargs["packed_sequence_length"] = s.training.packed_sequence_length
-    return kwargs
-
-
 def should_eval(run: PipelineRun, step: int) -> bool:
     every = run.settings.evaluation.eval_every_n_steps
-    if run.eval_fn is None or every <= 0:
+    if run.context.eval_fn is None or every <= 0:
         return False
     return step - run.state.last_eval_step >= every
-
-
-async def _train_and_log(
-    run: PipelineRun,
-    batch: CollectedBatch,
-    groups: list[TrajectoryGroup],
-    expected: int,
-    eval_this_step: bool,
-    step_started: float,
-    metrics: TrainMetrics,
-    prepared: dict[str, float],
-) -> tuple[Any, float]:
-    """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
-
-    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult and
-    the seconds spent in `backend.train`.
-    """
-    # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
-    step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
-    if step_log:
-        print(f"[train] step {expected} starting (batch={len(groups)})")
-    save_checkpoint = run.settings.persistence.save_checkpoint and eval_this_step
-    train_started = run.now()
-    if run.first_step_at is None:
-        run.first_step_at = train_started
-    try:
-        kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        result = await run.backend.train(run.model, groups, **kwargs)
-    finally:
-        train_seconds = run.now() - train_started
-        run.counters.train_s += train_seconds
-        if step_log:
-            print(f"[train] step {expected} done in {train_seconds:.1f}s")
-
-    new_step = checked_step(result, expected)
-    step_seconds = run.now() - step_started
-    run.status.note_training_batch(groups, step=new_step, step_seconds=step_seconds)
-    times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
-    row = metrics.build(batch.items, new_step, times, result.metrics)
-    # What backend.prepare_pipeline_batch reported: in the row, under the train result's
-    # own metrics, as ART orders them.
-    row = {**prepared, **row}
-    await run.model.log(groups, split="train", step=new_step, metrics=row)
-    return result, train_seconds
-
-
-def checked_step(result: Any, expected: int) -> int:
-    """The step `backend.train` reports, which must be `expected` (one more than before).
-
-    Resume relies on it: a pending batch counts as trained when the backend's step reached the
-    batch's step, so a step that does not advance makes resume train the batch again; the
-    off-policy bound counts policy versions in steps, so a jump makes fresh groups look stale.
-    """
-    step = getattr(result, "step", None)
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise BackendStepError(
-            f"backend.train returned {type(result).__name__} with step {step!r}, not an "
-            f"integer; expected step {expected}"
-        )
-    if step != expected:
-        what = "did not advance" if step < expected else f"jumped by {step - expected + 1}"
-        raise BackendStepError(
-            f"backend.train trained step {expected - 1} -> {expected} but reported step "
-            f"{step}: the step {what}. The trainer needs the backend's step to advance by "
-            "exactly one per train call (resume asks it which batches were trained). The "
-            "batch stays recorded as pending and is settled against the backend's step on "
-            "resume; fix the backend's step accounting (TrainResult.step / get_step) first."
-        )
-    return step
 
 
 __all__ = [
@@ -545,6 +463,7 @@ __all__ = [
     "BackendStepError",
     "CollectedBatch",
     "TrainingStage",
+    "TrainingStatistics",
     "batch_preparation",
     "checked_step",
     "train_kwargs",
