@@ -11,12 +11,15 @@ Every decision is a pure function of a `GateSnapshot`, so property tests can ham
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from .gate_snapshot import GateSnapshot
     from .messages import Delivered
-    from .settings import Admission
+
+
+#: The `admission=` modes (`PipelineSettings.admission`), one policy class each.
+Admission = Literal["staleness_aware", "eager"]
 
 
 class AdmissionPolicy(Protocol):

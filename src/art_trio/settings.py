@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from .admission import Admission
 from .batching import Freshness
 from .compat import check_line_supports
 from .retention import CheckpointRetentionStrategy
 from .rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
 
-Admission = Literal["staleness_aware", "eager"]
 ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
 
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
