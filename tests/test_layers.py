@@ -120,6 +120,7 @@ TOOLS = ("art_trio.testing", "art_trio.sim", "art_trio.bench", "art_trio.demo", 
 INTERNAL_MICROBENCHMARKS = {
     "bridge_overhead.py": {"art_trio.bridge"},  # the per-call cost of the asyncio bridge
     "journal_size.py": {"art_trio.ledger"},  # the resume journal's record and file sizes
+    "group_queue_bench.py": {"art_trio.group_queue"},  # the groups queue against anyio's stream
 }
 
 
