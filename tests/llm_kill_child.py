@@ -76,7 +76,7 @@ class Moments:
             self.counts[point] += 1
             self.counts["any"] += 1
             os.write(self.fd, f"{self.segment} {point}\n".encode())
-            if self.counts[self.point] == self.occurrence:
+            if self.occurrence > 0 and self.counts[self.point] == self.occurrence:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
