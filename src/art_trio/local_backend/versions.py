@@ -93,7 +93,7 @@ class ModelVersions(Generic[W]):
                 del self.versions[step]
 
 
-S = TypeVar("S", bound=ModelVersions)  # type: ignore[type-arg]
+S = TypeVar("S", bound=ModelVersions)
 
 
 class LocalBackend(ServedBackend, Generic[S]):
