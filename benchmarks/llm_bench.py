@@ -128,13 +128,30 @@ def main() -> None:
     args = parser.parse_args()
     backend = CPUBackend()
     backend._load()
+    rows: list[tuple[int, str, dict[str, float]]] = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        for kind in args.kinds.split(","):
+        kinds = args.kinds.split(",")
+        # Alternate which trainer goes first: a machine whose load drifts favours neither.
+        for kind in kinds if seed % 2 == 0 else kinds[::-1]:
             row = measure(backend, kind, args.steps, seed)
+            rows.append((seed, kind, row))
             print(
                 f"{kind:8s} seed {seed}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
                 flush=True,
             )
+    print(
+        "\n| seed | trainer | wall s | inference only | training only | both | neither "
+        "(trainer overhead, waiting) | inference-s per trained group | trainer utilization |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for seed, kind, row in rows:
+        name = "art_trio" if kind == "art_trio" else "ART"
+        cells = [row[k] for k in ("wall_s", "inference_only", "training_only", "both", "neither")]
+        print(
+            f"| {seed} | {name} | "
+            + " | ".join(f"{c:.1f}" for c in cells)
+            + f" | {row['inference_s_per_trained_group']:.2f} | {row['trainer_utilization']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

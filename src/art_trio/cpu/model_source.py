@@ -111,11 +111,22 @@ def load(source: ModelSource) -> tuple[Any, Any]:
     if not source.is_gguf:
         _check_causal_lm(source.path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+        if where == str(cached):
+            # Our own conversion: its tokenizer.json is the whole tokenizer. transformers
+            # writes the GGUF's class name next to it (``CodeLlamaTokenizer`` for SmolLM2),
+            # and transformers 5.12 rebuilds that class's own pre-tokenizer instead of using
+            # the file's byte-level one: every space becomes the unknown token. The generic
+            # fast tokenizer takes tokenizer.json as it is, on every transformers.
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(where, local_files_only=True)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
     except Exception as exc:
         raise ModelSourceError(
             f"Could not load a tokenizer from {source.path}: {type(exc).__name__}: {exc}"
         ) from exc
+    check_tokenizer(tokenizer, source.path if where != str(cached) else Path(where))
     try:
         model = AutoModelForCausalLM.from_pretrained(
             where, local_files_only=True, dtype=torch.float32, **extra
@@ -145,18 +156,45 @@ def load(source: ModelSource) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+#: Text a working tokenizer encodes and decodes back unchanged, without the unknown token:
+#: spaces, punctuation, a newline and the demo's answers.
+TOKENIZER_PROBE = "Respond with yes, no or maybe.\nMaybe: it depends"
+
+
+def check_tokenizer(tokenizer: Any, path: Path) -> None:
+    """Refuse a tokenizer that cannot round-trip plain text (a mis-built conversion): the
+    model would see unknown tokens for every space and learn nothing. Names ``path``."""
+    ids = list(tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False))
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    unk = tokenizer.unk_token_id
+    if (unk is not None and unk in ids) or decoded.strip() != TOKENIZER_PROBE:
+        raise ModelSourceError(
+            f"The tokenizer loaded from {path} ({type(tokenizer).__name__}) does not "
+            f"round-trip text: {TOKENIZER_PROBE!r} -> {ids[:12]}... -> {decoded!r}. "
+            f"If {path} is art-trio's model cache, delete it (or set "
+            f"ART_TRIO_MODEL_CACHE=off); otherwise check the model's tokenizer files"
+        )
+
+
 def _cache_dir(source: ModelSource) -> Path | None:
     """Where a GGUF file's float32 conversion is kept (``ART_TRIO_MODEL_CACHE``, default
     ``~/.cache/art-trio/models``; ``ART_TRIO_MODEL_CACHE=off`` disables it). Keyed by the
-    file's name, size and modification time, so a changed file is converted again."""
+    file's name, size and modification time, so a changed file is converted again, and by
+    the transformers version that converted it: versions write different tokenizer files
+    (5.2's conversion, read by 5.12, mis-tokenizes every space)."""
     if not source.is_gguf:
         return None
     root = os.environ.get("ART_TRIO_MODEL_CACHE", "")
     if root.lower() == "off":
         return None
+    import transformers
+
     base = Path(root) if root else Path.home() / ".cache" / "art-trio" / "models"
     stat = source.path.stat()
-    return base / f"{source.path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    return base / (
+        f"{source.path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+        f"-transformers{transformers.__version__}"
+    )
 
 
 def _write_cache(cached: Path, model: Any, tokenizer: Any) -> None:

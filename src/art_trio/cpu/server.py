@@ -1,7 +1,7 @@
 """The OpenAI-compatible chat-completions app of the CPU backend (starlette, hypercorn).
 
-Request validation, error shapes, the listener and ``serve`` are the numpy demo's
-(``art_trio.demo.server``); this module only answers with a real language model.
+Request validation, error shapes, ``GET /v1/models`` and serving are the local backends'
+(``art_trio.local_backend.server``); this module only answers with a real language model.
 
 What you may rely on:
 
@@ -18,23 +18,14 @@ What you may rely on:
 
 from __future__ import annotations
 
-import json
-import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from ..demo.server import MAX_TOP_LOGPROBS, OpenAIError, UnknownModelError, parse_request
+from ..local_backend.server import CompletionRequest, completions_app
 from .sampling import Completion
-
-logger = logging.getLogger(__name__)
 
 
 class Sampler(Protocol):
@@ -123,82 +114,25 @@ def completion_json(
     }
 
 
-def _max_tokens(body: dict[str, Any]) -> int | None:
-    # parse_request has checked both are None or integers >= 1.
-    value = body.get("max_completion_tokens")
-    return value if value is not None else body.get("max_tokens")
-
-
 def create_app(sampler: Sampler) -> Starlette:
-    async def chat_completions(http_request: Request) -> Response:
-        try:
-            raw = await http_request.body()
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise OpenAIError(
-                    400, f"We could not parse the JSON body of your request. ({exc})"
-                ) from None
-            request = parse_request(body)
-            top_logprobs = int(body.get("top_logprobs") or 0)
-            if top_logprobs > MAX_TOP_LOGPROBS:  # parse_request has refused it already
-                raise OpenAIError(400, "'top_logprobs' is too large.", param="top_logprobs")
-            as_ids = body.get("return_tokens_as_token_ids", True) is not False
-            try:
-                prompt_ids, completions = await sampler.sample(
-                    request.model,
-                    request.messages,
-                    n=request.n,
-                    max_tokens=_max_tokens(body),
-                    temperature=request.temperature,
-                    top_p=request.top_p,
-                    top_logprobs=top_logprobs if request.logprobs else 0,
-                    seed=request.seed,
-                )
-            except UnknownModelError:
-                raise OpenAIError(
-                    404,
-                    f"The model `{request.model}` does not exist.",
-                    param="model",
-                    code="model_not_found",
-                ) from None
-            return JSONResponse(
-                completion_json(
-                    sampler,
-                    model=request.model,
-                    prompt_ids=prompt_ids,
-                    completions=completions,
-                    logprobs=request.logprobs,
-                    as_token_ids=as_ids,
-                )
-            )
-        except OpenAIError as exc:
-            return exc.response()
-        except ClientDisconnect:
-            return Response(status_code=499)
-        except Exception:
-            logger.exception("chat completion failed")
-            return OpenAIError(500, "Internal server error.", type="server_error").response()
+    async def answer(request: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
+        prompt_ids, completions = await sampler.sample(
+            request.model,
+            request.messages,
+            n=request.n,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_logprobs=request.top_logprobs if request.logprobs else 0,
+            seed=request.seed,
+        )
+        return completion_json(
+            sampler,
+            model=request.model,
+            prompt_ids=prompt_ids,
+            completions=completions,
+            logprobs=request.logprobs,
+            as_token_ids=body.get("return_tokens_as_token_ids", True) is not False,
+        )
 
-    async def list_models(_: Request) -> Response:
-        created = int(time.time())
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "art-trio-cpu"}
-            for name in sampler.model_names()
-        ]
-        return JSONResponse({"object": "list", "data": data})
-
-    async def http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return OpenAIError(exc.status_code, str(exc.detail)).response()
-
-    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        HTTPException: http_error
-    }
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/models", list_models, methods=["GET"]),
-        ],
-        exception_handlers=handlers,
-    )
+    return completions_app(answer, sampler.model_names, owned_by="art-trio-cpu")

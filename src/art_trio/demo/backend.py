@@ -31,11 +31,9 @@ What you may rely on:
 from __future__ import annotations
 
 import json
-import shutil
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -44,6 +42,8 @@ from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
 from openai.types.chat.chat_completion import Choice
 
+from ..local_backend.server import UnknownModelError
+from ..local_backend.versions import LocalBackend, ModelVersions
 from .policy import (
     DEFAULT_INIT_SCALE,
     TOKEN_INDEX,
@@ -58,7 +58,7 @@ from .policy import (
     policy_gradient,
     prompt_features,
 )
-from .server import ServedBackend, UnknownModelError, create_app
+from .server import create_app
 
 if TYPE_CHECKING:
     from art import dev
@@ -70,37 +70,17 @@ DEFAULT_LEARNING_RATE = 0.05
 WEIGHTS_FILE = "weights.npz"
 
 
-@dataclass
-class _ModelState:
+@dataclass(kw_only=True)
+class _ModelState(ModelVersions[FloatArray]):
     """One registered model: its served versions and its optimizer."""
 
-    output_dir: Path
-    latest: int
-    versions: dict[int, FloatArray]
     adam: Adam
-    # Steps pinned by the trainer (adapter_lease) or by a request being answered.
-    pins: Counter[int] = field(default_factory=Counter)
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.output_dir / "checkpoints"
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.checkpoint_root / f"{step:04d}"
 
 
-def _saved_steps(checkpoint_root: Path) -> list[int]:
-    if not checkpoint_root.is_dir():
-        return []
-    return sorted(
-        int(path.name)
-        for path in checkpoint_root.iterdir()
-        if path.name.isdigit() and (path / WEIGHTS_FILE).is_file()
-    )
-
-
-class CpuBackend(ServedBackend):
+class CpuBackend(LocalBackend[_ModelState]):
     """ART backend for the CPU demo. See the module docstring for the contract."""
+
+    CHECKPOINT_FILE = WEIGHTS_FILE
 
     def __init__(
         self,
@@ -112,14 +92,11 @@ class CpuBackend(ServedBackend):
         api_key: str = "cpu-demo",
         init_scale: float = DEFAULT_INIT_SCALE,
     ) -> None:
-        if keep_steps < 1:
-            raise ValueError("keep_steps must be >= 1")
+        self._init_versions(keep_steps)
         self.seed = seed
-        self.keep_steps = keep_steps
         self.api_key = api_key
         self.init_scale = init_scale
         self._init_serving(host, port)
-        self._models: dict[str, _ModelState] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,7 +115,7 @@ class CpuBackend(ServedBackend):
             return state
         output_dir = Path(model._get_output_dir())
         checkpoint_root = output_dir / "checkpoints"
-        saved = _saved_steps(checkpoint_root)
+        saved = self._saved_steps(checkpoint_root)
         if saved:
             latest = saved[-1]
             weights, adam = self._load(checkpoint_root / f"{latest:04d}")
@@ -156,19 +133,6 @@ class CpuBackend(ServedBackend):
         (output_dir / "model.json").write_text(json.dumps(model.safe_model_dump(), default=str))
         return state
 
-    async def _get_step(self, model: AnyTrainableModel) -> int:
-        state = self._models.get(model.name)
-        if state is not None:
-            return state.latest
-        saved = _saved_steps(Path(model._get_output_dir()) / "checkpoints")
-        return saved[-1] if saved else 0
-
-    def _model_inference_name(self, model: AnyModel, step: int | None = None) -> str:
-        if step is None:
-            state = self._models.get(model.name)
-            step = state.latest if state is not None else 0
-        return f"{model.name}@{step}"
-
     async def _prepare_backend_for_training(
         self,
         model: AnyTrainableModel,
@@ -176,19 +140,6 @@ class CpuBackend(ServedBackend):
     ) -> tuple[str, str]:
         self._ensure_registered(model)
         return self.base_url, self.api_key
-
-    async def _delete_checkpoint_files(
-        self, model: AnyTrainableModel, steps_to_keep: list[int]
-    ) -> None:
-        """Delete checkpoint directories whose step is not in ``steps_to_keep``.
-
-        In-memory versions are not touched: a step still being served stays servable.
-        """
-        root = Path(model._get_output_dir()) / "checkpoints"
-        keep = set(steps_to_keep)
-        for step in _saved_steps(root):
-            if step not in keep:
-                shutil.rmtree(root / f"{step:04d}", ignore_errors=True)
 
     async def train(
         self,
@@ -232,7 +183,7 @@ class CpuBackend(ServedBackend):
         step = state.latest + 1
         state.versions[step] = new_weights
         state.latest = step
-        self._evict(state)
+        state.evict(self.keep_steps)
 
         checkpoint_path = None
         if save_checkpoint:
@@ -253,63 +204,21 @@ class CpuBackend(ServedBackend):
 
     # ------------------------------------------------------------------ version pinning
 
-    @asynccontextmanager
-    async def adapter_lease(self, model: AnyTrainableModel, step: int) -> AsyncIterator[None]:
-        """Keep ``model@step`` servable for the block (ART's trainer leases the step a rollout
-        or eval uses)."""
-        state = self._ensure_registered(model)
-        state.pins[step] += 1
-        try:
-            yield
-        finally:
-            state.pins[step] -= 1
-            if state.pins[step] <= 0:
-                del state.pins[step]
-            self._evict(state)
-
-    def exact_adapter_lease(
-        self, model: AnyTrainableModel, step: int
-    ) -> AbstractAsyncContextManager[None]:
-        """ART 0.5.20's eval lease: requests for ``model@step`` are answered by exactly that
-        step's weights here (each step is served under its own name), so it is the same lease."""
-        return self.adapter_lease(model, step)
-
-    def _evict(self, state: _ModelState) -> None:
-        newest = sorted(state.versions, reverse=True)[: self.keep_steps]
-        keep = set(newest) | {s for s, count in state.pins.items() if count > 0}
-        for step in list(state.versions):
-            if step not in keep:
-                del state.versions[step]
+    def _lease_state(self, model: AnyTrainableModel) -> _ModelState:
+        """A lease registers the model first (registering is cheap here)."""
+        return self._ensure_registered(model)
 
     # ------------------------------------------------------------------ PolicyRegistry (server)
 
     @contextmanager
     def checkout(self, model: str) -> Iterator[FloatArray]:
         """Weights for ``name@step`` (or ``name``: the latest), pinned while in use."""
-        name, _, step_text = model.rpartition("@")
-        if not name:
-            name, step_text = model, ""
-        state = self._models.get(name)
-        if state is None or (step_text and not step_text.isdigit()):
-            raise UnknownModelError(model)
-        step = int(step_text) if step_text else state.latest
+        _, state, step = self._resolve(model)
         weights = state.versions.get(step)
         if weights is None:
             weights = self._reload(state, step)
-        state.pins[step] += 1
-        try:
+        with state.pinned(step):
             yield weights
-        finally:
-            state.pins[step] -= 1
-            if state.pins[step] <= 0:
-                del state.pins[step]
-
-    def model_names(self) -> list[str]:
-        return [
-            f"{name}@{step}"
-            for name, state in self._models.items()
-            for step in sorted(state.versions)
-        ]
 
     # ------------------------------------------------------------------ checkpoints
 

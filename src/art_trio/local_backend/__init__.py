@@ -1,0 +1,25 @@
+"""What art_trio's two local ART backends share (neither core nor specific to one of them).
+
+* ``server``: the OpenAI-compatible chat-completions app (request validation, OpenAI's error
+  shapes, ``GET /v1/models``) and ``ServedBackend``, which serves it for as long as a
+  backend's ``async with`` block runs, under trio or asyncio;
+* ``versions``: ``LocalBackend``, the ART ``Backend`` methods about steps: ART's checkpoint
+  layout, ``name@step`` inference names, ``_get_step``, checkpoint deletion, adapter leases
+  and which steps stay in memory.
+
+Used by ``art_trio.demo.CpuBackend`` (a numpy policy) and ``art_trio.cpu.CPUBackend`` (a real
+language model on transformers + peft).
+"""
+
+from .server import OpenAIError, ServedBackend, UnknownModelError
+from .versions import LocalBackend, ModelVersions, parse_model_name, saved_steps
+
+__all__ = [
+    "LocalBackend",
+    "ModelVersions",
+    "OpenAIError",
+    "ServedBackend",
+    "UnknownModelError",
+    "parse_model_name",
+    "saved_steps",
+]
