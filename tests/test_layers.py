@@ -114,7 +114,10 @@ def test_a_planted_bad_import_breaks_its_contract(
 # --- the benchmark scripts: a tool's imports, read directly ---------------------------------
 
 #: What a tool may import from art_trio: the package itself and the tools.
-TOOLS = ("art_trio.testing", "art_trio.sim", "art_trio.bench", "art_trio.demo", "art_trio.cpu")
+TOOLS = (
+    "art_trio.testing", "art_trio.sim", "art_trio.bench", "art_trio.demo", "art_trio.cpu",
+    "art_trio.local_backend",
+)
 
 #: Micro-benchmarks of one internal module, which they exist to time: allowed that module.
 INTERNAL_MICROBENCHMARKS = {
@@ -185,8 +188,8 @@ NOT_ART_TRIO_ERRORS = {
     # The benchmark's note to itself that a trainer lacks a knob (caught in bench/child.py).
     "art_trio.bench.trainers.UnsupportedKnob",
     # The demo server's HTTP plumbing: an error response, and a model it does not serve.
-    "art_trio.demo.server.OpenAIError",
-    "art_trio.demo.server.UnknownModelError",
+    "art_trio.local_backend.server.OpenAIError",
+    "art_trio.local_backend.server.UnknownModelError",
 }
 
 
@@ -226,7 +229,7 @@ def test_every_exception_is_an_art_trio_error_or_says_why_not() -> None:
 
 def test_the_core_defines_exceptions_only_in_errors_py() -> None:
     tools = ("art_trio.sim.", "art_trio.bench.", "art_trio.demo.", "art_trio.cpu.",
-             "art_trio.testing.")
+             "art_trio.testing.", "art_trio.local_backend.")
     elsewhere = [q for q in exception_classes()
                  if not q.startswith("art_trio.errors.") and not q.startswith(tools)]
     assert not elsewhere, f"define these in art_trio/errors.py: {elsewhere}"

@@ -320,17 +320,15 @@ async def serve(
         config.accesslog = None
         config.errorlog = logger
         config.graceful_timeout = graceful_timeout
+        # The worker is imported before reporting started, so a missing one fails the start.
+        if library == "trio":
+            import hypercorn.trio as worker
+        else:
+            import hypercorn.asyncio as worker  # type: ignore[no-redef]
         task_status.started()
         # Starlette is an ASGI app; hypercorn's ASGI type is narrower than starlette's.
         asgi_app: Any = app
-        if library == "trio":
-            import hypercorn.trio
-
-            await hypercorn.trio.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
-        else:
-            import hypercorn.asyncio
-
-            await hypercorn.asyncio.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
+        await worker.serve(asgi_app, config, shutdown_trigger=shutdown_trigger)
     finally:
         listener.close()
 
@@ -364,6 +362,8 @@ class ServedBackend:
         await self._before_serving()
         # Bind first, outside the task group: a taken port is a plain OSError here.
         listener = open_listener(self.host, self._requested_port)
+        # Read now: once serving, the listener belongs to serve(), which closes it on its way out.
+        port = int(listener.getsockname()[1])
         self._shutdown = anyio.Event()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
@@ -374,7 +374,7 @@ class ServedBackend:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        self._port = int(listener.getsockname()[1])
+        self._port = port
         self._task_group = task_group
         return self
 
