@@ -24,7 +24,8 @@ def test_importing_art_trio_pulls_no_server_plotting_or_cluster_library() -> Non
 def test_the_demo_without_its_extra_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name in [m for m in sys.modules if m.startswith(("art_trio.demo", "art_trio.local_backend", "hypercorn"))]:
+    unloaded = ("art_trio.demo", "art_trio.local_backend", "hypercorn")
+    for name in [m for m in sys.modules if m.startswith(unloaded)]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "hypercorn", None)  # import hypercorn -> not found
     assert cli.main(["demo", "--steps", "1"]) == 2
