@@ -37,7 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, Self, TypeVar
 
 import anyio
 import sniffio
@@ -248,7 +248,34 @@ class GroupQueue(Generic[T]):
         self._receivers.clear()
 
 
-class GroupSendEnd(ObjectSendStream[T]):
+class _End(Generic[T]):
+    """What both ends share: closing (sync, async, as a context manager) and the queue's
+    statistics. Each end supplies `close()` and `queue`."""
+
+    queue: GroupQueue[T]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def statistics(self) -> GroupQueueStatistics:
+        return self.queue.statistics()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class GroupSendEnd(_End[T], ObjectSendStream[T]):
     """A send end: `send`, `send_nowait`, `clone`, `close`, as anyio's memory send stream."""
 
     def __init__(self, queue: GroupQueue[T]) -> None:
@@ -328,25 +355,9 @@ class GroupSendEnd(ObjectSendStream[T]):
         if not queue._open_send:
             queue._no_senders_left()
 
-    async def aclose(self) -> None:
-        self.close()
-
-    def statistics(self) -> GroupQueueStatistics:
-        return self.queue.statistics()
-
-    def __enter__(self) -> GroupSendEnd[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
-class GroupReceiveEnd(ObjectReceiveStream[T]):
+class GroupReceiveEnd(_End[T], ObjectReceiveStream[T]):
     """A receive end: `receive`, `receive_nowait`, `clone`, `close`, `async for`, as
     anyio's memory receive stream."""
 
@@ -421,19 +432,3 @@ class GroupReceiveEnd(ObjectReceiveStream[T]):
         if not queue._open_receive:
             queue._no_receivers_left()
 
-    async def aclose(self) -> None:
-        self.close()
-
-    def statistics(self) -> GroupQueueStatistics:
-        return self.queue.statistics()
-
-    def __enter__(self) -> GroupReceiveEnd[T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        self.close()
