@@ -19,8 +19,7 @@ import anyio  # noqa: E402
 import art  # noqa: E402
 import sniffio  # noqa: E402
 
-from art_trio import PipelineTrainer  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
+from art_trio import PipelineTrainer, trainable_model  # noqa: E402
 from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
 
 STEPS = 3

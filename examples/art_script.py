@@ -28,7 +28,8 @@ import art  # noqa: E402
 from art_trio import PipelineTrainer  # was: from art.pipeline_trainer import PipelineTrainer
 
 # --8<-- [end:import]
-from art_trio.compat import trainable_model  # noqa: E402
+# isort: split
+from art_trio import trainable_model  # noqa: E402
 from art_trio.demo import CpuBackend  # noqa: E402
 
 GROUP_SIZE = 8

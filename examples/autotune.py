@@ -28,8 +28,12 @@ import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
 
-from art_trio import PipelineAutotuneConfig, PipelineTrainer, trio_native  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
+from art_trio import (  # noqa: E402
+    PipelineAutotuneConfig,
+    PipelineTrainer,
+    trainable_model,  # noqa: E402
+    trio_native,
+)
 from art_trio.testing import BackendDouble, trajectory_group  # noqa: E402
 
 STEPS = 80

@@ -18,8 +18,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # keep ART's impo
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import PipelineTrainer, StepTrained  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
+from art_trio import (  # noqa: E402
+    PipelineTrainer,
+    StepTrained,
+    trainable_model,  # noqa: E402
+)
 from art_trio.demo import CpuBackend, TaskConfig, rollout, scenarios  # noqa: E402
 
 

@@ -22,8 +22,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import PipelineTrainer  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
+from art_trio import PipelineTrainer, trainable_model  # noqa: E402
 from art_trio.demo import CpuBackend, TaskConfig, scenarios  # noqa: E402
 from art_trio.demo.task import reward_for_answer  # noqa: E402
 

@@ -4,7 +4,7 @@ The parent starts this same file as a child process that trains, waits until the
 trained two steps, and kills it with SIGKILL (no ``finally``, no state saved on the way out).
 It then builds a new trainer on the same model directory and calls ``train()`` again: the run
 continues from the backend's last step, scenarios that were in flight or queued at the kill
-are rolled again, and no scenario is trained twice (the per-step journal, ``ledger.py``).
+are rolled again, and no scenario is trained twice (the per-step journal, ``art_trio/ledger/``).
 
     python examples/resume_after_crash.py     # writes under ./.art
 """
@@ -24,8 +24,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # keep ART's impo
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import PipelineTrainer, StepTrained  # noqa: E402
-from art_trio.compat import trainable_model  # noqa: E402
+from art_trio import (  # noqa: E402
+    PipelineTrainer,
+    StepTrained,
+    trainable_model,  # noqa: E402
+)
 from art_trio.demo import CpuBackend, TaskConfig, rollout  # noqa: E402
 from art_trio.demo.task import build_prompts  # noqa: E402
 
