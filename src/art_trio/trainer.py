@@ -4,6 +4,10 @@ One `train()` opens one task group with five stages: rollout, training, eval, st
 control. They talk over memory channels with capacity limits and share one policy gate; a
 stop or a failure travels as cancellation, so when `train()` returns nothing it started is
 still running.
+
+This module is the public facade only: start-up is in startup.py, supervision in
+supervision.py, ART's keywords in keywords.py, the work in stages/. It is over 400 lines
+because each public method carries its user-facing documentation (`resize` alone ~80 lines).
 """
 
 from __future__ import annotations
