@@ -55,7 +55,7 @@ def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
     status(RolloutStarted(1))
     status(RolloutEnded(0, 1.0))
     status(ScenarioSettled(0, Fate.ERRORED, 0.0))
-    status(GroupQueued(2))
+    status(GroupQueued(2, 1))
     status(ScenarioSettled(3, Fate.STALE, 1.0))
     status(ScenarioSettled(4, Fate.CANCELLED_STALE, 1.0))
     status(trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0))

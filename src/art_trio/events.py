@@ -82,6 +82,9 @@ class GroupQueued:
     """A rollout worker handed a group to the trainer's channel."""
 
     scenario_index: int
+    #: Groups handed to the trainer and not yet in a batch or discarded, this one included:
+    #: the gate's count (`PolicyGate.queued`), carried so no observer keeps a second tally.
+    queued: int
 
 
 @_cheap

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .events import (
-    BatchTaken,
     Collapsed,
     EmptyGroupReceived,
     EvalEnded,
@@ -102,15 +101,13 @@ class RunCounters:
 class CounterFold:
     """Folds a run's events into its `RunCounters`: the counters' one writer.
 
-    Also keeps what the run's statistics need beside the counters: the groups handed to the
-    trainer and not yet trained or discarded, when the first `backend.train` began, and
-    whether the training stage stopped the run as collapsed.
+    Also keeps what the run's statistics need beside the counters: when the first
+    `backend.train` began, and whether the training stage stopped the run as collapsed. (The
+    queued count is the gate's; `GroupQueued` carries it for `max_queued`.)
     """
 
     def __init__(self) -> None:
         self.counters = RunCounters()
-        #: Groups handed over and not yet taken in a batch or discarded (channel + ready).
-        self.queued = 0
         #: When the first step's `backend.train` began (None until then).
         self.first_step_at: float | None = None
         self.collapsed = False
@@ -124,7 +121,6 @@ class CounterFold:
             GroupReceived: self._received,
             ScenarioSettled: self._settled,
             EmptyGroupReceived: self._empty,
-            BatchTaken: self._batch_taken,
             TrainCallStarted: self._train_started,
             TrainCallEnded: self._train_ended,
             StepTrained: self._step_trained,
@@ -156,9 +152,8 @@ class CounterFold:
     def _queued(self, event: GroupQueued) -> None:
         c = self.counters
         c.delivered += 1
-        self.queued += 1
-        if self.queued > c.max_queued:
-            c.max_queued = self.queued
+        if event.queued > c.max_queued:
+            c.max_queued = event.queued
 
     def _blocked(self, event: HandOverBlocked) -> None:
         self.counters.put_wait_s += event.seconds
@@ -183,14 +178,9 @@ class CounterFold:
             c.errored += 1
         else:
             c.dropped_at_stop += 1
-        if event.queued and fate is not Fate.TRAINED:
-            self.queued -= 1
 
     def _empty(self, event: EmptyGroupReceived) -> None:
         self.counters.empty_groups += 1
-
-    def _batch_taken(self, event: BatchTaken) -> None:
-        self.queued -= event.batch_size
 
     def _train_started(self, event: TrainCallStarted) -> None:
         if self.first_step_at is None:

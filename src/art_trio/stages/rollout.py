@@ -210,7 +210,7 @@ class RolloutStage:
         """Put a group in the channel to the trainer; False once the trainer stopped taking."""
         run, gate = self.run, self.run.gate
         gate.hand_over(version)
-        run.emit(GroupQueued(item.scenario_index))
+        run.emit(GroupQueued(item.scenario_index, gate.queued))
         try:
             try:
                 # Waits only when the channel is full: the worker yields at the gate next
