@@ -278,6 +278,10 @@ Observer = Callable[[RunEvent], None]
 Routes = Mapping[type, Callable[[Any], None]]
 
 
+def _nothing() -> None:
+    pass
+
+
 class Observers:
     """The observers of one trainer: the run's own (folding its record), then the user's.
 
@@ -286,6 +290,13 @@ class Observers:
     it, which keeps the always-built events cheap); the user's (`add`) stay from run to run
     and hear every event. `watched` says whether a user observes (a figure only an event
     reports, not the run's record, is measured only then).
+
+    A user observer's exception never leaves `emit`: events are emitted in the middle of
+    state changes (a rollout taken, a batch handed to the backend), and an exception raised
+    there would skip the code that settles the scenario's fate. The first one is kept as
+    `raised`, the run is told to end (`begin_run`'s `on_raise`: a forced stop, so every
+    taken scenario is settled the usual way) and the trainer raises it once the stages
+    have ended.
     """
 
     def __init__(self) -> None:
@@ -295,12 +306,19 @@ class Observers:
         self.watched = False
         #: The running run's first error (None while it is not failing; see `note_failure`).
         self.failure: BaseException | None = None
+        #: The user observer's exception that ends the run (None while none has).
+        self.raised: Exception | None = None
+        self._on_raise: Callable[[], None] = _nothing
         self._late_errors = 0
 
-    def begin_run(self, internal: tuple[Routes, ...] = ()) -> None:
+    def begin_run(
+        self, internal: tuple[Routes, ...] = (), on_raise: Callable[[], None] | None = None
+    ) -> None:
         """A new run starts, folded by `internal` (before the user's, in order): nothing has
-        failed yet."""
+        failed yet. `on_raise` ends the run when a user observer raises first."""
         self.failure = None
+        self.raised = None
+        self._on_raise = on_raise or _nothing
         self._late_errors = 0
         routes: dict[type, list[Callable[[Any], None]]] = {}
         for table in internal:
@@ -331,9 +349,9 @@ class Observers:
         return remove
 
     def emit(self, event: RunEvent) -> None:
-        """Fold `event` into the run's record, then hand it to every user observer. The
-        first error wins: an observer raising while the run is already failing is logged,
-        not raised."""
+        """Fold `event` into the run's record, then hand it to every user observer. Never
+        raises for a user observer (see the class): the first error ends the run, a later
+        one is logged."""
         for handler in self._routes.get(type(event), ()):
             handler(event)
         for callback in self._users:
@@ -342,9 +360,19 @@ class Observers:
             except Exception as exc:
                 failure = self.failure
                 if failure is None or failure is exc:
-                    self.failure = exc  # the run's first error: it ends the run
-                    raise
-                self._late(failure, callback, event, exc)
+                    self._first(callback, event, exc)
+                else:
+                    self._late(failure, callback, event, exc)
+
+    def _first(self, callback: Observer, event: RunEvent, exc: Exception) -> None:
+        """A user observer raised first: the run ends with its error, raised by `train()`."""
+        self.failure = self.raised = exc
+        exc.add_note(f"raised by observer {callback!r} on {type(event).__name__}")
+        logger.error(
+            "Observer %r raised on %s: %s: %s; stopping the run.",
+            callback, type(event).__name__, type(exc).__name__, exc,
+        )
+        self._on_raise()
 
     def _late(
         self, failure: BaseException, callback: Observer, event: RunEvent, exc: Exception

@@ -138,7 +138,10 @@ class PipelineRun:
         #: (registered before the user's observers), then heard by the user's.
         self.fold = CounterFold()
         self.observers = observers or Observers()
-        self.observers.begin_run(internal=(self.fold.routes, status.routes))
+        # A user observer that raises ends the run as a forced stop would (see Observers).
+        self.observers.begin_run(
+            internal=(self.fold.routes, status.routes), on_raise=self.cancel_everything
+        )
         #: Tell the observers (the counters, the status line, then the user's).
         self.emit = self.observers.emit
         self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)

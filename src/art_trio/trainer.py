@@ -241,11 +241,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 run.request_stop()
             self._stop_before_start = None
         try:
-            await self._run_stages(run, eval_send, eval_receive, handle_signals, task_status)
+            try:
+                await self._run_stages(run, eval_send, eval_receive, handle_signals, task_status)
+            except Exception as exc:
+                if run.observers.raised is None:
+                    raise
+                # The observer's error came first; what the winding-down stages raised after
+                # it stays visible on it.
+                run.observers.raised.add_note(f"while the run ended, a stage raised {exc!r}")
+            _raise_observer_error(run)
         except BaseException as exc:
             self._finish(run, exc)
             raise
         self._finish(run, None)
+        _raise_observer_error(run)  # one that raised while the final state was saved
 
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
         """Keep the run's last view and counters, then save its state (`close_run`)."""
@@ -537,6 +546,13 @@ def _long_lived_objects_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def _raise_observer_error(run: PipelineRun) -> None:
+    """Raise the user observer's error that ended the run (the stages ended as at a forced
+    stop): in a group, as a stage's error reaches the caller."""
+    if run.observers.raised is not None:
+        raise ExceptionGroup("an observer of the run raised", [run.observers.raised])
 
 
 def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> None:
