@@ -23,10 +23,10 @@ from art_trio.autotune import (
 )
 from art_trio.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from art_trio.events import RunStatistics
-from art_trio.sim.distributions import Constant, Exponential
 from art_trio.sim.doubles import make_rollout_fn
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import PRESETS
+from art_trio.testing.distributions import Constant, Exponential
 from tests.doubles import RecordingBackend, scenarios
 
 # -- the pure policy ------------------------------------------------------------------------

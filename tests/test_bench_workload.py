@@ -14,11 +14,17 @@ import trio.testing
 from art_trio.bench.report import Cell, format_staleness, main_table, sweep_table
 from art_trio.bench.runner import build_parser
 from art_trio.bench.trainers import KNOB, run_one
-from art_trio.sim.distributions import Constant, Empirical, Exponential, IndexedDraws, LogNormal
 from art_trio.sim.doubles import RolloutFailed, SyntheticBackend, make_eval_fn, make_rollout_fn
 from art_trio.sim.measures import RunReport, measure
 from art_trio.sim.recorder import Recorder, StepRecord
 from art_trio.sim.workloads import PRESETS, Workload, scenarios
+from art_trio.testing.distributions import (
+    Constant,
+    Empirical,
+    Exponential,
+    IndexedDraws,
+    LogNormal,
+)
 
 # --- distributions ---------------------------------------------------------------------------
 

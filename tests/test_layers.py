@@ -251,9 +251,8 @@ def test_every_public_error_is_exported_and_documented() -> None:
 
 def test_old_import_locations_of_public_errors_still_work() -> None:
     from art_trio.autotune import ProfileError
-    from art_trio.batching import FuturePolicyError
     from art_trio.bridge import AsyncioTaskCancelled, CallbackNotAwaitable
-    from art_trio.executor import ExecutorUnavailable, RolloutLost
+    from art_trio.errors import ExecutorUnavailable, FuturePolicyError, RolloutLost
     from art_trio.ledger import (
         ForeignStateError,
         ModelDirectoryLostError,

@@ -11,7 +11,7 @@ import trio
 
 from art_trio import PipelineTrainer
 from art_trio.batching import UNBOUNDED_STEPS, Freshness
-from art_trio.metrics import mean_policy_version
+from art_trio.freshness import mean_policy_version
 from tests.doubles import RecordingBackend, scenarios, served_trajectory, trajectory
 
 

@@ -26,7 +26,8 @@ import art
 import pytest
 import trio
 
-from art_trio.executor import InProcessExecutor, RolloutExecutor, RolloutLost
+from art_trio.errors import RolloutLost
+from art_trio.executor import InProcessExecutor, RolloutExecutor
 from tests import ray_rollouts
 
 ray = pytest.importorskip("ray")
@@ -347,7 +348,7 @@ def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor)
 
 
 def test_actors_that_fit_counts_per_node() -> None:
-    from art_trio.ray_executor import actors_that_fit
+    from art_trio.ray_placement import actors_that_fit
 
     two = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}},
            {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},

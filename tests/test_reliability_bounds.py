@@ -55,8 +55,8 @@ from art_trio import (
     StepTrained,
 )
 from art_trio.batching import Freshness
+from art_trio.freshness import mean_policy_version, token_count_error
 from art_trio.ledger import StateStore
-from art_trio.metrics import mean_policy_version, token_count_error
 from tests.doubles import (
     RecordingBackend,
     asyncio_rollout,

@@ -17,13 +17,13 @@ import trio.lowlevel
 import trio.testing
 import trio_asyncio
 
-from art_trio.sim.distributions import Constant, Exponential
 from art_trio.sim.doubles import make_rollout_fn
 from art_trio.sim.host import HostCPU
 from art_trio.sim.inference import LatencyShift, ProcessorSharing
 from art_trio.sim.recorder import Recorder, StepRecord
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.sim.workloads import PRESETS, TUNING_WORKLOADS, Workload
+from art_trio.testing.distributions import Constant, Exponential
 from tests.test_simulator import HAND
 
 

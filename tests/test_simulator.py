@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from art_trio.sim.distributions import Constant, Empirical, Exponential, LogNormal
 from art_trio.sim.report import plot_sweep, run_table, sweep_summary, sweep_table
 from art_trio.sim.simulate import (
     SimReport,
@@ -21,13 +20,19 @@ from art_trio.sim.simulate import (
     cheapest,
     check_settings,
     combinations,
+    parse_value,
+    simulate,
+    sweep,
+)
+from art_trio.testing.distributions import (
+    Constant,
+    Empirical,
+    Exponential,
+    LogNormal,
     describe_distribution,
     parse_distribution,
     parse_seconds,
-    parse_value,
     read_seconds,
-    simulate,
-    sweep,
 )
 
 # --- parsing ---------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ from .events import (
     StepTrained,
 )
 from .executor import InProcessExecutor, RolloutExecutor
-from .fates import Fate, RunCounters
+from .fates import RunCounters
+from .messages import Fate
 from .retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,

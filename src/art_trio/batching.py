@@ -249,7 +249,6 @@ __all__ = [
     "all_failed_error",
     "average_steps_off_policy",
     "copy_scenario_metadata",
-    "FuturePolicyError",
     "eval_splits",
     "future_policy_error",
     "group_initial_version",

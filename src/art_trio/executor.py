@@ -13,8 +13,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import ExecutorUnavailable, RolloutLost
-
 
 @runtime_checkable
 class RolloutExecutor(Protocol):
@@ -163,7 +161,4 @@ def _get(obj: Any, key: str) -> Any | None:
         return None
 
 
-__all__ = [
-    "ExecutorUnavailable", "InProcessExecutor", "ModelView", "RolloutExecutor", "RolloutLost",
-    "scenario_id",
-]
+__all__ = ["InProcessExecutor", "ModelView", "RolloutExecutor", "scenario_id"]

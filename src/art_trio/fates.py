@@ -251,4 +251,4 @@ class FateRecord:
         self.settle_many(Fate.TRAINED, zip(indices, rollout_seconds, strict=True))
 
 
-__all__ = ["CounterFold", "Fate", "FateRecord", "RESOLVED_AT_ONCE", "RunCounters"]
+__all__ = ["CounterFold", "FateRecord", "RunCounters"]

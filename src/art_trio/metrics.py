@@ -64,11 +64,7 @@ from typing import Any, NamedTuple
 from .batching import average_steps_off_policy
 from .compat import TRAIN_METRIC_NAMES
 from .fates import RunCounters
-from .freshness import (  # noqa: F401  (importable from here as before)
-    completion_weight,
-    mean_policy_version,
-    newest_token_version,
-    token_count_error,
+from .freshness import (
     version_tokens,
 )
 from .messages import Delivered
@@ -365,11 +361,6 @@ __all__ = [
     "StepTimes",
     "TrainMetrics",
     "batch_factor",
-    "completion_weight",
-    "mean_policy_version",
-    "newest_token_version",
-    "token_count_error",
     "policy_age_metrics",
-    "version_tokens",
     "weighted_percentile",
 ]

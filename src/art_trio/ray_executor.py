@@ -48,9 +48,9 @@ except ModuleNotFoundError as exc:  # the extra is not installed
         name=exc.name,
     ) from exc
 
-from .executor import ExecutorUnavailable, ModelView, RolloutLost
+from .errors import ExecutorUnavailable, RolloutLost
+from .executor import ModelView
 from .ray_placement import (
-    actors_that_fit,
     actors_the_cluster_holds,
     describe_cluster,
     describe_options,
@@ -413,4 +413,4 @@ class RayRolloutExecutor:
         return entry
 
 
-__all__ = ["LOST_ERRORS", "RayActorsNotPlaced", "RayRolloutExecutor", "actors_that_fit"]
+__all__ = ["RayActorsNotPlaced", "RayRolloutExecutor"]

@@ -7,11 +7,11 @@ saves and loads the tuned settings. `stages/autotune.py` runs the policy in a li
 
 from __future__ import annotations
 
+from ..errors import ProfileError
 from .policy import DEFAULT_TARGET_UTILIZATION, AutotunePolicy
 from .profile import (
     HONOURED_FIELDS,
     AutotuneConfig,
-    ProfileError,
     config_field,
     initial_runtime,
     load_profile_settings,

@@ -209,7 +209,6 @@ def _json_default(value: Any) -> Any:
 __all__ = [
     "HONOURED_FIELDS",
     "AutotuneConfig",
-    "ProfileError",
     "config_field",
     "initial_runtime",
     "load_profile_settings",

@@ -6,10 +6,9 @@ loop it opens.
 
 from __future__ import annotations
 
+from ..errors import AsyncioTaskCancelled, CallbackNotAwaitable
 from .calls import (
-    AsyncioTaskCancelled,
     Bridge,
-    CallbackNotAwaitable,
     await_callback,
     call_asyncio_from_trio,
     is_native,

@@ -357,9 +357,7 @@ async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) ->
 
 
 __all__ = [
-    "AsyncioTaskCancelled",
     "Bridge",
-    "CallbackNotAwaitable",
     "await_callback",
     "call_asyncio_from_trio",
     "is_native",

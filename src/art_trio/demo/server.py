@@ -23,34 +23,12 @@ import numpy as np
 from starlette.applications import Starlette
 
 from ..local_backend.server import (
-    MAX_N,
-    MAX_TOP_LOGPROBS,
     CompletionRequest,
-    OpenAIError,
-    ServedBackend,
-    UnknownModelError,
     completions_app,
-    open_listener,
-    parse_request,
-    serve,
 )
 from .policy import VOCAB, FloatArray, log_probs, prompt_features, sample
 
-#: Re-exported: they lived here before the local backends shared them.
-__all__ = [
-    "MAX_N",
-    "MAX_TOP_LOGPROBS",
-    "CompletionRequest",
-    "OpenAIError",
-    "PolicyRegistry",
-    "ServedBackend",
-    "UnknownModelError",
-    "complete",
-    "create_app",
-    "open_listener",
-    "parse_request",
-    "serve",
-]
+__all__ = ["PolicyRegistry", "complete", "create_app"]
 
 
 class PolicyRegistry(Protocol):

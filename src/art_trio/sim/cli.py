@@ -33,13 +33,12 @@ from art_trio.sim.simulate import (
     SimSpec,
     check_settings,
     combinations,
-    parse_distribution,
     parse_value,
     simulate,
     sweep,
     trainer_parameter_names,
 )
-from art_trio.testing.distributions import parse_seconds
+from art_trio.testing.distributions import parse_distribution, parse_seconds
 
 __all__ = ["DEFAULT_STEPS", "build_parser", "main"]
 

@@ -16,14 +16,7 @@ from typing import Any
 from art_trio.sim.measures import format_staleness
 from art_trio.sim.simulate import SimReport, SweepResult, combinations
 
-__all__ = [
-    "format_duration",
-    "format_staleness",
-    "plot_sweep",
-    "run_table",
-    "sweep_summary",
-    "sweep_table",
-]
+__all__ = ["format_duration", "plot_sweep", "run_table", "sweep_summary", "sweep_table"]
 
 
 def format_duration(seconds: float) -> str:

@@ -70,9 +70,6 @@ from art_trio.sim.workloads import Workload, scenarios  # noqa: E402
 from art_trio.testing.distributions import (  # noqa: E402
     LatencyDist,
     describe_distribution,
-    parse_distribution,
-    parse_seconds,
-    read_seconds,
 )
 
 __all__ = [
@@ -84,11 +81,7 @@ __all__ = [
     "check_settings",
     "cheapest",
     "combinations",
-    "describe_distribution",
-    "parse_distribution",
-    "parse_seconds",
     "parse_value",
-    "read_seconds",
     "simulate",
     "sweep",
     "trainer_parameter_names",

@@ -374,7 +374,6 @@ def explore_pipeline(
 
 
 __all__ = [
-    "DEFAULT_SCENARIOS",
     "Latency",
     "PipelineCheckFailed",
     "PipelineReport",
