@@ -13,7 +13,8 @@ each is a frozen, slotted dataclass whose `__init__` writes its slots directly (
 about half the cost of a frozen dataclass's own).
 
 An observer must return quickly and must not await (it runs inside the pipeline's hot path,
-and is not awaited); an exception it raises ends the run like a failing stage.
+and is not awaited); an exception it raises ends the run like a failing stage, though never in
+the middle of the state change that emitted the event (see `Observers`).
 
 The first error wins: once the run is failing (a stage raised, or an observer did), an
 observer that raises while the run winds down (scenarios settled as dropped, the channel
