@@ -34,6 +34,7 @@ from .errors import (
     RolloutRejected,
     RolloutsKeepFailing,
     RunLockedError,
+    RunLockLostError,
     StateFileError,
     StateWriteError,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "RunCounters",
     "RunEvent",
     "RunLockedError",
+    "RunLockLostError",
     "RunStatistics",
     "ScenarioSettled",
     "StalenessAwareAdmission",

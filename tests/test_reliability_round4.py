@@ -1,0 +1,185 @@
+"""Issue 32, round four on the trainer core: the run lock, calls from other threads, the
+settings groups, the pytest plugin, the Prometheus exporter, hostile state files and the
+journal's record size. Each test failed before its fix.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import art
+import pytest
+import trio
+
+from art_trio import PipelineTrainer
+from art_trio import errors as art_errors
+from art_trio.ledger import PipelineState, StateStore
+from art_trio.lock import RunLock
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+from tests.errors import find_leaf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _trainer(model: art.TrainableModel, backend: Any, **kwargs: Any) -> PipelineTrainer[Any, None]:
+    options: dict[str, Any] = {
+        "num_rollout_workers": 2,
+        "min_batch_size": 2,
+        "max_batch_size": 2,
+        "eval_step_0": False,
+        "log_interval_seconds": 3600.0,
+    }
+    options.update(kwargs)
+    return PipelineTrainer(model, backend, asyncio_rollout, scenarios(200), None, **options)
+
+
+def _out(model: art.TrainableModel) -> Path:
+    return Path(model._get_output_dir())
+
+
+# == 1: the lock holds whatever else the process does with the model directory ===============
+
+_SECOND_RUN = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import trio, trio_asyncio
+    from art_trio import PipelineTrainer, RunLockedError
+    from art_trio.compat import trainable_model
+    from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+
+    base, out = sys.argv[1], sys.argv[2]
+    backend = RecordingBackend()
+    model = trainable_model(name="m", project="p", base_model="test-base", base_path=base)
+    asyncio.run(model.register(backend))
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(200), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, eval_step_0=False, max_steps=2,
+        log_interval_seconds=3600.0,
+    )
+    try:
+        trio.run(lambda: trainer.train(handle_signals=False))
+        outcome = "trained"
+    except RunLockedError as exc:
+        outcome = "refused: " + str(exc)
+    ids = [i for call in backend.calls for i in call.scenario_ids]
+    with open(out, "w") as f:
+        json.dump({"outcome": outcome, "ids": ids}, f)
+    """
+)
+
+
+def _second_run(base: Path, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SECOND_RUN, str(base), str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+async def test_a_copy_of_the_model_directory_during_train_keeps_a_second_run_out(
+    model: art.TrainableModel, backend: RecordingBackend, tmp_path: Path
+) -> None:
+    """A backup of the model directory (a real `shutil.copytree`, which opens and closes the
+    lock file) while `backend.train` runs, then a second run started in another process: it
+    is refused, and every scenario is trained exactly once."""
+    out = _out(model)
+    original_train = backend.train
+    second: dict[str, Any] = {}
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        if backend.step == 1 and not second:
+            shutil.copytree(out, tmp_path / "backup")
+            assert (tmp_path / "backup" / "art_trio.lock").exists()
+            # Blocking on purpose: the second run starts while this batch is in training.
+            second.update(_second_run(tmp_path / ".art", tmp_path / "second.json"))
+        return await original_train(model, groups, **kwargs)
+
+    backend.train = train  # type: ignore[method-assign]
+    await _trainer(model, backend, max_steps=4).train(handle_signals=False)
+    assert second["outcome"].startswith("refused"), second
+    assert "another art_trio run is training" in second["outcome"]
+    assert second["ids"] == []
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained)) == 8
+    assert backend.step == 4
+
+
+def _unlock(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hh4xqqi4x", fcntl.F_UNLCK, 0, 0, 0, 0))
+
+
+def test_a_lock_lost_anyway_stops_the_run_without_writing_or_taking_it_back(
+    tmp_path: Path,
+) -> None:
+    """If code of this process unlocks the descriptor itself, the next state write finds the
+    lock lost: RunLockLostError, nothing written, the lock not taken back (another run may
+    have trained and left meanwhile)."""
+    lock = RunLock(tmp_path / "m")
+    lock.acquire()
+    store = StateStore(tmp_path / "m", lock=lock)
+    state = PipelineState()
+    state.training_step = 3
+    store.write(state)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()}
+    assert lock._fd is not None
+    _unlock(lock._fd)
+    state.training_step = 4
+    with pytest.raises(art_errors.RunLockLostError) as excinfo:
+        store.append(state)
+    message = str(excinfo.value)
+    assert str(tmp_path / "m") in message and "lost its lock" in message
+    assert "without writing" in message
+    after = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir() if p.is_file()}
+    assert after == before
+    # Not taken back: another RunLock (standing for another process) gets it.
+    other_fd = os.open(lock.path, os.O_RDWR)
+    try:
+        fcntl.fcntl(
+            other_fd,
+            fcntl.F_OFD_SETLK,
+            struct.pack("hh4xqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0),
+        )
+    finally:
+        os.close(other_fd)
+    lock.release()
+
+
+def test_reading_the_lock_file_in_this_process_does_not_drop_the_lock(tmp_path: Path) -> None:
+    lock = RunLock(tmp_path / "m")
+    lock.acquire()
+    (lock.path).read_bytes()  # opens and closes the file
+    shutil.copytree(tmp_path / "m", tmp_path / "copy")
+    assert lock.check() is None and lock.lost is None
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(lock.path)!r}, os.O_RDWR)\n"
+        "try:\n"
+        "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except OSError:\n"
+        "    print('busy')\n"
+        "else:\n"
+        "    print('locked')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout == "busy\n", result
+    lock.release()
+
+
+_ = trio  # the async tests run under pytest-trio
+_ = find_leaf
