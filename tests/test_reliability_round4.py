@@ -5,6 +5,7 @@ journal's record size. Each test failed before its fix.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -13,9 +14,11 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import art
 import pytest
 import trio
@@ -24,6 +27,7 @@ from art_trio import PipelineTrainer
 from art_trio import errors as art_errors
 from art_trio.ledger import PipelineState, StateStore
 from art_trio.lock import RunLock
+from art_trio.settings import Evaluation, PipelineSettings, Shutdown, Sizes
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 from tests.errors import find_leaf
 
@@ -183,3 +187,151 @@ def test_reading_the_lock_file_in_this_process_does_not_drop_the_lock(tmp_path: 
 
 _ = trio  # the async tests run under pytest-trio
 _ = find_leaf
+
+
+# == 2 and 10: calls from another thread while train() starts up ==============================
+
+
+class SlowStartBackend(RecordingBackend):
+    """`_get_step` (the first thing a run asks its backend) waits until a thread releases it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.entered = threading.Event()
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    async def _get_step(self, model: Any) -> int:
+        if self._wake is None:
+            self._wake = (asyncio.get_running_loop(), asyncio.Event())
+            self.entered.set()
+            await self._wake[1].wait()
+        return await super()._get_step(model)
+
+    def release(self) -> None:
+        """From any thread: let the waiting `_get_step` return."""
+        assert self._wake is not None
+        loop, event = self._wake
+        loop.call_soon_threadsafe(event.set)
+
+
+def _during_start_up(
+    backend: SlowStartBackend, call: Any
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A thread that waits for the start-up to reach the backend, makes `call()` there,
+    keeps what it returned or raised, then releases the backend."""
+    outcome: dict[str, Any] = {}
+
+    def body() -> None:
+        backend.entered.wait()
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # noqa: BLE001  (the test asserts on it)
+            outcome["error"] = exc
+        finally:
+            backend.release()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+async def _stop_from_a_thread_during_start_up(model: art.TrainableModel) -> None:
+    backend = SlowStartBackend()
+    object.__setattr__(model, "_backend", backend)
+    trainer = _trainer(model, backend, max_steps=5)
+    thread, outcome = _during_start_up(backend, trainer.request_stop)
+    with anyio.fail_after(120):  # a wedged loop would never get here
+        await trainer.train(handle_signals=False)
+    thread.join()
+    assert "error" not in outcome, outcome
+    assert backend.calls == []  # stopped before anything trained
+
+
+async def test_request_stop_from_a_thread_during_start_up_under_trio(
+    model: art.TrainableModel,
+) -> None:
+    await _stop_from_a_thread_during_start_up(model)
+
+
+def test_request_stop_from_a_thread_during_start_up_under_asyncio(
+    model: art.TrainableModel,
+) -> None:
+    anyio.run(_stop_from_a_thread_during_start_up, model, backend="asyncio")
+
+
+async def _resize_from_a_thread_during_start_up(model: art.TrainableModel) -> None:
+    backend = SlowStartBackend()
+    object.__setattr__(model, "_backend", backend)
+    trainer = _trainer(model, backend, max_steps=2, max_batch_size=4)
+    thread, outcome = _during_start_up(
+        backend, lambda: trainer.resize(num_rollout_workers=7, min_batch_size=3)
+    )
+    seen: list[tuple[int, int, int]] = []
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        stats = trainer.statistics()
+        seen.append((trainer.num_rollout_workers, stats.num_rollout_workers, len(groups)))
+        return await original_train(model, groups, **kwargs)
+
+    backend.train = train  # type: ignore[method-assign]
+    with anyio.fail_after(120):
+        await trainer.train(handle_signals=False)
+    thread.join()
+    assert "error" not in outcome, outcome
+    returned = outcome["result"]
+    assert (returned.num_rollout_workers, returned.min_batch_size) == (7, 3)
+    # The run started with what the resize returned.
+    assert seen and all(workers == 7 and live == 7 and n >= 3 for workers, live, n in seen), seen
+
+
+async def test_resize_from_a_thread_during_start_up_applies_to_the_run_under_trio(
+    model: art.TrainableModel,
+) -> None:
+    await _resize_from_a_thread_during_start_up(model)
+
+
+def test_resize_from_a_thread_during_start_up_applies_to_the_run_under_asyncio(
+    model: art.TrainableModel,
+) -> None:
+    anyio.run(_resize_from_a_thread_during_start_up, model, backend="asyncio")
+
+
+# == 11: a settings group beside flat keywords: one rule =====================================
+
+
+def test_a_group_beside_flat_keywords_of_the_same_group_merges_where_they_agree(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    def build(**kwargs: Any) -> PipelineSettings:
+        return PipelineTrainer(model, backend, asyncio_rollout, [], None, **kwargs).settings
+
+    merged = build(shutdown=Shutdown(max_steps=5), shutdown_grace_seconds=3.0)
+    assert (merged.shutdown.max_steps, merged.shutdown.shutdown_grace_seconds) == (5, 3.0)
+    # The same value both ways is no conflict.
+    assert build(shutdown=Shutdown(max_steps=5), max_steps=5).shutdown.max_steps == 5
+    # A group's defaults do not disagree with eval_step_0 (ART 0.5.18's spelling).
+    evaluation = build(evaluation=Evaluation(eval_every_n_steps=3), eval_step_0=False)
+    assert (evaluation.evaluation.eval_every_n_steps, evaluation.evaluation.eval_at_start) == (
+        3,
+        False,
+    )
+    sizes = build(sizes=Sizes(num_rollout_workers=3), min_batch_size=6)
+    assert (sizes.sizes.num_rollout_workers, sizes.sizes.min_batch_size) == (3, 6)
+    assert sizes.sizes.max_batch_size == 60  # derived from the min given flat
+    with pytest.raises(TypeError, match="max_steps is given twice with different values"):
+        build(shutdown=Shutdown(max_steps=5), max_steps=6)
+
+
+@pytest.mark.parametrize("min_batch_size", [1, 8, 50])
+def test_sizes_derives_max_batch_size_as_the_flat_keywords_do(
+    model: art.TrainableModel, backend: RecordingBackend, min_batch_size: int
+) -> None:
+    def build(**kwargs: Any) -> PipelineSettings:
+        return PipelineTrainer(model, backend, asyncio_rollout, [], None, **kwargs).settings
+
+    flat = build(min_batch_size=min_batch_size)
+    grouped = build(sizes=Sizes(min_batch_size=min_batch_size))
+    assert grouped.sizes == flat.sizes
+    assert Sizes(min_batch_size=min_batch_size).max_batch_size == 10 * min_batch_size
+    assert flat.sizes.max_batch_size == 10 * min_batch_size
