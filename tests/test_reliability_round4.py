@@ -6,10 +6,12 @@ journal's record size. Each test failed before its fix.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -25,7 +27,7 @@ import trio
 
 from art_trio import PipelineTrainer
 from art_trio import errors as art_errors
-from art_trio.ledger import PipelineState, StateStore
+from art_trio.ledger import PipelineState, StateStore, StateWriteError
 from art_trio.lock import RunLock
 from art_trio.settings import Evaluation, PipelineSettings, Shutdown, Sizes
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
@@ -335,3 +337,156 @@ def test_sizes_derives_max_batch_size_as_the_flat_keywords_do(
     assert grouped.sizes == flat.sizes
     assert Sizes(min_batch_size=min_batch_size).max_batch_size == 10 * min_batch_size
     assert flat.sizes.max_batch_size == 10 * min_batch_size
+
+
+# == 12: the pytest plugin takes the grouped and pipeline= settings, and names a misspelt key ==
+
+PLUGIN_USER_TESTS = """
+import pytest
+from art_trio import Sizes
+from art_trio.compat import PipelineRuntimeConfig
+
+
+def test_sizes_group(art_trio_pipeline):
+    report = art_trio_pipeline.check(
+        settings={"sizes": Sizes(num_rollout_workers=3, min_batch_size=2, max_batch_size=2),
+                  "max_steps_off_policy": 1},
+        source=8, resume=False,
+    )
+    assert report.case.config.num_rollout_workers == 3
+    assert report.case.config.max_batch_size == 2
+
+
+def test_pipeline_config(art_trio_pipeline):
+    report = art_trio_pipeline.check(
+        settings={"pipeline": PipelineRuntimeConfig(num_rollout_workers=3, min_batch_size=2),
+                  "max_steps_off_policy": 1},
+        source=8, resume=False,
+    )
+    assert report.case.config.num_rollout_workers == 3
+    assert report.case.config.max_batch_size == 20
+
+
+@pytest.mark.art_trio_pipeline(max_exmples=5)
+def test_misspelt_marker_key(art_trio_pipeline):
+    art_trio_pipeline.check(settings={}, source=4, resume=False)
+"""
+
+
+def test_the_plugin_takes_grouped_settings_and_names_a_misspelt_marker_key(
+    tmp_path: Path,
+) -> None:
+    from tests.test_testing_plugin import run_pytest
+
+    (tmp_path / "test_user.py").write_text(PLUGIN_USER_TESTS)
+    done = run_pytest(tmp_path)
+    out = done.stdout + done.stderr
+    assert "2 passed" in out and ("1 failed" in out or "1 error" in out), out
+    assert "test_misspelt_marker_key" in out
+    assert "unknown key 'max_exmples'" in out and "did you mean 'max_examples'" in out, out
+
+
+# == 13: the Prometheus exporter on a taken port ==============================================
+
+
+def test_an_exporter_on_a_taken_port_names_it_and_leaves_nothing_attached(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    from art_trio.prometheus import PrometheusExporter
+
+    trainer = _trainer(model, backend)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        exporter = PrometheusExporter(trainer, port=port)
+        assert trainer._observers.watched
+        with pytest.raises(OSError) as excinfo:
+            with exporter:
+                pass
+        message = str(excinfo.value)
+        assert f"127.0.0.1:{port}" in message and "port=0" in message, message
+        assert excinfo.value.errno == errno.EADDRINUSE
+        assert not trainer._observers.watched  # the failed exporter hears nothing
+        # The way out works: another port.
+        with PrometheusExporter(trainer, port=0) as exporter:
+            assert trainer._observers.watched and exporter.port != port
+        assert not trainer._observers.watched
+
+
+# == 14: a small hostile state file is a StateFileError, not a MemoryError ====================
+
+
+def test_a_small_state_file_expanding_to_a_hundred_million_evals_is_refused(
+    tmp_path: Path,
+) -> None:
+    from art_trio.ledger import SIDECAR_FILE, StateFileError
+
+    directory = tmp_path / "m"
+    directory.mkdir()
+    hostile = PipelineState().to_json(compact=True)
+    hostile["completed_eval_runs"] = [[k, 1, 10**6] for k in range(100)]
+    path = directory / SIDECAR_FILE
+    path.write_text(json.dumps(hostile))
+    assert path.stat().st_size < 4000
+    with pytest.raises(StateFileError) as excinfo:
+        StateStore(directory).read()
+    message = str(excinfo.value)
+    assert "completed_eval_runs" in message and "100000000 completed evals" in message
+
+
+# == 15: journal records stay bounded with a backlog of pending evals =========================
+
+
+def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval every step, evals slower than steps: the backlog of pending evals grows to
+    hundreds. Each record carries what changed, and a read replays the exact sets."""
+    from art_trio.ledger import JOURNAL_FILE
+    from art_trio.ledger import store as ledger_store
+
+    monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
+    directory = tmp_path / "m"
+    store, state = StateStore(directory), PipelineState()
+    store.write(state)
+    for step in range(1, 601):
+        state.ledger.resolve_all([2 * step, 2 * step + 1])
+        state.ledger.begin_batch(step, [2 * step + 2, 2 * step + 3])
+        state.training_step = step
+        state.pending_eval_steps.add(step)  # scheduled, as the training stage does
+        if step % 3 == 0:  # one in three finishes
+            oldest = min(state.pending_eval_steps)
+            state.pending_eval_steps.discard(oldest)
+            state.complete_eval(oldest)
+        if step % 7 == 0:  # one in seven fails: dropped, not completed
+            state.pending_eval_steps.discard(max(state.pending_eval_steps))
+        if step in (100, 101):  # a full disk: the record is cut back, the next carries it
+            _fail_once(monkeypatch)
+            with pytest.raises(StateWriteError):
+                store.append(state)
+            continue
+        store.append(state)
+        if step % 150 == 0:
+            replayed = StateStore(directory).read()
+            assert replayed is not None
+            assert replayed.completed_eval_steps == state.completed_eval_steps
+            assert replayed.pending_eval_steps - replayed.completed_eval_steps == (
+                state.pending_eval_steps - state.completed_eval_steps
+            )
+    assert len(state.pending_eval_steps) > 300  # the backlog the issue saw
+    store.close()
+    records = (directory / JOURNAL_FILE).read_bytes().splitlines()
+    assert max(len(r) for r in records) < 400, max(len(r) for r in records)
+
+
+def _fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from art_trio.ledger import files as ledger_files
+
+    real = ledger_files.os_write
+
+    def full(fd: int, data: Any) -> int:
+        monkeypatch.setattr(ledger_files, "os_write", real)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ledger_files, "os_write", full)
