@@ -47,9 +47,10 @@ def main(steps: int, backlog: bool = False) -> None:
     records = (directory / ledger.JOURNAL_FILE).read_bytes().splitlines()
     store.write(state)
     snapshot = (directory / ledger.SIDECAR_FILE).stat().st_size
+    backlog_now = len(state.pending_eval_steps - state.completed_eval_steps)
     print(
-        f"steps={steps} pending evals={len(state.pending_eval_steps - state.completed_eval_steps)} "
-        f"evals={len(state.completed_eval_steps)} first record={len(records[0])} B, last record={len(records[-1])} B, "
+        f"steps={steps} pending evals={backlog_now} evals={len(state.completed_eval_steps)} "
+        f"first record={len(records[0])} B, last record={len(records[-1])} B, "
         f"journal={sum(map(len, records))} B, snapshot={snapshot} B"
     )
 
