@@ -32,6 +32,7 @@ exercised against ART's own rewrites of that file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import os
@@ -52,6 +53,7 @@ import trio.testing  # noqa: E402
 from art_trio import (  # noqa: E402
     ChannelClosed,
     GroupReceived,
+    PipelineSettings,
     PipelineTrainer,
     PolicyPublished,
     RunEvent,
@@ -61,7 +63,6 @@ from art_trio import (  # noqa: E402
 from art_trio.bridge import call_asyncio_from_trio, is_native  # noqa: E402
 from art_trio.keywords import resolve_settings  # noqa: E402
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
-from art_trio.settings import FIELDS, GROUPS  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
     EvalCall,
@@ -152,9 +153,16 @@ class Config:
         it (and rejects what it does not know, with its own message).
         """
         own = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        defaults = PipelineSettings()
+        fields_by_group = {
+            f.name: {f2.name for f2 in dataclasses.fields(getattr(defaults, f.name))}
+            for f in dataclasses.fields(PipelineSettings)
+        }
+        group_of = {name: group for group, names in fields_by_group.items() for name in names}
+        groups = set(fields_by_group)
         # The trainer's own rule reads every spelling (flat names, groups given whole,
         # `pipeline=`, `eval_step_0`): the invariants then read what the trainer will run.
-        spelled = {k: v for k, v in settings.items() if k in FIELDS or k in GROUPS}
+        spelled = {k: v for k, v in settings.items() if k in group_of or k in groups}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # the trainer warns itself
             resolved = resolve_settings(
@@ -163,8 +171,8 @@ class Config:
             )
         values: dict[str, Any] = {name: resolved.get(name) for name in sorted(own)}
         given = set(settings) | {
-            name for group in GROUPS if group in settings for name in FIELDS
-            if FIELDS[name] == group
+            name for group in groups if group in settings for name in group_of
+            if group_of[name] == group
         }
         # Settings the invariants do not read, as the trainer resolved them (a group given
         # whole spelt out flat), then the trainer's other keywords as given.
@@ -172,7 +180,7 @@ class Config:
             (k, v) for k, v in resolved.flat().items() if k not in own and k in given
         ) + tuple(
             (k, v) for k, v in settings.items()
-            if k not in FIELDS and k not in GROUPS and k not in ("pipeline", "eval_step_0")
+            if k not in group_of and k not in groups and k not in ("pipeline", "eval_step_0")
         )
         return cls(**values, extra=extra)
 
