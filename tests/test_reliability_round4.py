@@ -188,7 +188,6 @@ def test_reading_the_lock_file_in_this_process_does_not_drop_the_lock(tmp_path: 
 
 
 _ = trio  # the async tests run under pytest-trio
-_ = find_leaf
 
 
 # == 2 and 10: calls from another thread while train() starts up ==============================
@@ -490,3 +489,160 @@ def _fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ledger_files, "os_write", full)
+
+
+# == attacking the fixes: a thread calling everything at every phase ==========================
+
+
+def _everything(trainer: PipelineTrainer[Any, None], workers: int) -> tuple[Any, Any]:
+    """What a watchdog thread might call: statistics, a resize, statistics again."""
+    first = trainer.statistics()
+    resized = trainer.resize(num_rollout_workers=workers)
+    return first, resized
+
+
+async def _a_thread_at_every_phase(model: art.TrainableModel) -> None:
+    backend = SlowStartBackend()
+    object.__setattr__(model, "_backend", backend)
+    trainer = _trainer(model, backend, max_steps=50)
+    # Before train(): the settings of the next run.
+    _, before = await anyio.to_thread.run_sync(_everything, trainer, 3)
+    assert before.num_rollout_workers == 3 and not before.running
+    # During start-up: applied to the run being built.
+    thread, outcome = _during_start_up(backend, lambda: _everything(trainer, 4))
+    stepped = anyio.Event()
+    seen: dict[str, Any] = {}
+
+    def on_event(event: Any) -> None:
+        if type(event).__name__ == "StepTrained" and not stepped.is_set():
+            stepped.set()
+
+    trainer.add_observer(on_event)
+
+    async def while_running() -> None:
+        await stepped.wait()
+        # Running: statistics, a resize, then a stop, all from a thread.
+        seen["running"] = await anyio.to_thread.run_sync(_everything, trainer, 5)
+        await anyio.to_thread.run_sync(trainer.request_stop)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(while_running)
+        with anyio.fail_after(120):
+            await trainer.train(handle_signals=False)
+    thread.join()
+    assert "error" not in outcome, outcome
+    assert outcome["result"][1].num_rollout_workers == 4
+    first, resized = seen["running"]
+    assert first.running and first.num_rollout_workers == 4
+    assert resized.num_rollout_workers == 5
+    steps = backend.step
+    assert 1 <= steps < 50  # stopped by the thread's request
+    # After: a last view, and a stop that the next train() honours at once.
+    after, _ = await anyio.to_thread.run_sync(_everything, trainer, 2)
+    assert not after.running and after.steps == steps
+    await anyio.to_thread.run_sync(trainer.request_stop)
+    backend.entered.clear()
+    backend._wake = None
+    thread, outcome = _during_start_up(backend, trainer.statistics)
+    with anyio.fail_after(120):
+        await trainer.train(handle_signals=False)
+    thread.join()
+    assert "error" not in outcome, outcome
+    assert backend.step == steps  # the stop given after the last run: nothing trained
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained))
+
+
+async def test_a_thread_calling_everything_at_every_phase_under_trio(
+    model: art.TrainableModel,
+) -> None:
+    await _a_thread_at_every_phase(model)
+
+
+def test_a_thread_calling_everything_at_every_phase_under_asyncio(
+    model: art.TrainableModel,
+) -> None:
+    anyio.run(_a_thread_at_every_phase, model, backend="asyncio")
+
+
+async def test_a_keyboard_interrupt_in_a_callback_while_a_thread_waits_on_the_loop(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    """A rollout raising KeyboardInterrupt ends the run as itself; a thread's statistics()
+    call made around it answers (the live run, or its last view), never hangs or raises."""
+    calls = 0
+    answers: list[Any] = []
+    errors: list[BaseException] = []
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        nonlocal calls
+        calls += 1
+        if calls == 6:
+            raise KeyboardInterrupt
+        return await asyncio_rollout(model, scenario, config)
+
+    trainer = PipelineTrainer(
+        model,
+        backend,
+        rollout,
+        scenarios(200),
+        None,
+        num_rollout_workers=2,
+        min_batch_size=2,
+        max_batch_size=2,
+        eval_step_0=False,
+        log_interval_seconds=3600.0,
+    )
+
+    def watchdog() -> None:
+        try:
+            answers.append(trainer.statistics())
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def on_event(event: Any) -> None:
+        if type(event).__name__ == "StepTrained":
+            threading.Thread(target=watchdog, daemon=True).start()
+
+    trainer.add_observer(on_event)
+    with pytest.raises(KeyboardInterrupt):
+        await trainer.train(handle_signals=False)
+    # Every thread started has answered or will: the loop is still running here.
+    await anyio.to_thread.run_sync(watchdog)
+    assert errors == [] and answers and not answers[-1].running
+    # The trainer is usable again: a resume trains on, nothing twice.
+    await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained))
+
+
+async def test_a_run_whose_lock_is_unlocked_under_it_stops_and_a_resume_trains_once(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    """Code of the trainer's process unlocking the lock's descriptor (the one way left to lose
+    an OFD lock) during backend.train: the next state write stops the run with
+    RunLockLostError; a resume trains on, no scenario twice, none skipped."""
+    trainer = _trainer(model, backend, max_steps=10)
+    original_train = backend.train
+
+    async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        if backend.step == 2:
+            lock = trainer._run_lock
+            assert lock is not None and lock._fd is not None
+            _unlock(lock._fd)
+        return await original_train(model, groups, **kwargs)
+
+    backend.train = train  # type: ignore[method-assign]
+    with pytest.raises(BaseExceptionGroup) as excinfo:
+        await trainer.train(handle_signals=False)
+    leaf, _ = find_leaf(excinfo.value, art_errors.RunLockLostError)
+    assert "lost its lock" in str(leaf)
+    assert backend.step == 3  # the batch in training finished; nothing trained after it
+    backend.train = original_train  # type: ignore[method-assign]
+    await _trainer(model, backend, max_steps=2).train(handle_signals=False)
+    assert backend.step == 5
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained))
+    state = StateStore(_out(model)).read()
+    assert state is not None
+    assert set(range(state.ledger.watermark)) <= set(trained)
