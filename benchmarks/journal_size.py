@@ -1,10 +1,13 @@
 """Journal record, journal and snapshot sizes after N steps with an eval every step.
 
     PYTHONPATH=<tree>/src python benchmarks/journal_size.py 2000
+    PYTHONPATH=<tree>/src python benchmarks/journal_size.py 800 backlog
 
 A state store appends one record per step (two scenarios resolved, the next batch pending,
 one more completed eval), as a run with `eval_every_n_steps=1` does, with periodic snapshots
-turned off so the whole journal stays; then one snapshot is written. Runs against whichever
+turned off so the whole journal stays; then one snapshot is written. With `backlog`, evals
+are slower than steps (issue 32): one is scheduled every step and one completes every other
+step, so the pending evals grow to steps / 2. Runs against whichever
 art_trio is on the path (a tree before issue 25 adds to the set directly), so two revisions
 compare like with like.
 """
@@ -19,7 +22,7 @@ from art_trio import ledger
 from art_trio.ledger import PipelineState, StateStore
 
 
-def main(steps: int) -> None:
+def main(steps: int, backlog: bool = False) -> None:
     # In ledger/store.py since the ledger became a package (ledger.py before).
     getattr(ledger, "store", ledger).SNAPSHOT_EVERY = 10**9
     directory = Path(tempfile.mkdtemp())
@@ -29,7 +32,13 @@ def main(steps: int) -> None:
         state.ledger.resolve_all([2 * step, 2 * step + 1])
         state.ledger.begin_batch(step + 1, [2 * step + 2, 2 * step + 3])
         state.training_step = step
-        if hasattr(state, "complete_eval"):
+        if backlog:
+            state.pending_eval_steps.add(step)
+            if step % 2:
+                oldest = min(state.pending_eval_steps - state.completed_eval_steps)
+                state.pending_eval_steps.discard(oldest)
+                state.complete_eval(oldest)
+        elif hasattr(state, "complete_eval"):
             state.complete_eval(step)
         else:  # before issue 25
             state.completed_eval_steps.add(step)
@@ -38,11 +47,13 @@ def main(steps: int) -> None:
     records = (directory / ledger.JOURNAL_FILE).read_bytes().splitlines()
     store.write(state)
     snapshot = (directory / ledger.SIDECAR_FILE).stat().st_size
+    backlog_now = len(state.pending_eval_steps - state.completed_eval_steps)
     print(
-        f"evals={steps} first record={len(records[0])} B, last record={len(records[-1])} B, "
+        f"steps={steps} pending evals={backlog_now} evals={len(state.completed_eval_steps)} "
+        f"first record={len(records[0])} B, last record={len(records[-1])} B, "
         f"journal={sum(map(len, records))} B, snapshot={snapshot} B"
     )
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000, "backlog" in sys.argv[2:])

@@ -207,9 +207,13 @@ def test_a_misspelt_keyword_is_pythons_type_error_with_the_nearest_name(
 def test_a_setting_given_twice_or_a_group_of_the_wrong_type_is_refused(
     model: Any, backend: Any
 ) -> None:
-    with pytest.raises(TypeError, match="max_steps is given twice, as a keyword and in shutdown="):
+    with pytest.raises(
+        TypeError,
+        match=r"max_steps is given twice with different values: 3 as a keyword and 4 in "
+        r"shutdown=Shutdown\(\.\.\.\)",
+    ):
         PipelineTrainer(
-            model, backend, asyncio_rollout, [], None, max_steps=3, shutdown=Shutdown()
+            model, backend, asyncio_rollout, [], None, max_steps=3, shutdown=Shutdown(max_steps=4)
         )
     with pytest.raises(TypeError, match=r"sizes must be an art_trio.Sizes, got dict"):
         PipelineTrainer(model, backend, asyncio_rollout, [], None, sizes={"x": 1})  # type: ignore[typeddict-item]

@@ -34,6 +34,7 @@ from .errors import (
     RolloutRejected,
     RolloutsKeepFailing,
     RunLockedError,
+    RunLockLostError,
     StateFileError,
     StateWriteError,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "RunCounters",
     "RunEvent",
     "RunLockedError",
+    "RunLockLostError",
     "RunStatistics",
     "ScenarioSettled",
     "StalenessAwareAdmission",

@@ -52,6 +52,12 @@ class ModelDirectoryError(ArtTrioError, OSError):
     deleted while the run used it. Carries the errno; `filename` is the directory."""
 
 
+class RunLockLostError(ModelDirectoryError):
+    """This run's lock on its model directory was lost while it ran (its descriptor closed or
+    unlocked by code in this process): another run may have taken the directory meanwhile,
+    so this run stops without writing its state over that run's."""
+
+
 class StateFileError(ArtTrioError, ValueError):
     """A resume-state file is malformed, hand-edited, or written by another run."""
 

@@ -39,6 +39,7 @@ from .settings import (
     Sizes,
     Status,
     Training,
+    default_max_batch_size,
 )
 
 #: Keywords whose default is None, meaning "as another keyword says": the runtime sizes (as
@@ -141,8 +142,30 @@ def refuse_unknown(keywords: Mapping[str, Any], owner: str) -> None:
         raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
 
 
+def _set_in(group: object) -> dict[str, Any]:
+    """The fields a group given whole sets: those not at their default (`max_batch_size`
+    at 10 x `min_batch_size`, its derived default, counts as unset)."""
+    values = {f.name: getattr(group, f.name) for f in fields(cast(Any, group))}
+    defaults = {name: DECLARATIONS[name].default for name in values}
+    if isinstance(group, Sizes):
+        defaults["max_batch_size"] = default_max_batch_size(group.min_batch_size)
+    return {name: v for name, v in values.items() if not _same(v, defaults[name])}
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001  (an odd object's __eq__: then they differ)
+        return a is b
+
+
 def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
-    """The settings given, by flat name (groups spelt out), and a `sizes=` group if any."""
+    """The settings given, by flat name (groups spelt out), and a `sizes=` group if any.
+
+    One rule for a group given whole beside flat keywords of the same group: the flat
+    keyword sets its field, the group the fields it sets (see `_set_in`), the defaults the
+    rest; only one field set both ways to two different values is refused.
+    """
     flat = {name: value for name, value in keywords.items() if name in FIELDS}
     sizes: Sizes | None = None
     for group in GROUPS:
@@ -154,16 +177,21 @@ def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
                 f"{group} must be an art_trio.{GROUP_TYPES[group].__name__}, got "
                 f"{type(value).__name__}"
             )
-        given = {f.name: getattr(value, f.name) for f in fields(cast(Any, value))}
-        twice = sorted(name for name in given if name in flat)
-        if twice:
-            raise TypeError(
-                f"{twice[0]} is given twice, as a keyword and in {group}=; pass it once"
-            )
+        given = _set_in(value)
+        for name in sorted(set(given) & set(flat)):
+            if not _same(given[name], flat[name]):
+                raise TypeError(
+                    f"{name} is given twice with different values: {flat[name]!r} as a "
+                    f"keyword and {given[name]!r} in {group}={type(value).__name__}(...); "
+                    "pass it once"
+                )
         if isinstance(value, Sizes):
-            sizes = value  # resolved with pipeline= and autotune= (see resolve_runtime)
+            # One Sizes of both, resolved with pipeline= and autotune= (see resolve_runtime);
+            # an unset max_batch_size is derived from the resulting min_batch_size.
+            mine = {name: flat.pop(name) for name in list(flat) if FIELDS[name] == group}
+            sizes = Sizes(**{**given, **mine})
         else:
-            flat.update(given)
+            flat.update({name: v for name, v in given.items() if name not in flat})
     return flat, sizes
 
 
@@ -205,7 +233,8 @@ def resolve_settings(
         **runtime,
         # The reference checks a given max_batch_size before defaulting it.
         "max_batch_size": (
-            max_batch_size if max_batch_size is not None else 10 * max(min_batch_size, 1)  # type: ignore[operator,type-var]
+            max_batch_size if max_batch_size is not None
+            else default_max_batch_size(min_batch_size)
         ),
         "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start,
     })

@@ -5,23 +5,33 @@ other already trained) and can read each other's half-written files. `RunLock` t
 exclusive lock on `art_trio.lock` in the model's output directory before anything is read,
 and keeps it until the last state write of the run is done.
 
-Why a classic POSIX record lock (`fcntl(F_SETLK)`, Python's `fcntl.lockf`), not `flock`:
-- the kernel releases it when the process dies, however it dies (kill -9, OOM): no stale
-  lock to clean up, ever;
-- it belongs to the *process*, and a fork does not inherit it. `flock` locks (and Linux's
-  OFD locks) belong to the open file description, which every forked child shares: a rollout
-  that forks a helper (multiprocessing's "fork" start method, `os.fork`, a C library) would
-  keep the directory locked after a kill -9 of the trainer, for as long as the helper lives.
-  `O_CLOEXEC` only closes the descriptor at `exec`, not at fork;
-- it works on NFS (through the NFS lock protocol), where `flock` is emulated with it anyway.
+Why a Linux open-file-description lock (`F_OFD_SETLK`), taken so that a fork cannot keep it:
+- the kernel releases it when the last descriptor of its open file description closes,
+  which a dying process does however it dies (kill -9, OOM): no stale lock to clean up;
+- it belongs to the descriptor `RunLock` opened, not to the process: other code of the
+  trainer's process opening and closing the lock file (a `shutil.copytree` of the model
+  directory as a backup or an upload, a `grep -r` through `subprocess`) leaves it held. A
+  classic POSIX record lock (`fcntl.lockf`) is dropped by closing *any* descriptor of the
+  file in the process: a copy of the directory made during `backend.train` let a second run
+  take the directory and both trained the same scenarios;
+- a forked child shares the open file description, so the child's copy of the descriptor is
+  closed at once in the child (`os.register_at_fork`; `O_CLOEXEC` covers `exec`): a helper
+  forked by a rollout (multiprocessing's "fork" start method, `os.fork`, `subprocess`) never
+  keeps the directory locked after a kill -9 of the trainer. A fork made in C without
+  `exec` (no Python fork hooks run) would keep it until that child ends: the error then
+  names the dead holder and says so;
+- it works on NFS (through the NFS lock protocol). Where OFD locks do not exist (not Linux)
+  the POSIX record lock is used, with its trap closed as well as it can be: see `check`.
 
-POSIX locks have two traps, both closed here:
-- they do not conflict within one process: a registry of the lock files this process holds
-  (by device and inode, so a symlinked path is the same directory) refuses a second trainer
-  in the same program, in any thread;
-- closing *any* descriptor of the locked file drops the process's lock: the lock file is
-  opened by `RunLock` alone, and a descriptor opened by a refused second `RunLock` of this
-  process is kept open until the holder releases.
+Traps, closed here:
+- POSIX locks do not conflict within one process: a registry of the lock files this process
+  holds (by device and inode, so a symlinked path is the same directory) refuses a second
+  trainer in the same program, in any thread, whichever lock is in use;
+- with POSIX locks, a descriptor opened by a refused second `RunLock` of this process is
+  kept open until the holder releases (closing it would drop the lock);
+- the lock could still be lost (code closing every descriptor, or unlocking ours): `check`,
+  run before every state write, reports a lost lock without taking it back, and the run
+  stops with `RunLockLostError` rather than write its state over another run's.
 
 The file's content (pid, host, start time, command line) only names the holder in the error;
 the lock itself is the kernel's, never the file's existence, so the file is left in place.
@@ -38,6 +48,7 @@ import json
 import logging
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -45,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelDirectoryError, RunLockedError
+from .errors import ModelDirectoryError, RunLockedError, RunLockLostError
 
 try:
     import fcntl
@@ -53,6 +64,13 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = "art_trio.lock"
+
+#: Whether the OS has open-file-description locks (Linux 3.15+); else POSIX record locks.
+_OFD = fcntl is not None and sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK")
+
+#: `struct flock` on Linux (l_type, l_whence, l_start, l_len, l_pid), whole file; l_pid must
+#: be 0 for OFD locks.
+_FLOCK = "hh4xqqi4x"
 
 LOCK_ENV = "ART_TRIO_RUN_LOCK"
 """Set to `off` to run without the OS lock (a filesystem without lock support)."""
@@ -75,6 +93,8 @@ class _Holding:
     """One lock file this process holds (see the registry below)."""
 
     pid: int
+    #: The holder's descriptor: closed in a forked child, which must not keep the lock.
+    fd: int
     #: Descriptors of the same file opened by refused RunLocks: closing one would drop the
     #: lock (POSIX semantics), so they are closed when the holder releases.
     extra_fds: list[int] = field(default_factory=list)
@@ -91,10 +111,13 @@ def _forget_in_child() -> None:
     # make it refuse itself for the wrong reason, and the registry's lock may have been held
     # by another thread at the fork. Closing the child's copies of the descriptors is only
     # tidiness: the child holds no lock they could release.
+    # A forked child shares the parent's OFD lock through its copy of the descriptor: closed
+    # here, before the child's own code runs, so the child never keeps the directory locked
+    # (a POSIX lock is not inherited at all; closing the copies is then only tidiness).
     global _REGISTRY
     _REGISTRY = threading.Lock()
     for holding in _HELD.values():
-        for fd in holding.extra_fds:
+        for fd in (holding.fd, *holding.extra_fds):
             _close_quietly(fd)
     _HELD.clear()
 
@@ -118,6 +141,9 @@ class RunLock:
         self._fd: int | None = None
         self._key: tuple[int, int] | None = None
         self._acquired = False
+        self._pid = os.getpid()
+        #: What `check` found lost the lock (None: held, or lost only with its file).
+        self.lost: str | None = None
 
     @property
     def path(self) -> Path:
@@ -154,12 +180,12 @@ class RunLock:
                     raise RunLockedError(self.directory, holder)
                 if not lock_disabled():
                     self._lock(fd)
-                _HELD[key] = _Holding(pid=os.getpid())
+                _HELD[key] = _Holding(pid=os.getpid(), fd=fd)
             except BaseException:
                 if fd >= 0:
                     os.close(fd)
                 raise
-        self._fd, self._key, self._acquired = fd, key, True
+        self._fd, self._key, self._acquired, self._pid = fd, key, True, os.getpid()
         try:
             _write_holder(fd)
         except OSError:
@@ -218,10 +244,11 @@ class RunLock:
             raise
 
     def check(self) -> str | None:
-        """None while the lock file at `path` is the one locked; otherwise what happened to it.
+        """None while this run holds the lock on the file at `path`; otherwise what happened.
 
         A deleted directory (a cleanup job, a wrong `rm -rf`) takes the lock file with it:
-        another run could then lock a new file there while this one still writes.
+        another run could then lock a new file there while this one still writes. A lock
+        found lost (see `lost`) is never taken back: another run may have come and gone.
         """
         if self._fd is None:
             return None
@@ -231,31 +258,63 @@ class RunLock:
             return f"{self.path} was deleted"
         except OSError as exc:
             return f"{self.path} can no longer be read ({exc.strerror or exc})"
-        held = os.fstat(self._fd)
+        try:
+            held = os.fstat(self._fd)
+        except OSError:
+            self.lost = f"its descriptor of {self.path} was closed by code in this process"
+            return self.lost
         if (here.st_dev, here.st_ino) != (held.st_dev, held.st_ino):
             return f"{self.path} was replaced by another file"
-        if fcntl is not None and not lock_disabled():
-            # Re-asserted: a no-op while held. Code of this process that opened and closed the
-            # lock file (a copy of the directory) dropped it (POSIX semantics): this takes it
-            # back, or finds that another process took it meanwhile.
-            try:
-                _os_lock(self._fd)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    return (
-                        f"the lock on {self.path} was lost (code in this process opened and "
-                        "closed that file) and another run took it: "
-                        + _describe_holder(self._fd)
-                    )
+        if fcntl is None or lock_disabled():
+            return None
+        if _OFD:
+            self.lost = self._check_ofd()
+            return self.lost
+        # POSIX record locks: code of this process that opened and closed the lock file
+        # dropped it, and no probe can tell without dropping it again. Re-asserted: a no-op
+        # while held; takes it back if free, or finds that another process took it.
+        try:
+            _os_lock(self._fd)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return (
+                    f"the lock on {self.path} was lost (code in this process opened and "
+                    "closed that file) and another run took it: " + _describe_holder(self._fd)
+                )
         return None
+
+    def _check_ofd(self) -> str | None:
+        assert self._fd is not None
+        if _ofd_conflicts(self._fd):
+            # A lock of another open file description: someone else holds it, not us.
+            return (
+                f"the lock on {self.path} was lost (its descriptor was unlocked by code in "
+                "this process) and another run took it: " + _describe_holder(self._fd)
+            )
+        # Nobody else holds it: either this descriptor does, or nobody at all.
+        try:
+            probe = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            return f"{self.path} can no longer be read ({exc.strerror or exc})"
+        try:
+            held_by_us = _ofd_conflicts(probe)
+        finally:
+            os.close(probe)
+        if held_by_us:
+            return None
+        return (
+            f"the lock on {self.path} was lost (its descriptor was unlocked by code in this "
+            "process); another run may have taken the directory and left meanwhile"
+        )
 
     def release(self) -> None:
         """Give the lock up (closing the descriptor releases it). Idempotent."""
         fd, self._fd = self._fd, None
         key, self._key = self._key, None
         self._acquired = False
-        if fd is None:
-            return
+        self.lost = None
+        if fd is None or self._pid != os.getpid():
+            return  # a forked child's copy: its descriptor was closed at the fork
         with _REGISTRY:
             holding = _HELD.pop(key, None) if key is not None else None
             for extra in holding.extra_fds if holding is not None else ():
@@ -264,9 +323,31 @@ class RunLock:
 
 
 def _os_lock(fd: int) -> None:
-    # A seam for fault injection (a filesystem without locks); real code is fcntl.lockf.
+    # A seam for fault injection (a filesystem without locks).
     assert fcntl is not None
-    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if _OFD:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _ofd_conflicts(fd: int) -> bool:
+    """Whether a lock held through another open file description (or process) than `fd`'s
+    would keep `fd` from locking the whole file exclusively."""
+    assert fcntl is not None
+    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query)
+    return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _holder_info() -> dict[str, Any]:
@@ -306,8 +387,18 @@ def _describe(raw: bytes) -> str:
     argv = info.get("argv")
     same_process = pid == os.getpid() and host == socket.gethostname()
     who = f"pid {pid} on {host}" + (" (this process: another trainer)" if same_process else "")
+    if isinstance(pid, int) and host == socket.gethostname() and not _running(pid):
+        # The kernel still holds the lock, so a descriptor of it outlived its process: a
+        # child forked in C without exec (Python's own forks close it).
+        who += (
+            " (no longer running: a process it forked outside Python still holds the lock "
+            f"file open; `fuser {LOCK_FILE}` in the directory names it)"
+        )
     command = " ".join(str(a) for a in argv) if isinstance(argv, list) else "?"
     return f"held by {who}, since {started}, command: {command}"
 
 
-__all__ = ["LOCK_ENV", "LOCK_FILE", "ModelDirectoryError", "RunLock", "RunLockedError"]
+__all__ = [
+    "LOCK_ENV", "LOCK_FILE", "ModelDirectoryError", "RunLock", "RunLockLostError",
+    "RunLockedError",
+]

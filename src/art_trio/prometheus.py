@@ -21,8 +21,9 @@ channel close. Rollouts starting while nothing else happens raise no event: star
 
 from __future__ import annotations
 
+import errno
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -113,7 +114,7 @@ class PrometheusExporter:
         self._thread: Any = None
         self.registry = self._client.CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
-        self._remove_observer = trainer.add_observer(self._on_event)
+        self._remove_observer: Callable[[], None] | None = trainer.add_observer(self._on_event)
 
     # -- the event loop's side ---------------------------------------------------------------
 
@@ -154,10 +155,34 @@ class PrometheusExporter:
     def start(self) -> PrometheusExporter:
         """Bind the port and serve `/metrics` from a daemon thread."""
         if self._server is None:
-            self._server, self._thread = self._client.start_http_server(
-                self._requested_port, addr=self.host, registry=self.registry
-            )
+            if self._remove_observer is None:
+                self._remove_observer = self.trainer.add_observer(self._on_event)
+            try:
+                self._server, self._thread = self._client.start_http_server(
+                    self._requested_port, addr=self.host, registry=self.registry
+                )
+            except OSError as exc:
+                # Nothing of a failed exporter stays: it does not watch the trainer.
+                self._detach()
+                raise OSError(
+                    exc.errno,
+                    f"PrometheusExporter cannot listen on {self.host}:{self._requested_port} "
+                    f"({exc.strerror or exc}): "
+                    + (
+                        "another process (or another exporter) uses that port. Give another "
+                        "port=..., or port=0 for any free one (read back as "
+                        "exporter.port), or stop what holds it"
+                        if exc.errno == errno.EADDRINUSE
+                        else "check the host (an address of this machine) and the port "
+                        "(below 1024 needs privileges), or use port=0 for any free one"
+                    ),
+                ) from exc
         return self
+
+    def _detach(self) -> None:
+        remove, self._remove_observer = self._remove_observer, None
+        if remove is not None:
+            remove()
 
     @property
     def port(self) -> int:
@@ -173,7 +198,7 @@ class PrometheusExporter:
 
     def close(self) -> None:
         """Stop serving and stop watching the trainer."""
-        self._remove_observer()
+        self._detach()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

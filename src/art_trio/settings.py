@@ -66,6 +66,14 @@ def setting(
 # -- the groups ---------------------------------------------------------------------------
 
 
+def default_max_batch_size(min_batch_size: Any) -> Any:
+    """ART's rule for an unset `max_batch_size`: 10 x `min_batch_size` (the flat keywords
+    and `Sizes(...)` both use it). A value that is no number is left for the checks."""
+    if isinstance(min_batch_size, bool) or not isinstance(min_batch_size, (int, float)):
+        return None
+    return 10 * max(min_batch_size, 1)
+
+
 @dataclass(frozen=True, slots=True)
 class Sizes:
     """How many rollouts run and how many groups a batch takes (ART 0.5.20+'s
@@ -76,11 +84,15 @@ class Sizes:
     min_batch_size: int = setting(
         4, "Groups a batch waits for.", rule=above(0), number="count")
     max_batch_size: int = setting(
-        40, "Most groups in a batch (the constructor defaults it to 10 x min_batch_size).",
-        rule=above(0), number="count")
+        None, "Most groups in a batch (unset: 10 x min_batch_size, ART's rule, whichever "
+        "way the sizes are given).", rule=above(0), number="count")
     queue_maxsize: int | None = setting(
         None, "Capacity of the groups channel (None: max_batch_size x the staleness window).",
         rule=above(0), number="count")
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size is None:
+            object.__setattr__(self, "max_batch_size", default_max_batch_size(self.min_batch_size))
 
     def problems(self) -> list[str]:
         if self.max_batch_size < self.min_batch_size:

@@ -126,6 +126,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._run_lock: RunLock | None = None
         #: True from the first line of train() to its end (the in-process guard).
         self._active = False
+        #: True from the first line of train() until its run is built (start-up).
+        self._starting = False
         #: The most recent run's tally (taken, trained, stale, ...), kept after train() returns.
         self.last_counters: RunCounters | None = None
         self._observers = Observers()
@@ -135,6 +137,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: The online autotuner of the running `train()`, told of the user's own resizes.
         self._tuner: AutotuneStage | None = None
         self._last_statistics: RunStatistics | None = None
+        #: The reason of the last resize made with no run built (its Resized event's).
+        self._startup_resize_reason = "resize"
         _check_callbacks(rollout_fn, eval_fn, scenarios)
         if rollout_executor is not None and is_native(rollout_fn):
             raise TypeError(
@@ -180,6 +184,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             )
         # Set before the first await, so that a second call in the same tick is refused too.
         self._active = True
+        # From here on a call from another thread is handed to this loop, start-up included:
+        # the start-up's cancel scope and the settings belong to this thread.
+        self._loop = LoopHandle()
+        self._starting = True
         try:
             lock = RunLock(self.model._get_output_dir())
             lock.acquire()
@@ -191,6 +199,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self._run_lock = None
                 lock.release()
         finally:
+            self._loop = None
+            self._starting = False
             self._active = False
             self._stop_before_start = None
 
@@ -213,6 +223,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self, bridge: Bridge, handle_signals: bool, task_status: TaskStatus[None]
     ) -> None:
         prepared = None
+        # What the run is built from: a resize during start-up changes self.settings.
+        configured = self.settings
         with anyio.CancelScope() as prepare_scope:
             # request_stop() during start-up cancels it: nothing has been written yet.
             self._prepare_scope = prepare_scope
@@ -233,7 +245,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             return
         run, eval_send, eval_receive = prepared
         self._run = run
-        self._loop = LoopHandle()
+        self._starting = False
+        if self.settings is not configured:
+            # Resized during start-up (from any thread, on this loop): the run was built
+            # from the settings as they were; it starts with the new ones.
+            self._resize_run(run, run.settings, self.settings, self._startup_resize_reason)
         if self._stop_before_start is not None:
             if self._stop_before_start == "force":
                 run.cancel_everything()
@@ -261,7 +277,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         # The last view first: a thread reading statistics() never finds neither.
         self._last_statistics = run.statistics(running=False, workers_running=0)
         self._run = None
-        self._loop = None
         self._rollouts = None
         self._resize_queue = None
         self._tuner = None
@@ -350,7 +365,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 running=True,
                 workers_running=rollouts.statistics().workers_running if rollouts else 0,
             )
-        if self._last_statistics is not None:
+        if self._last_statistics is not None and not self._starting:
             return self._last_statistics
         # Before the first run: the configured sizes, and the counters of a run that has
         # seen no event.
@@ -390,7 +405,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         A larger `queue_maxsize` lets blocked rollout workers hand over as the trainer takes
         groups; a smaller one leaves what is queued in place. Values given are checked as
         the constructor checks them (ValueError); before `train()` they change the settings
-        the next run starts with. Returns the statistics after the change. From another
+        the next run starts with, and during its start-up (before the run is built) those of
+        the run starting. Returns the statistics after the change. From another
         thread than the run's event loop, the change is made on the loop (waiting up to
         10 s for it, else `art_trio.LoopUnresponsive` and nothing changed).
         """
@@ -432,8 +448,21 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,
         )
         if run is None:
+            # Before train(), or during its start-up (on its loop): the run being built
+            # starts with these (see _train_in_bridge).
             self.settings = resized
+            self._startup_resize_reason = reason
             return self.statistics()
+        self._resize_run(run, s, resized, reason)
+        if self._tuner is not None:
+            # The user's values win over the tuner's (it stops changing what they set).
+            self._tuner.resized(num_rollout_workers=num_rollout_workers,
+                                min_batch_size=min_batch_size, max_batch_size=max_batch_size)
+        return self.statistics()
+
+    def _resize_run(
+        self, run: PipelineRun, s: PipelineSettings, resized: PipelineSettings, reason: str
+    ) -> None:
         run.resize(resized)
         if resized.groups_capacity != s.groups_capacity and self._resize_queue is not None:
             self._resize_queue(resized.groups_capacity)
@@ -448,11 +477,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 reason,
             )
         )
-        if self._tuner is not None:
-            # The user's values win over the tuner's (it stops changing what they set).
-            self._tuner.resized(num_rollout_workers=num_rollout_workers,
-                                min_batch_size=min_batch_size, max_batch_size=max_batch_size)
-        return self.statistics()
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.
@@ -465,7 +489,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         Call it from anywhere: from another thread than the run's event loop it is handed
         to the loop (and returns once the loop took it, or after 10 s with
         `art_trio.LoopUnresponsive`). During start-up it ends `train()` before anything
-        runs; before `train()` starts, it makes the next `train()` stop at once.
+        runs; before `train()` starts, it makes the next `train()` stop at once. Safe
+        from any thread at any moment, start-up included (it is then handed to the loop too).
         """
         loop = self._loop
         if loop is not None and not loop.in_loop_thread():
@@ -480,7 +505,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self._run is None:
             if self._stop_before_start != "force":
                 self._stop_before_start = "force" if force else "graceful"
-            if self._prepare_scope is not None:
+            # Only on the loop's thread (another thread gets here only while no train()
+            # has handed it a loop: then the flag alone is honoured when the run is built).
+            if self._prepare_scope is not None and loop is not None:
                 self._prepare_scope.cancel()
             return
         if force:

@@ -74,4 +74,25 @@ def art_trio_pipeline(request: pytest.FixtureRequest) -> PipelineChecker:
     defaults: dict[str, Any] = {}
     for marker in reversed(list(request.node.iter_markers(MARKER))):
         defaults |= marker.kwargs
+    _refuse_unknown_keys(defaults)
     return PipelineChecker(defaults)
+
+
+def _refuse_unknown_keys(defaults: dict[str, Any]) -> None:
+    """A misspelt marker key would be dropped silently (each call takes only its own)."""
+    import difflib
+    import inspect
+
+    from art_trio.testing.pipeline import check_pipeline, explore_pipeline
+
+    known = set(inspect.signature(check_pipeline).parameters)
+    known |= set(inspect.signature(explore_pipeline).parameters)
+    for key in defaults:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f", did you mean {close[0]!r}?" if close else ""
+        raise pytest.UsageError(
+            f"@pytest.mark.{MARKER}: unknown key {key!r}{hint} The keys are the arguments "
+            f"of art_trio.testing's check_pipeline and explore_pipeline: {sorted(known)}"
+        )

@@ -14,9 +14,9 @@ from .scenarios import PendingBatch, ScenarioLedger
 PIPELINE_STATE_KEY = "_pipeline_trainer"
 """Key of the pipeline state inside ART's `state.json` (the reference's, so ART can read it)."""
 
-STATE_FORMAT = "art_trio/2"
-"""2: completed evals as runs in the snapshot and as increments in records (1: whole lists,
-still read)."""
+STATE_FORMAT = "art_trio/3"
+"""3: pending evals as changes in records; 2: completed evals as runs in the snapshot and as
+increments in records; 1: whole lists. All three are read."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
@@ -56,6 +56,9 @@ class PipelineState:
     #: How many completed evals the journal and snapshot hold; a set that grew otherwise
     #: (code adding to it directly) makes the next record carry the whole list once.
     evals_journaled: int = 0
+    #: The pending evals (not completed) as the journal and snapshot hold them: a record
+    #: carries the change from these, not the whole backlog.
+    pending_journaled: set[int] = field(default_factory=set)
 
     def complete_eval(self, step: int) -> None:
         """An eval finished: persisted with the next record, which carries only the new ones."""
@@ -70,7 +73,6 @@ class PipelineState:
             "total_scenarios_consumed": self.total_scenarios_consumed,
             "training_step": self.training_step,
             "last_eval_step": self.last_eval_step,
-            "pending_eval_steps": self._pending_evals(),
             "pending_batch": (
                 None
                 if pending is None
@@ -95,6 +97,17 @@ class PipelineState:
         """
         resolved, self.ledger.unjournaled = self.ledger.unjournaled, []
         record = {"seq": seq, "resolved": resolved, **self._small_fields()}
+        # The backlog of pending evals can reach hundreds (evals slower than steps): a
+        # record carries what was scheduled and what was dropped without completing (a
+        # failed eval) since the last one; completions are `evals_completed` below.
+        pending = set(self._pending_evals())
+        scheduled = sorted(pending - self.pending_journaled)
+        dropped = sorted(self.pending_journaled - pending - self.completed_eval_steps)
+        if scheduled:
+            record["evals_scheduled"] = scheduled
+        if dropped:
+            record["evals_dropped"] = dropped
+        self.pending_journaled = pending
         evals, self.evals_unjournaled = self.evals_unjournaled, []
         if len(self.completed_eval_steps) == self.evals_journaled + len(evals):
             # Incremental (issue 25): a record is O(what changed), not O(evals so far).
@@ -113,6 +126,11 @@ class PipelineState:
     def unjournal(self, record: dict[str, Any]) -> None:
         """A record was not written: what it carried must go into the next one."""
         self.ledger.unjournaled[:0] = record["resolved"]
+        # The journaled backlog as before the record (completed steps aside: they never
+        # count as pending), so the next record carries this one's changes again.
+        self.pending_journaled = (
+            self.pending_journaled - set(record.get("evals_scheduled", ()))
+        ) | set(record.get("evals_dropped", ()))
         self.evals_unjournaled[:0] = record["evals_completed"]
         self.evals_journaled -= len(record["evals_completed"])
         if "completed_eval_steps" in record:
@@ -136,7 +154,14 @@ class PipelineState:
         self.completed_eval_steps.update(_index_list(record, "evals_completed", where))
         self.evals_unjournaled.clear()
         self.evals_journaled = len(self.completed_eval_steps)
-        self.pending_eval_steps = newer.pending_eval_steps
+        if "pending_eval_steps" in record:
+            # Formats 1 and 2: the record holds the whole backlog.
+            self.pending_eval_steps = newer.pending_eval_steps
+        else:
+            self.pending_eval_steps |= set(_index_list(record, "evals_scheduled", where))
+            self.pending_eval_steps -= set(_index_list(record, "evals_dropped", where))
+        self.pending_eval_steps -= self.completed_eval_steps
+        self.pending_journaled = set(self.pending_eval_steps)
         for name in TALLY_FIELDS:
             setattr(self, name, getattr(newer, name))
         if "scenario_digests" in record:
@@ -236,6 +261,7 @@ class PipelineState:
             completed_eval_steps=completed,
             evals_journaled=len(completed),
             pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
+            pending_journaled=set(_index_list(data, "pending_eval_steps", where)) - completed,
             scenario_digests=list(digests),
             accepted_trainable_groups=_count(data, TALLY_FIELDS[0], where, default=0),
             discarded_stale_groups=_count(data, TALLY_FIELDS[1], where, default=0),
@@ -272,8 +298,8 @@ def _index_list(data: Mapping[str, Any], key: str, where: str) -> list[int]:
     return value
 
 
-#: A bound on one run's length when a snapshot is read, so a hand-edited count cannot
-#: exhaust memory (a million evals is far beyond any run).
+#: A bound on the evals the runs of one snapshot expand to (all runs together), so a
+#: hand-edited count cannot exhaust memory (a million evals is far beyond any run).
 _MAX_RUN = 10**6
 
 
@@ -306,6 +332,15 @@ def _expand_runs(data: Mapping[str, Any], key: str, where: str) -> list[int]:
         and 1 <= run[2] <= _MAX_RUN and (run[1] >= 1 or run[2] == 1)
         for run in value
     ):
+        total = sum(run[2] for run in value)
+        if total > _MAX_RUN:
+            # Checked before anything is expanded: 100 runs of a million in a 3 KB file.
+            raise StateFileError(
+                f"{where}: `{key}` describes {total} completed evals in all, more than the "
+                f"{_MAX_RUN} any run could have done: the file was edited or corrupted. "
+                "Restore it, or delete it to resume from state.json's record, or train "
+                "with resume=False to start over"
+            )
         return [first + stride * k for first, stride, count in value for k in range(count)]
     raise StateFileError(
         f"{where}: `{key}` must be a list of [first, stride, count] runs of non-negative "

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ForeignStateError, StateFileError, StateWriteError
+from ..errors import ForeignStateError, RunLockLostError, StateFileError, StateWriteError
 from ..lock import RunLock, RunLockedError
 from . import files
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
@@ -326,6 +326,8 @@ class StateStore:
             problems.append(f"the lock on {self.lock.path} is no longer held")
         elif self.lock is not None:
             problem = self.lock.check()
+            if self.lock.lost is not None:
+                self._lock_lost(state, self.lock.lost)
             if problem is not None:
                 problems.append(problem)
         if self._journal_fd is not None:
@@ -341,6 +343,23 @@ class StateStore:
             problems.append(f"{self.sidecar_path} was deleted")
         if problems or directory_gone:
             self._recover(state, problems, directory_gone)
+
+    def _lock_lost(self, state: PipelineState, why: str) -> None:
+        # Not written, not taken back: another run may hold the directory now, or may have
+        # trained and left; this run's state written there would undo what that run did.
+        self.close()
+        assert self.lock is not None
+        raise RunLockLostError(
+            errno.ENOLCK,
+            f"this run lost its lock on the model directory {self.output_dir} ({why}). It "
+            "stops without writing its resume state, so as not to write over another run's "
+            f"(it was at training step {state.training_step}; its last state write is what a "
+            "resume starts from, and a batch in training then is settled against the "
+            "backend's step). Find the code in this process that closes or unlocks "
+            f"descriptors it did not open (os.closerange, a daemonizing helper) on "
+            f"{self.lock.path}",
+            str(self.output_dir),
+        )
 
     def _recover(self, state: PipelineState, problems: list[str], directory_gone: bool) -> None:
         self.close()  # the descriptor of a deleted journal: nothing written there survives
@@ -369,6 +388,7 @@ class StateStore:
         state.digests_unjournaled = False
         state.evals_unjournaled.clear()
         state.evals_journaled = len(state.completed_eval_steps)
+        state.pending_journaled = set(state._pending_evals())
         self._records_since_snapshot = 0
         # The mirror keeps ART's trainer and tools able to read the reference's fields (the
         # whole `completed_eval_steps` list: ART reads no other form). It need not be

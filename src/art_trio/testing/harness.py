@@ -32,10 +32,12 @@ exercised against ART's own rewrites of that file.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,7 @@ from art_trio import (  # noqa: E402
     trio_native,
 )
 from art_trio.bridge import call_asyncio_from_trio, is_native  # noqa: E402
+from art_trio.keywords import resolve_settings  # noqa: E402
 from art_trio.ledger import PipelineState, StateStore  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
@@ -149,16 +152,35 @@ class Config:
         (the trainer's own); every other keyword goes to `extra`, so the trainer still gets
         it (and rejects what it does not know, with its own message).
         """
-        defaults = PipelineSettings()
         own = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        values: dict[str, Any] = {
-            name: settings.get(name, defaults.get(name)) for name in sorted(own)
+        defaults = PipelineSettings()
+        fields_by_group = {
+            f.name: {f2.name for f2 in dataclasses.fields(getattr(defaults, f.name))}
+            for f in dataclasses.fields(PipelineSettings)
         }
-        if "eval_at_start" not in settings and "eval_step_0" in settings:
-            # ART 0.5.18's spelling of the same switch.
-            values["eval_at_start"] = bool(settings["eval_step_0"])
+        group_of = {name: group for group, names in fields_by_group.items() for name in names}
+        groups = set(fields_by_group)
+        # The trainer's own rule reads every spelling (flat names, groups given whole,
+        # `pipeline=`, `eval_step_0`): the invariants then read what the trainer will run.
+        spelled = {k: v for k, v in settings.items() if k in group_of or k in groups}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the trainer warns itself
+            resolved = resolve_settings(
+                spelled, model=None, pipeline=settings.get("pipeline"), autotune=None,
+                rollout_executor=None, eval_step_0=bool(settings.get("eval_step_0", True)),
+            )
+        values: dict[str, Any] = {name: resolved.get(name) for name in sorted(own)}
+        given = set(settings) | {
+            name for group in groups if group in settings for name in group_of
+            if group_of[name] == group
+        }
+        # Settings the invariants do not read, as the trainer resolved them (a group given
+        # whole spelt out flat), then the trainer's other keywords as given.
         extra = tuple(
-            (k, v) for k, v in settings.items() if k not in own and k != "eval_step_0"
+            (k, v) for k, v in resolved.flat().items() if k not in own and k in given
+        ) + tuple(
+            (k, v) for k, v in settings.items()
+            if k not in group_of and k not in groups and k not in ("pipeline", "eval_step_0")
         )
         return cls(**values, extra=extra)
 
