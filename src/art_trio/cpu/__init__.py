@@ -15,7 +15,8 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .backend import CPUBackend  # noqa: E402
+from .backend import CheckpointWriteError, CPUBackend  # noqa: E402
 from .model_source import ModelSourceError  # noqa: E402
+from .training import NonFiniteTrainingError  # noqa: E402
 
-__all__ = ["CPUBackend", "ModelSourceError"]
+__all__ = ["CPUBackend", "CheckpointWriteError", "ModelSourceError", "NonFiniteTrainingError"]
