@@ -270,3 +270,35 @@ def test_a_failed_checkpoint_write_takes_no_step(backend: Any, full_disk: tuple[
     twin = backend._models[control.name]
     assert _same(twin.versions[2], state.versions[2], close=True)
     assert _same(twin.optimizer_state, state.optimizer_state, close=True)
+
+
+# ------------------------------------------------------------------ 32.16: one name, two projects
+
+
+def test_one_name_in_two_projects_is_refused_naming_both(backend: Any, tmp_path: Path) -> None:
+    """Served names are ``name@step`` on one server: a second project's model of the same
+    name would share the first's weights and checkpoints. Refused at register, get_step and
+    train; the first model is untouched."""
+    from art_trio.cpu import ModelNameConflictError
+
+    first, second = _model(tmp_path, "shared", "alpha"), _model(tmp_path, "shared", "beta")
+    _train(backend, first, [1.0, 0.0, 0.5, 0.0])
+
+    async def attempt(call: str) -> Any:
+        if call == "register":
+            return await backend.register(second)
+        if call == "get_step":
+            return await backend._get_step(second)
+        return await backend.train(
+            second, [_group([0.0, 1.0])], allow_training_without_logprobs=True
+        )
+
+    for call in ("register", "get_step", "train"):
+        with pytest.raises(ModelNameConflictError, match="'alpha'.*'beta'.*another name"):
+            anyio.run(attempt, call)
+    assert backend._models["shared"].latest == 1
+    assert not (tmp_path / "beta").exists()
+    assert sorted(p.name for p in (tmp_path / "alpha/models/shared/checkpoints").iterdir()) == [
+        "0000",
+        "0001",
+    ]

@@ -15,8 +15,14 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .backend import CheckpointWriteError, CPUBackend  # noqa: E402
+from .backend import CheckpointWriteError, CPUBackend, ModelNameConflictError  # noqa: E402
 from .model_source import ModelSourceError  # noqa: E402
 from .training import NonFiniteTrainingError  # noqa: E402
 
-__all__ = ["CPUBackend", "CheckpointWriteError", "ModelSourceError", "NonFiniteTrainingError"]
+__all__ = [
+    "CPUBackend",
+    "CheckpointWriteError",
+    "ModelNameConflictError",
+    "ModelSourceError",
+    "NonFiniteTrainingError",
+]

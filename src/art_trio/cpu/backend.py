@@ -107,6 +107,12 @@ async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
 @dataclass(kw_only=True)
 class _ModelState(ModelVersions[Weights]):
     optimizer_state: dict[str, Any] | None = None
+    project: str = ""
+
+
+class ModelNameConflictError(ArtTrioError, ValueError):
+    """Two models with one name (in different projects, or different directories) on one
+    ``CPUBackend``: they would share served names and weights. The message names both."""
 
 
 class CheckpointWriteError(ArtTrioError, OSError):
@@ -339,12 +345,38 @@ class CPUBackend(LocalBackend[_ModelState]):
         """Load the model's newest checkpoint, or save the untrained adapter as step 0."""
         if self._train_model is None:
             raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
-        if model.name not in self._models:
+        state = self._models.get(model.name)
+        if state is None:
             await run_in_thread(self._train_executor, lambda: self._ensure_registered(model))
+        else:
+            self._check_same_model(state, model)
+
+    def _check_same_model(self, state: _ModelState, model: AnyModel) -> None:
+        """Refuse a second model under a registered one's name. Served names are
+        ``name@step`` on the one server, so two projects' models named alike cannot be kept
+        apart here (ART 0.5.18's LocalBackend keys by name too and silently shares them;
+        0.5.23's keys by project and name, each model with its own vLLM server)."""
+        output_dir = Path(model._get_output_dir())
+        if output_dir != state.output_dir:
+            project = getattr(model, "project", "?")
+            raise ModelNameConflictError(
+                f"CPUBackend already serves a model named {model.name!r} (project "
+                f"{state.project!r}, checkpoints in {state.output_dir}); model {model.name!r} "
+                f"of project {project!r} (checkpoints in {output_dir}) would share its served "
+                f"names ({model.name}@step) and its weights. Give one of them another name, "
+                f"or use a second CPUBackend"
+            )
+
+    async def _get_step(self, model: AnyTrainableModel) -> int:
+        state = self._models.get(model.name)
+        if state is not None:
+            self._check_same_model(state, model)
+        return await super()._get_step(model)
 
     def _ensure_registered(self, model: AnyModel) -> _ModelState:
         state = self._models.get(model.name)
         if state is not None:
+            self._check_same_model(state, model)
             return state
         output_dir = Path(model._get_output_dir())
         root = output_dir / "checkpoints"
@@ -356,9 +388,15 @@ class CPUBackend(LocalBackend[_ModelState]):
                 latest=saved[-1],
                 versions={saved[-1]: weights},
                 optimizer_state=optimizer,
+                project=model.project,
             )
         else:
-            state = _ModelState(output_dir=output_dir, latest=0, versions={0: self._initial})
+            state = _ModelState(
+                output_dir=output_dir,
+                latest=0,
+                versions={0: self._initial},
+                project=model.project,
+            )
             self._save(state, 0, self._initial, None)
         self._models[model.name] = state
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -370,8 +408,7 @@ class CPUBackend(LocalBackend[_ModelState]):
         model: AnyTrainableModel,
         config: dev.OpenAIServerConfig | None = None,
     ) -> tuple[str, str]:
-        if model.name not in self._models:
-            await self.register(model)
+        await self.register(model)
         return self.base_url, self.api_key
 
     async def train(
