@@ -58,7 +58,8 @@ import torch
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
 
-from ..errors import ArtTrioError
+from art_trio import ArtTrioError
+
 from ..local_backend.server import UnknownModelError
 from ..local_backend.versions import LocalBackend, ModelVersions
 from ..local_backend.versions import saved_steps as _saved
