@@ -125,12 +125,14 @@ class CheckpointWriteError(ArtTrioError, OSError):
         if cause.errno == errno.ENOSPC:
             reason = f"disk full ({reason})"
         code = errno.errorcode.get(cause.errno or 0, "")
+        outcome = f"Step {step} was not taken (weights and optimizer as after step {step - 1})"
+        if step == 0:
+            outcome = "The model was not registered"
         super().__init__(
             cause.errno,
             f"Could not write the checkpoint of step {step}: {path}: "
-            f"{reason}{f' [{code}]' if code else ''}. Step {step} was not taken (weights and "
-            f"optimizer are as after step {step - 1}); free space or fix the directory and "
-            f"train again",
+            f"{reason}{f' [{code}]' if code else ''}. {outcome}; free space or fix the "
+            f"directory and try again",
         )
         self.path = path
 
