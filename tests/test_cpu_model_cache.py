@@ -189,14 +189,14 @@ def test_a_killed_writers_temporary_is_removed_on_the_next_start(
 ) -> None:
     """A cache writer killed with -9 mid-write leaves its temporary; the next load removes
     it, and leaves a live writer's alone."""
-    from art_trio.cpu.model_source import CACHE_WRITER_LOCK, _lock
+    from art_trio.cpu.model_cache import CACHE_WRITER_LOCK, hold_lock
 
     cache.mkdir()
     dead = cache / ".tmp-dead"
     child = (
         "import os, signal, sys; from pathlib import Path; "
-        "from art_trio.cpu.model_source import _lock, CACHE_WRITER_LOCK; "
-        "d = Path(sys.argv[1]); d.mkdir(); _lock(d / CACHE_WRITER_LOCK); "
+        "from art_trio.cpu.model_cache import hold_lock, CACHE_WRITER_LOCK; "
+        "d = Path(sys.argv[1]); d.mkdir(); hold_lock(d / CACHE_WRITER_LOCK); "
         "(d / 'model.safetensors').write_bytes(b'0' * 4096); "
         "os.kill(os.getpid(), signal.SIGKILL)"
     )
@@ -205,7 +205,7 @@ def test_a_killed_writers_temporary_is_removed_on_the_next_start(
     assert killed.returncode == -9 and (dead / "model.safetensors").is_file()
     live = cache / ".tmp-live"
     live.mkdir()
-    fd = _lock(live / CACHE_WRITER_LOCK)
+    fd = hold_lock(live / CACHE_WRITER_LOCK)
     try:
         _load(gguf_file)
         assert not dead.exists() and live.is_dir()

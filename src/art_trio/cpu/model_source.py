@@ -20,6 +20,8 @@ from typing import Any
 
 from art_trio import ArtTrioError
 
+from . import model_cache
+
 logger = logging.getLogger(__name__)
 
 #: The distribution that carries the default model's GGUF file.
@@ -111,7 +113,7 @@ def load(source: ModelSource) -> tuple[Any, Any]:
     with _progress_bars_only_on_a_terminal():
         cached = _cache_dir(source)
         if cached is not None:
-            _remove_stale_temporaries(cached.parent)
+            model_cache.remove_stale_temporaries(cached.parent)
             loaded = _load_cache(cached)
             if loaded is not None:
                 return loaded
@@ -127,7 +129,7 @@ def load(source: ModelSource) -> tuple[Any, Any]:
         else:
             model, tokenizer = _load_from(source, str(source.path), {}, generic=False)
         if cached is not None:
-            _write_cache(cached, source, model, tokenizer)
+            model_cache.write_entry(cached, source.path, model, tokenizer)
     return model, tokenizer
 
 
@@ -202,49 +204,10 @@ def check_tokenizer(tokenizer: Any, path: Path) -> None:
         )
 
 
-#: The file in a cache entry that says which GGUF file (by name) and transformers made it.
-CACHE_SOURCE_FILE = "art-trio-source.json"
-#: The lock file a cache writer holds (flock) in its temporary directory while it writes.
-CACHE_WRITER_LOCK = ".writing"
-#: A temporary without a writer's lock file (one cut short between creating the directory
-#: and locking, or from an older art-trio) is stale after this long.
-UNLOCKED_TEMPORARY_SECONDS = 3600.0
-
-
-def cache_root() -> Path | None:
-    """``ART_TRIO_MODEL_CACHE``, default ``~/.cache/art-trio/models``; None when ``off``."""
-    root = os.environ.get("ART_TRIO_MODEL_CACHE", "")
-    if root.lower() == "off":
-        return None
-    return Path(root) if root else Path.home() / ".cache" / "art-trio" / "models"
-
-
-def content_key(path: Path) -> str:
-    """``<size>-<sha256[:16]>`` of the file's bytes: the same GGUF gives the same key
-    whatever its modification time (a reinstall, a copy); ~0.2 s for SmolLM2's 98 MB."""
-    import hashlib
-
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return f"{path.stat().st_size}-{digest[:16]}"
-
-
 def _cache_dir(source: ModelSource) -> Path | None:
-    """Where a GGUF file's float32 conversion is kept (see ``cache_root``; None when off
-    or not a GGUF). Keyed by the file's content (``content_key``), so a reinstall of the
-    same file finds it and a changed file is converted again, and by the transformers
-    version that converted it: versions write different tokenizer files (5.2's conversion,
-    read by 5.12, mis-tokenizes every space)."""
-    if not source.is_gguf:
-        return None
-    base = cache_root()
-    if base is None:
-        return None
-    import transformers
-
-    return base / (
-        f"{source.path.stem}-{content_key(source.path)}-transformers{transformers.__version__}"
-    )
+    """The model cache's entry for a GGUF source (``model_cache.entry_dir``); None for a
+    Hugging Face directory or with the cache off."""
+    return model_cache.entry_dir(source.path) if source.is_gguf else None
 
 
 def _load_cache(cached: Path) -> tuple[Any, Any] | None:
@@ -265,161 +228,8 @@ def _load_cache(cached: Path) -> tuple[Any, Any] | None:
             cached,
             exc,
         )
-        _remove_tree(cached)
+        model_cache.remove_tree(cached)
         return None
-
-
-def _write_cache(cached: Path, source: ModelSource, model: Any, tokenizer: Any) -> None:
-    """Save the converted model for the next load. Every file is fsynced before the
-    directory is renamed into place (a power loss never leaves a truncated entry); older
-    entries for the same GGUF file name and transformers version are then deleted (one
-    entry per model, whatever reinstalls happened). Any failure is a warning naming the
-    cache and why, with the temporary removed: it only costs the next load's time."""
-    import json
-    import tempfile
-
-    import transformers
-
-    tmp: Path | None = None
-    lock_fd: int | None = None
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cached.parent))
-        lock_fd = _lock(tmp / CACHE_WRITER_LOCK)
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / CACHE_SOURCE_FILE).write_text(
-            json.dumps({"gguf_name": source.path.name, "transformers": transformers.__version__})
-        )
-        os.unlink(tmp / CACHE_WRITER_LOCK)  # not part of the entry; the fd keeps the lock
-        _fsync_tree(tmp)
-        if cached.exists():
-            _remove_tree(cached)
-        os.replace(tmp, cached)
-        tmp = None
-        _fsync_path(cached.parent)
-    except Exception as exc:
-        logger.warning(
-            "Could not write the model cache %s (%s: %s): the backend runs from %s; the next "
-            "start converts it again. Set ART_TRIO_MODEL_CACHE to a writable directory (or "
-            "'off')",
-            cached,
-            type(exc).__name__,
-            exc,
-            source.path,
-        )
-        return
-    finally:
-        if tmp is not None:
-            _remove_tree(tmp)
-        if lock_fd is not None:
-            os.close(lock_fd)
-    replaced = _replace_older_entries(cached, source)
-    size = sum(f.stat().st_size for f in cached.rglob("*") if f.is_file())
-    logger.warning(
-        "Cached the float32 conversion of %s in %s (%s%s); later starts load it in "
-        "seconds. ART_TRIO_MODEL_CACHE moves it, or =off turns it off",
-        source.path.name,
-        cached,
-        f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB",
-        f", replacing {len(replaced)} older entr{'y' if len(replaced) == 1 else 'ies'}"
-        if replaced
-        else "",
-    )
-
-
-def _replace_older_entries(cached: Path, source: ModelSource) -> list[Path]:
-    """Delete the cache's other entries for this GGUF file name and transformers version
-    (older contents of the same model; entries of other transformers versions belong to
-    other environments and stay). Returns what was deleted."""
-    import json
-    import re
-
-    import transformers
-
-    version = transformers.__version__
-    # Entries written before content keys: ``<stem>-<size>-<mtime>-transformers<version>``.
-    legacy = re.compile(rf"{re.escape(source.path.stem)}-\d+-\d+-transformers{re.escape(version)}")
-    removed = []
-    for entry in cached.parent.iterdir():
-        if entry == cached or entry.name.startswith(".") or not entry.is_dir():
-            continue
-        try:
-            meta = json.loads((entry / CACHE_SOURCE_FILE).read_text())
-            same = meta == {"gguf_name": source.path.name, "transformers": version}
-        except (OSError, ValueError):
-            same = bool(legacy.fullmatch(entry.name))
-        if same:
-            _remove_tree(entry)
-            removed.append(entry)
-    return removed
-
-
-def _lock(path: Path) -> int:
-    """Create ``path`` and hold an exclusive flock on it (released when this process ends,
-    however it ends: how a later start tells a dead writer's temporary from a live one)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
-
-
-def _remove_stale_temporaries(root: Path) -> None:
-    """Delete temporaries whose writer died (a kill -9 mid-write leaves ~0.5 GB): those
-    whose lock file nobody holds, and unlocked ones older than an hour."""
-    import fcntl
-    import time
-
-    try:
-        temporaries = [p for p in root.iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
-    except OSError:
-        return
-    for tmp in temporaries:
-        try:
-            fd = os.open(tmp / CACHE_WRITER_LOCK, os.O_RDWR)
-        except FileNotFoundError:
-            try:
-                stale = time.time() - tmp.stat().st_mtime > UNLOCKED_TEMPORARY_SECONDS
-            except OSError:
-                continue
-            if stale:
-                logger.warning("Removing a stale model cache temporary %s", tmp)
-                _remove_tree(tmp)
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # a live writer holds it
-        else:
-            logger.warning("Removing the temporary of a cache writer that died: %s", tmp)
-            _remove_tree(tmp)
-        finally:
-            os.close(fd)
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file under ``root`` and ``root`` itself."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            _fsync_path(path)
-    _fsync_path(root)
 
 
 @contextmanager
