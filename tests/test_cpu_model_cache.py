@@ -229,3 +229,18 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal(
     err = capfd.readouterr().err
     assert "\r" not in err and "it/s" not in err and "de-quantizing" not in err, err[-300:]
     assert hf_logging.is_progress_bar_enabled() == enabled  # put back as it was
+
+
+def test_an_entry_written_meanwhile_by_another_process_is_kept(
+    gguf_file: Path, cache: Path
+) -> None:
+    """Two starts converting the same GGUF at once: the second to finish keeps the first's
+    entry (the same bytes) rather than deleting it under a reader, and leaves no temporary."""
+    from art_trio.cpu import model_cache
+
+    model, tokenizer = _load(gguf_file)
+    [entry] = _entries(cache)
+    marker = cache / entry / "config.json"
+    before = marker.stat().st_mtime_ns
+    model_cache.write_entry(cache / entry, gguf_file, model, tokenizer)
+    assert _entries(cache) == [entry] and marker.stat().st_mtime_ns == before

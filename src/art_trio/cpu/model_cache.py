@@ -75,19 +75,28 @@ def write_entry(cached: Path, gguf: Path, model: Any, tokenizer: Any) -> None:
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cached.parent))
-        lock_fd = hold_lock(tmp / CACHE_WRITER_LOCK)
+        try:
+            lock_fd = hold_lock(tmp / CACHE_WRITER_LOCK)
+        except OSError:  # a filesystem without flock: the one-hour rule covers the temporary
+            (tmp / CACHE_WRITER_LOCK).unlink(missing_ok=True)
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / CACHE_SOURCE_FILE).write_text(
             json.dumps({"gguf_name": gguf.name, "transformers": transformers.__version__})
         )
-        os.unlink(tmp / CACHE_WRITER_LOCK)  # not part of the entry; the fd keeps the lock
+        # Not part of the entry; the descriptor keeps the lock until the rename.
+        (tmp / CACHE_WRITER_LOCK).unlink(missing_ok=True)
         _fsync_tree(tmp)
-        if cached.exists():
-            remove_tree(cached)
+        if (cached / "config.json").is_file():
+            # Another process converted the same bytes meanwhile: its entry is this one.
+            logger.info("The model cache %s was written meanwhile; keeping it", cached)
+            return
+        remove_tree(cached)  # a partial directory (no config.json) is not an entry
         os.replace(tmp, cached)
         tmp = None
         _fsync_path(cached.parent)
+        replaced = _replace_older_entries(cached, gguf)
+        size = sum(f.stat().st_size for f in cached.rglob("*") if f.is_file())
     except Exception as exc:
         logger.warning(
             "Could not write the model cache %s (%s: %s): the backend runs from %s; the next "
@@ -104,8 +113,6 @@ def write_entry(cached: Path, gguf: Path, model: Any, tokenizer: Any) -> None:
             remove_tree(tmp)
         if lock_fd is not None:
             os.close(lock_fd)
-    replaced = _replace_older_entries(cached, gguf)
-    size = sum(f.stat().st_size for f in cached.rglob("*") if f.is_file())
     logger.warning(
         "Cached the float32 conversion of %s in %s (%s%s); later starts load it in "
         "seconds. ART_TRIO_MODEL_CACHE moves it, or =off turns it off",
