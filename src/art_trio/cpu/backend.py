@@ -25,7 +25,12 @@ What you may rely on:
   ``adapter_model.safetensors`` and ``adapter_config.json`` (peft's; step 0, the untrained
   adapter, is written at registration) and ``optimizer.pt``. Each is written to a temporary
   directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
-  the newest one.
+  the newest one. A write that fails raises ``CheckpointWriteError`` (naming the file and
+  the errno) and takes no step: weights and optimizer stay the last saved step's.
+* Nothing non-finite reaches the weights: advantages are finite for any finite rewards; a
+  NaN/inf reward, loss or gradient raises ``NonFiniteTrainingError`` before any change.
+* One model per name: a second project's model of a registered name raises
+  ``ModelNameConflictError`` (the server's names are ``name@step``).
 * Serving and training use two copies of the model (about 2 x 0.55 GB for 135M in float32),
   each in a worker thread, so a step trains while rollouts sample, as in ART's dedicated mode.
 
