@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import art
-import torch
 import trio
 
 import art_trio.ledger
@@ -42,6 +41,7 @@ import art_trio.ledger.files
 from art_trio import PipelineTrainer
 from art_trio.compat import trainable_model
 from art_trio.cpu import CPUBackend, sampling, training
+from art_trio.cpu import backend as cpu_backend
 from art_trio.cpu.demo import LLMTaskConfig, eval_fn, rollout, scenarios
 
 MODEL_NAME = "kill"
@@ -56,8 +56,8 @@ POINTS = (
     "journal-written",  # a whole record written
     "train-begin",  # backend.train entered (its intent recorded)
     "optimizer-stepped",  # the LoRA weights updated in memory, nothing on disk yet
-    "adapter-written",  # the checkpoint's adapter file in its temporary directory
-    "optimizer-written",  # the optimizer state beside it
+    "optimizer-written",  # the optimizer state in the checkpoint's temporary directory
+    "adapter-written",  # the adapter beside it (written last)
     "checkpoint-renamed",  # the checkpoint directory published, the step not yet returned
     "train-returned",  # backend.train returned, model.log not yet called
     "history-written",  # ART's model.log wrote the step's row
@@ -97,22 +97,17 @@ def install(moment: Moments, out: Path) -> None:
     sampling.generate = generate_hooked
     training.train_step = train_step_hooked
 
-    import safetensors.torch
+    # The checkpoint's one write seam: each file of a checkpoint goes through write_file.
+    write_file = cpu_backend.write_file
 
-    save_file, torch_save = safetensors.torch.save_file, torch.save
-
-    def save_file_hooked(tensors: Any, filename: str, *args: Any, **kwargs: Any) -> None:
-        save_file(tensors, filename, *args, **kwargs)
-        if "/checkpoints/" in str(filename):
+    def write_file_hooked(path: Path, data: bytes) -> None:
+        write_file(path, data)
+        if path.name == cpu_backend.ADAPTER_FILE:
             moment("adapter-written")
-
-    def torch_save_hooked(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        torch_save(obj, f, *args, **kwargs)
-        if "/checkpoints/" in str(f):
+        elif path.name == cpu_backend.OPTIMIZER_FILE:
             moment("optimizer-written")
 
-    safetensors.torch.save_file = save_file_hooked
-    torch.save = torch_save_hooked
+    cpu_backend.write_file = write_file_hooked  # type: ignore[assignment]
 
     replace = os.replace
 

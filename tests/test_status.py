@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 from typing import Any
 
 import art
@@ -121,3 +122,12 @@ async def test_the_trainer_prints_a_status_line_every_log_interval(model, capsys
     # 0, 20 and 40 s plus the final flush.
     assert len(lines) == 4
     assert "trained=8" in lines[-1]
+
+
+def test_huge_finite_rewards_are_summarised_without_overflow() -> None:
+    """Finite rewards near float's largest are valid input: the status line's statistics
+    must not raise OverflowError squaring their deviations (the step itself trained)."""
+    batch = [group(1.7e308, 0.0, 0.0, 0.0), group(-1.7e308, 1.7e308)]
+    mean, std, flat = reward_summary(batch)
+    assert std == pytest.approx((math.sqrt(3) / 4 * 1.7e308 + 1.7e308) / 2)
+    assert flat == 0 and mean is not None

@@ -217,14 +217,21 @@ def average_steps_off_policy(current_step: int, versions: Iterable[int | None]) 
 
 
 def reward_stats(group: TrajectoryGroup) -> tuple[int, float, float]:
-    """A group's reward count, sum and population standard deviation, in one pass."""
+    """A group's reward count, sum and population standard deviation, in one pass.
+
+    Any finite rewards are valid (how far apart they may be is the backend's business): the
+    deviation is reckoned on rewards scaled below 1 by a power of two, so squares of rewards
+    near 1.7e308 never raise OverflowError here (the sum itself may be inf)."""
     rewards = [t.reward for t in group.trajectories]
     n = len(rewards)
-    if n <= 1:
-        return n, sum(rewards), 0.0
     total = sum(rewards)
-    mean = total / n
-    return n, total, math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    if n <= 1 or not all(math.isfinite(r) for r in rewards):
+        return n, total, 0.0 if n <= 1 else math.nan
+    exponent = math.frexp(max(abs(r) for r in rewards))[1]
+    scaled = [math.ldexp(r, -exponent) for r in rewards]
+    mean = math.fsum(scaled) / n
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in scaled) / n)
+    return n, total, math.ldexp(std, exponent)  # std <= the largest |reward|: finite
 
 
 def split_eval_items(

@@ -244,6 +244,23 @@ POLICY_TOKEN_SPAN: Any = (
 )
 
 
+def policy_spans_reported(model: Any) -> bool:
+    """Whether every completion served to ``model`` carries ``policy_token_spans``: on ART
+    0.5.20+ lines whose model knows its serving capabilities (0.5.23 sets them when it is
+    registered with ART's LocalBackend), a runtime that reports spans ("require") or an
+    immutable step-LoRA runtime whose spans ART's own client writes ("synthesize"). Then
+    art_trio checks evals exactly as ART's trainer does (see art_trio.provenance)."""
+    if POLICY_TOKEN_SPAN is None:
+        return False
+    mode = getattr(model, "_policy_span_mode", None)
+    if not callable(mode) or getattr(model, "_serving_capabilities", None) is None:
+        return False
+    try:
+        return bool(mode() != "none")
+    except Exception:  # a model ART's method cannot read: no promise of spans
+        return False
+
+
 def deprecate_direct_runtime(given: dict[str, Any], *, stacklevel: int) -> None:
     """ART 0.5.20+'s DeprecationWarning for the runtime settings given as keyword arguments
     (`num_rollout_workers=` and the rest), with ART's text; nothing on older lines, where
@@ -280,6 +297,7 @@ __all__ = [
     "eval_lease",
     "line_train_kwargs",
     "local_backend_is_dedicated",
+    "policy_spans_reported",
     "record_completion_tokens",
     "rollout_lease",
     "TRAIN_METRIC_NAMES",

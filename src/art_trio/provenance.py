@@ -5,9 +5,13 @@ policy version produced which of its tokens. ART's trainer checks every eval aga
 and drops an eval of step s holding tokens of another policy (an eval of step 1 served by
 policy 0 measures policy 0, and logging it as step 1 would lie about step 1).
 
-art_trio checks the same, with ART's rules and messages, wherever an eval's trajectories
-carry spans. An eval carrying none at all (a server that does not annotate, ART 0.5.17-0.5.18)
-is logged as before, where ART 0.5.20+ would refuse it (README, "Deliberate differences").
+art_trio checks the same, with ART's rules and messages. Where the backend reports spans
+(``compat.policy_spans_reported``: ART 0.5.20+ with a runtime that serves them) the check is
+ART's, whole: an eval carrying no spans is refused too. Elsewhere an eval is checked wherever
+its trajectories carry spans, and one carrying none at all (a server that does not annotate,
+ART 0.5.17-0.5.18, a backend without serving capabilities) is logged as before, where ART
+0.5.20+ would refuse it (docs/migrating-from-art.md, "Eval provenance"). ``describe_mode``
+says which applies; the eval stage logs it when it starts.
 """
 
 from __future__ import annotations
@@ -24,19 +28,42 @@ from .errors import EvalProvenanceError
 SPANS_KEY = "policy_token_spans"
 
 
-def check_eval_provenance(step: int, trajectories: Iterable[art.Trajectory]) -> None:
+def describe_mode(strict: bool) -> str:
+    """The line the eval stage logs at start: which provenance rule applies and why."""
+    if POLICY_TOKEN_SPAN is None:
+        return (
+            "eval provenance: not checked (this ART line serves no policy_token_spans; "
+            "0.5.20+ does)"
+        )
+    if strict:
+        return (
+            "eval provenance: the backend reports policy_token_spans, so evals are checked as "
+            "ART's trainer checks them: an eval without spans, or with another step's tokens, "
+            "is not logged"
+        )
+    return (
+        "eval provenance: the backend does not report policy_token_spans: an eval carrying "
+        "none is logged (ART 0.5.20+'s trainer refuses it), one carrying spans is checked"
+    )
+
+
+def check_eval_provenance(
+    step: int, trajectories: Iterable[art.Trajectory], *, strict: bool = False
+) -> None:
     """Raise EvalProvenanceError unless the eval of `step` is exactly `step`'s policy.
 
-    Checked only if some completion of the eval carries spans (and on ART lines that define
-    them). Then, as ART 0.5.23 does: every generated choice must carry spans, every
-    trajectory must have at least one completion with spans, each list of spans must be a
-    contiguous partition of its completion from token 0, and every span's policy version
-    must be `step`.
+    With `strict` (the backend reports spans), always checked; otherwise only if some
+    completion of the eval carries spans; never on ART lines without them. Then, as ART
+    0.5.23 does: every generated choice must carry spans, every trajectory must have at
+    least one completion with spans, each list of spans must be a contiguous partition of
+    its completion from token 0, and every span's policy version must be `step`.
     """
     if POLICY_TOKEN_SPAN is None:
         return
     trajectories = list(trajectories)
-    if not any(_raw_spans(item) is not None for t in trajectories for item in _completions(t)):
+    if not strict and not any(
+        _raw_spans(item) is not None for t in trajectories for item in _completions(t)
+    ):
         return
     for trajectory in trajectories:
         found = False
@@ -89,4 +116,4 @@ def _validated_spans(item: Any, *, required: bool) -> list[Any] | None:
     return spans
 
 
-__all__ = ["EvalProvenanceError", "check_eval_provenance"]
+__all__ = ["EvalProvenanceError", "check_eval_provenance", "describe_mode"]

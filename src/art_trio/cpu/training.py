@@ -14,20 +14,74 @@ policy (ratio 1), as ART does. Each trajectory counts once: its tokens are avera
 tokenizer's weight (1 / its trainable tokens) and the batch loss is the mean over sequences.
 With ``kl_penalty_coef`` > 0 and reference logprobs, each token's advantage is shifted by
 ``coef * (mean KL - token KL)`` (KL estimated as ``new - ref`` logprob), ART's sample penalty.
+
+Advantages are GRPO's (``reward - group mean``, divided by ``std + 1e-6`` when normalized), as
+ART's tokenizer computes them, but reckoned on rewards scaled into [-1, 1] first, so any finite
+rewards give finite advantages (ART's own sum overflows to NaN for rewards near 1.7e308).
+Non-finite rewards, and a step whose loss or gradient is not finite, are refused with
+``NonFiniteTrainingError`` before anything changes: a NaN never reaches the weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from art_trio import ArtTrioError
+
 LossFn = Literal["cispo", "ppo"]
 #: Sequences per forward/backward pass: bounds the logits' memory (vocab 49k x tokens).
 MICRO_BATCH = 8
+
+
+class NonFiniteTrainingError(ArtTrioError, ValueError):
+    """A reward, advantage, loss or gradient is not a finite number; the step was not taken
+    and the weights and optimizer are as before it. The message names what and where."""
+
+
+def check_rewards(groups: Iterable[Iterable[Any]]) -> None:
+    """Refuse a NaN or infinite reward, naming its group and trajectory (ART's trainer calls
+    ``backend.train`` directly, so the backend refuses whatever reaches it)."""
+    for g, group in enumerate(groups):
+        for t, trajectory in enumerate(group):
+            reward = trajectory.reward
+            if not isinstance(reward, int | float) or not math.isfinite(reward):
+                raise NonFiniteTrainingError(
+                    f"trajectory {t} of trajectory group {g} has reward {reward!r}: rewards "
+                    f"must be finite numbers; fix the rollout that scored it (nothing was "
+                    f"trained)"
+                )
+
+
+def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float]:
+    """GRPO advantages of one group, ``(r - mean) / (std + 1e-6)`` (or ``r - mean`` when not
+    ``scale``), equal to ART's where ART's arithmetic does not overflow.
+
+    The rewards are divided by a power of two above their largest magnitude first (exactly),
+    which keeps every sum finite; normalized advantages do not depend on that factor but for
+    the 1e-6, which is scaled with them. Raises ``NonFiniteTrainingError`` when unnormalized
+    advantages themselves exceed a float (a reward spread over 1.7e308)."""
+    if not rewards or min(rewards) == max(rewards):  # no spread, no advantage (rounding aside)
+        return [0.0 for _ in rewards]
+    exponent = math.frexp(max(abs(r) for r in rewards))[1]  # 2**exponent > every |r|
+    scaled = [math.ldexp(r, -exponent) for r in rewards]
+    mean = math.fsum(scaled) / len(scaled)
+    deviations = [x - mean for x in scaled]
+    if not scale:
+        try:
+            return [math.ldexp(d, exponent) for d in deviations]
+        except OverflowError:
+            raise NonFiniteTrainingError(
+                f"rewards {list(rewards)!r} spread too far for unnormalized advantages (they "
+                f"exceed a float): normalize advantages or keep rewards within +-1e300"
+            ) from None
+    std = math.sqrt(math.fsum(d * d for d in deviations) / len(deviations))
+    eps = math.ldexp(1e-6, -exponent)
+    return [d / (std + eps) for d in deviations]
 
 
 @dataclass(frozen=True)
@@ -147,6 +201,14 @@ def train_step(
         else:
             per_token = -(clipped_ratio.detach() * advantages * new)
         loss = (per_token * weights * mask).sum() / count
+        if not torch.isfinite(loss):
+            optimizer.zero_grad(set_to_none=True)
+            model.eval()
+            raise NonFiniteTrainingError(
+                f"the loss of sequences {start}-{start + len(batch) - 1} is {float(loss.detach())} "
+                f"(advantages {[s.advantage for s in batch]!r}): step not taken, the "
+                f"weights and optimizer are unchanged"
+            )
         loss.backward()
         total_loss += float(loss.detach())
         tokens += int(mask.sum())
@@ -155,6 +217,14 @@ def train_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(
         params, config.max_grad_norm if config.max_grad_norm else float("inf")
     )
+    if not torch.isfinite(grad_norm):
+        # Clipping a non-finite norm multiplies every gradient by NaN: never step on it.
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        raise NonFiniteTrainingError(
+            f"the gradient norm is {float(grad_norm)} (loss {total_loss}): step not taken, "
+            f"the weights and optimizer are unchanged"
+        )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()

@@ -17,9 +17,10 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..batching import eval_splits, split_eval_items
+from ..compat import policy_spans_reported
 from ..errors import CallbackNotAwaitable, _BaseExceptionEscaped
 from ..events import EvalEnded, EvalStarted
-from ..provenance import check_eval_provenance
+from ..provenance import check_eval_provenance, describe_mode
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
@@ -45,6 +46,9 @@ class EvalStage:
 
 async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
     stop = run.stop
+    # Decided once, the model registered: whether the backend's served choices carry spans.
+    strict = policy_spans_reported(run.context.model)
+    logger.info(describe_mode(strict))
     try:
         async with receive:
             async for step in receive:
@@ -56,7 +60,7 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
                         # Held since the step was scheduled (or from now, for the start
                         # step and resumed evals) until the eval has ended.
                         await run.eval_leases.take(step)
-                        await run_eval(run, step)
+                        await run_eval(run, step, strict_provenance=strict)
                 finally:
                     await run.eval_leases.release(step)
                     stop.eval_ended()
@@ -66,8 +70,9 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
         stop.stage_done("eval")
 
 
-async def run_eval(run: PipelineRun, step: int) -> None:
-    """Evaluate the policy at `step` and log each split the eval_fn returned."""
+async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = False) -> None:
+    """Evaluate the policy at `step` and log each split the eval_fn returned (with
+    `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
     model = run.context.model
     run.emit(EvalStarted(step))
     reward: float | None = None
@@ -87,7 +92,7 @@ async def run_eval(run: PipelineRun, step: int) -> None:
         # Every split checked before any is logged: an eval of another policy's tokens is
         # dropped whole (ART 0.5.20+ checks each split as it logs it).
         for _groups, trajectories in splits.values():
-            check_eval_provenance(step, trajectories)
+            check_eval_provenance(step, trajectories, strict=strict_provenance)
         timing_logged = False
         for split, (groups, trajectories) in splits.items():
             if split == "val":
