@@ -26,3 +26,20 @@ def test_a_missing_model_is_a_usage_error_naming_it_or_the_extra(
     err = capsys.readouterr().err
     # With the llm extra: the path is named; without it: the install command is.
     assert str(missing) in err or "pip install 'art-trio[llm]'" in err
+
+
+def test_a_misspelt_model_name_is_named_before_any_extra_is_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--model", "smollm"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'smollm2'?" in err
+    assert "extra" not in err  # torch is not the problem, the name is
+
+
+@pytest.mark.parametrize("flag", ["--worker", "--step", "--eval"])
+def test_abbreviated_flags_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([flag, "3"])
+    assert exited.value.code == 2
+    assert f"unrecognized arguments: {flag} 3" in capsys.readouterr().err

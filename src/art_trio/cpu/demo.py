@@ -211,6 +211,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         await trainer.train(handle_signals=True)
         final_step = await backend._get_step(model)
     wall_seconds = time.monotonic() - started
+    stop_signal = trainer.stop_signal
     history_path = Path(model._get_output_dir()) / "history.jsonl"
     vals = read_rewards(history_path)["val/reward"] if history_path.exists() else []
     plot_path = None
@@ -229,4 +230,5 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         last_val=vals[-1] if vals else None,
         history_path=history_path,
         plot_path=plot_path,
+        stop_signal=stop_signal,
     )
