@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,53 @@ def test_ctrl_c_stops_cleanly_exits_130_and_the_run_resumes(tmp_path: Path) -> N
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, out + err
     assert "Training 'ctrl-c': 2 steps from step " in out and "Done: 2 steps" in out, out
+
+
+async def test_an_error_inside_the_backend_block_reaches_the_caller_as_itself(
+    tmp_path: Path,
+) -> None:
+    """A misspelt trainer keyword inside `async with CpuBackend()`: the caller gets the
+    TypeError with its "did you mean", not a 31-line ExceptionGroup from the backend's
+    server task group."""
+    from art_trio import PipelineTrainer, trainable_model
+    from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios
+
+    model = trainable_model(
+        name="bad-keyword", project="p", base_model="cpu-demo", base_path=str(tmp_path)
+    )
+    with pytest.raises(TypeError, match="did you mean 'num_rollout_workers'") as raised:
+        async with CpuBackend(seed=0) as backend:
+            await model.register(backend)
+            PipelineTrainer(
+                model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
+                num_rollout_worker=2,
+            )  # fmt: skip
+    assert type(raised.value) is TypeError
+
+
+def test_ctrl_c_stops_a_trainer_and_it_says_which_signal(tmp_path: Path) -> None:
+    """`trainer.stop_signal`: what a program checks to exit 130 after a clean Ctrl-C stop."""
+    import trio
+
+    from art_trio import PipelineTrainer, StepTrained, trainable_model
+    from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios
+
+    async def main() -> PipelineTrainer[Any, Any]:
+        model = trainable_model(name="m", project="p", base_model="cpu-demo",
+                                base_path=str(tmp_path))  # fmt: skip
+        async with CpuBackend(seed=0) as backend:
+            await model.register(backend)
+            trainer = PipelineTrainer(
+                model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
+                num_rollout_workers=2, min_batch_size=2, max_steps=1000,
+            )  # fmt: skip
+            trainer.add_observer(
+                lambda e: isinstance(e, StepTrained) and signal.raise_signal(signal.SIGINT)
+            )
+            assert trainer.stop_signal is None
+            await trainer.train()  # handle_signals=True: a first SIGINT is a clean stop
+        return trainer
+
+    trainer = trio.run(main)
+    assert trainer.stop_signal is signal.SIGINT
+    assert 0 < trainer.statistics().steps < 1000
