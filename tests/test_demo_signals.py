@@ -119,3 +119,67 @@ def test_ctrl_c_stops_a_trainer_and_it_says_which_signal(tmp_path: Path) -> None
     trainer = trio.run(main)
     assert trainer.stop_signal is signal.SIGINT
     assert 0 < trainer.statistics().steps < 1000
+
+
+class _Heard:
+    """A stream that tells a waiting thread the message was printed."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.text = ""
+        self.printed = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.text += text
+        self.printed.set()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_blocking_load_answers_ctrl_c_and_a_second_abandons_it() -> None:
+    """Issue 32 item 9: two Ctrl-C during the real model's first load were honoured only after
+    the load, then a 49-line traceback. Now the first says the run stops after the load, the
+    second abandons the load's thread at once."""
+    import threading
+
+    import trio
+
+    from art_trio.demo.interrupt import Interrupted, run_interruptibly
+
+    heard, release = _Heard(), threading.Event()
+
+    def load() -> None:  # a load that would take minutes
+        os.kill(os.getpid(), signal.SIGINT)
+        assert heard.printed.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+        release.wait(60)
+
+    try:
+        with pytest.raises(Interrupted) as stopped:
+            trio.run(lambda: run_interruptibly(load, what="the model load", stream=heard))
+    finally:
+        release.set()
+    assert stopped.value.abandoned and stopped.value.signum == signal.SIGINT
+    assert str(stopped.value) == "SIGINT: abandoned the model load; nothing was trained"
+    assert "send SIGINT again to abandon it now" in heard.text
+
+
+def test_one_ctrl_c_lets_the_load_finish_then_stops() -> None:
+    import trio
+
+    from art_trio.demo.interrupt import Interrupted, run_interruptibly
+
+    heard, finished = _Heard(), []
+
+    def load() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert heard.printed.wait(30)
+        finished.append(True)
+
+    with pytest.raises(Interrupted) as stopped:
+        trio.run(lambda: run_interruptibly(load, what="the model load", stream=heard))
+    assert finished and not stopped.value.abandoned
+    assert str(stopped.value) == "SIGINT: stopped after the model load; nothing was trained"

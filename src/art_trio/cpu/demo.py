@@ -149,6 +149,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
     from art_trio import PipelineTrainer, StepTrained
 
     from ..demo.cli import DemoResult
+    from ..demo.interrupt import run_interruptibly
     from ..demo.plot import plot_rewards, read_rewards
     from .backend import CPUBackend
 
@@ -169,7 +170,10 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         started=started,
     )
     backend = CPUBackend(options.model, seed=options.seed)
-    print(f"Loading {backend.source.path} ...", flush=True)
+    # The first load converts the GGUF (minutes): in a thread, so that Ctrl-C is answered.
+    await run_interruptibly(
+        backend._load, what="the model load", announce=f"Loading {backend.source.path} ..."
+    )
     async with backend:
         print(f"Model loaded in {time.monotonic() - started:.0f} s", flush=True)
         await model.register(backend)

@@ -31,6 +31,7 @@ import trio  # noqa: E402
 from art_trio import trainable_model  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
+from .interrupt import Interrupted  # noqa: E402
 from .plot import plot_rewards, read_rewards  # noqa: E402
 from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
 
@@ -186,7 +187,16 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
     except ModelSourceError as exc:
         print(f"art-trio demo: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stopped:
+        print(f"art-trio demo: {stopped}", file=sys.stderr, flush=True)
+        if stopped.abandoned:
+            # The load's thread is still running torch code: end the process now rather
+            # than finalize the interpreter under it.
+            sys.stdout.flush()
+            os._exit(128 + stopped.signum)
+        return 128 + stopped.signum
     except KeyboardInterrupt:
+        print("art-trio demo: interrupted; nothing more was trained", file=sys.stderr)
         return 130
     print(format_summary(result).replace("always answer 'maybe'", "answer 'maybe' first"))
     return exit_status(result)
@@ -343,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             print(f"art-trio demo: {problem}", file=sys.stderr)
             return 2
-        return _main_llm(argv, args)
+        try:
+            return _main_llm(argv, args)
+        except KeyboardInterrupt:  # during torch's import, before any signal is handled
+            print("art-trio demo: interrupted while starting; nothing was trained", file=sys.stderr)
+            return 130
     try:
         result = trio.run(run_demo, options)
     except KeyboardInterrupt:
