@@ -185,3 +185,15 @@ async def test_the_trainer_prints_a_status_line_every_log_interval(model, capsys
     # 0, 20 and 40 s plus the final flush.
     assert len(lines) == 4
     assert "trained 8 groups" in lines[-1]
+
+
+def test_the_line_the_getting_started_guide_explains_is_the_line_printed() -> None:
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    quoted = next(line for line in guide.splitlines() if line.startswith("[status] step 34"))
+    status = StatusReporter(get_scenario_offset=lambda: 0, num_workers=4)
+    status.step, status.trained, status.queued, status.zero_variance = 34, 120, 2, 342
+    status.rolling_out, status.val_step, status.val_reward = 3, 32, 0.999
+    status.reward_ewa, status.step_seconds_ewa, status.reward_std_ewa = 0.991, 0.21, 0.021
+    assert status.full_line() == quoted
