@@ -127,7 +127,7 @@ def test_an_example_run_twice_starts_over(
 
 
 def run_ray_example(path: Path, cwd: Path) -> str:
-    pytest.importorskip("ray")
+    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]'")
     # The child imports art_trio from this tree, as the tests do.
     path_entries = [str(EXAMPLES.parent / "src"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path_entries))}
