@@ -20,7 +20,14 @@ import art  # noqa: E402
 import sniffio  # noqa: E402
 
 from art_trio import PipelineTrainer, trainable_model  # noqa: E402
-from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
+from art_trio.demo import (  # noqa: E402
+    CpuBackend,
+    TaskConfig,
+    eval_fn,
+    rollout,
+    scenarios,
+    start_over,
+)
 
 STEPS = 3
 
@@ -30,6 +37,7 @@ async def main() -> None:
     model: art.TrainableModel = trainable_model(
         name=f"anyio-{loop}", project="examples", base_model="cpu-demo"
     )
+    start_over(model)  # every run from step 0 (the model's directory has a fixed name)
     async with CpuBackend(seed=0) as backend:
         await model.register(backend)
         trainer = PipelineTrainer(
@@ -49,6 +57,8 @@ async def main() -> None:
             await tg.start(trainer.train)  # every stage runs from here on
             print(f"training on {loop}: running={trainer.statistics().running}")
         # --8<-- [end:anyio]
+    if trainer.stop_signal:  # Ctrl-C (or SIGTERM) stopped it cleanly, state saved:
+        raise SystemExit(128 + trainer.stop_signal)  # exit as an interrupted program (130)
     print(f"{loop}: trained {trainer.statistics().steps} steps")
     assert trainer.statistics().steps == STEPS
 

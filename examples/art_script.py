@@ -30,7 +30,7 @@ from art_trio import PipelineTrainer  # was: from art.pipeline_trainer import Pi
 # --8<-- [end:import]
 # isort: split
 from art_trio import trainable_model  # noqa: E402
-from art_trio.demo import CpuBackend  # noqa: E402
+from art_trio.demo import CpuBackend, start_over  # noqa: E402
 
 GROUP_SIZE = 8
 MAX_STEPS = 3
@@ -92,6 +92,7 @@ async def main() -> None:
     async with CpuBackend(seed=0) as backend:  # a GPU script: backend = LocalBackend()
         # ART 0.5.20+ wants run_name= as well, 0.5.18 refuses it: this helper fits either.
         model = trainable_model(name="art-script", project="examples", base_model="cpu-demo")
+        start_over(model)  # every run from step 0 (the model's directory has a fixed name)
         await model.register(backend)
         trainer = PipelineTrainer(
             model=model,
@@ -107,6 +108,8 @@ async def main() -> None:
             eval_at_start=False,
         )
         await trainer.train()
+        if trainer.stop_signal:  # Ctrl-C (or SIGTERM) stopped it cleanly, state saved:
+            raise SystemExit(128 + trainer.stop_signal)  # exit as an interrupted program (130)
     print(f"trained to step {await model.get_step()}")
 
 

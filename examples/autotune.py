@@ -34,6 +34,7 @@ from art_trio import (  # noqa: E402
     trainable_model,  # noqa: E402
     trio_native,
 )
+from art_trio.demo import start_over  # noqa: E402
 from art_trio.testing import BackendDouble, trajectory_group  # noqa: E402
 
 STEPS = 80
@@ -55,6 +56,7 @@ async def main() -> None:
     model: art.TrainableModel = trainable_model(
         name="autotune", project="examples", base_model="any"
     )
+    start_over(model)  # every run from step 0 (the model's directory has a fixed name)
     backend = BackendDouble(train_time=0.1)  # every step takes 100 ms
     await model.register(backend)
     # --8<-- [start:trainer]

@@ -23,13 +23,14 @@ from art_trio import (  # noqa: E402
     StepTrained,
     trainable_model,  # noqa: E402
 )
-from art_trio.demo import CpuBackend, TaskConfig, rollout, scenarios  # noqa: E402
+from art_trio.demo import CpuBackend, TaskConfig, rollout, scenarios, start_over  # noqa: E402
 
 
 async def main() -> None:
     model: art.TrainableModel = trainable_model(
         name="cancel-scope", project="examples", base_model="cpu-demo"
     )
+    start_over(model)  # every run from step 0 (the model's directory has a fixed name)
     async with CpuBackend(seed=0) as backend:
         await model.register(backend)
 

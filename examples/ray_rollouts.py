@@ -23,7 +23,7 @@ import art  # noqa: E402
 import trio  # noqa: E402
 
 from art_trio import PipelineTrainer, trainable_model  # noqa: E402
-from art_trio.demo import CpuBackend, TaskConfig, scenarios  # noqa: E402
+from art_trio.demo import CpuBackend, TaskConfig, scenarios, start_over  # noqa: E402
 from art_trio.demo.task import reward_for_answer  # noqa: E402
 
 STEPS = 3
@@ -71,6 +71,7 @@ async def main() -> None:
 
     model: art.TrainableModel = trainable_model(name="ray", project="examples",
                                                 base_model="cpu-demo")  # fmt: skip
+    start_over(model)  # every run from step 0 (the model's directory has a fixed name)
     async with CpuBackend(seed=0) as backend:
         await model.register(backend)
         # --8<-- [start:executor]

@@ -29,7 +29,7 @@ from art_trio import (  # noqa: E402
     StepTrained,
     trainable_model,  # noqa: E402
 )
-from art_trio.demo import CpuBackend, TaskConfig, rollout  # noqa: E402
+from art_trio.demo import CpuBackend, TaskConfig, rollout, start_over  # noqa: E402
 from art_trio.demo.task import build_prompts  # noqa: E402
 
 NAME = "resume-after-crash"
@@ -90,6 +90,9 @@ def child() -> None:
 
 
 def parent() -> None:
+    # Every run from step 0 (the model's directory has a fixed name); the crash and the
+    # resume below then happen within this run.
+    start_over(trainable_model(name=NAME, project="examples", base_model="cpu-demo"))
     process = subprocess.Popen([sys.executable, __file__, "--child"], stdout=subprocess.PIPE,
                                text=True)  # fmt: skip
     assert process.stdout is not None

@@ -27,7 +27,14 @@ from art_trio import (  # noqa: E402
     StepTrained,
     trainable_model,  # noqa: E402
 )
-from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
+from art_trio.demo import (  # noqa: E402
+    CpuBackend,
+    TaskConfig,
+    eval_fn,
+    rollout,
+    scenarios,
+    start_over,
+)
 
 STEPS = 4
 
@@ -69,6 +76,7 @@ async def read_health(port: int) -> dict[str, object]:
 async def main() -> None:
     # --8<-- [start:build]
     model = trainable_model(name="trio-services", project="examples", base_model="cpu-demo")
+    start_over(model)  # every run from step 0 (the model's directory has a fixed name)
     async with CpuBackend(seed=0) as backend:  # any ART backend
         await model.register(backend)
         trainer = PipelineTrainer(
@@ -107,6 +115,8 @@ async def main() -> None:
             services.cancel_scope.cancel()  # train() returned: stop our own services too
         # --8<-- [end:nursery]
 
+    if trainer.stop_signal:  # Ctrl-C (or SIGTERM) stopped it cleanly, state saved:
+        raise SystemExit(128 + trainer.stop_signal)  # exit as an interrupted program (130)
     stats = trainer.statistics()
     print(
         f"trained {stats.steps} steps (heard {steps_heard}), "

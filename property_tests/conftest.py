@@ -42,3 +42,37 @@ if "HYPOTHESIS_PROFILE" in os.environ:
 elif settings.get_current_profile_name() == "default":
     # Not chosen on the command line (--hypothesis-profile is applied before this file).
     settings.load_profile("ci")
+
+
+# -- warnings the harness provokes on purpose -------------------------------------------------
+
+import re  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+#: The trainer's warnings about groups with no trajectories. The strategies draw such groups
+#: on purpose (a rollout that returns nothing is one of the faults explored), so here each is
+#: the expected answer to the case, checked below, not a problem to show after the run.
+EXPECTED_WARNINGS = re.compile(
+    r"rollout_fn returned an art\.TrajectoryGroup with no trajectories for scenario index \d+"
+    r"|no step was trained: all \d+ groups rollout_fn returned had no trajectories"
+    # Drawn on purpose too (the token faults): a trajectory without a token count.
+    r"|a trajectory has no positive `completion_tokens` metric"
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        expected = issubclass(warning.category, RuntimeWarning) and EXPECTED_WARNINGS.match(
+            str(warning.message)
+        )
+        if not expected:  # anything else is shown as pytest shows warnings
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )

@@ -24,7 +24,8 @@ from art_trio.metrics import HISTORY_KEYS, batch_factor, weighted_percentile
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 ON_0523 = pytest.mark.skipif(
-    TRAIN_METRIC_NAMES != "0.5.23", reason="ART 0.5.23's names are logged on the 0.5.20+ line"
+    TRAIN_METRIC_NAMES != "0.5.23",
+    reason="needs ART 0.5.20+ (Python 3.12+), whose metric names it checks",
 )
 
 #: Every name ART 0.5.23's trainer (or its model.log from them) writes in a train row on the

@@ -40,7 +40,9 @@ from art_trio.compat import ART_0520, FATAL_ROLLOUT_ERRORS
 from tests.doubles import RecordingBackend, trajectory
 
 LOOPS = pytest.mark.parametrize("loop", ["trio", "asyncio"])
-ONLY_0520 = pytest.mark.skipif(not ART_0520, reason="ART 0.5.18 has no such behaviour")
+ONLY_0520 = pytest.mark.skipif(
+    not ART_0520, reason="needs ART 0.5.20+ (Python 3.12+): ART 0.5.18 has no such behaviour"
+)
 ONE_AT_A_TIME = PipelineRuntimeConfig(num_rollout_workers=1, min_batch_size=1, max_batch_size=1)
 
 
@@ -589,13 +591,14 @@ def test_local_serving_unavailable_stops_the_run_with_that_error(
     assert backend.calls == []
 
 
+@pytest.mark.skipif(
+    not ART_0520, reason="needs ART 0.5.20+ (Python 3.12+) for LocalServingUnavailableError"
+)
 @pytest.mark.parametrize(
     "native", [False, True], ids=["asyncio single rollout", "trio_native single rollout"]
 )
 async def test_make_group_rollout_fn_re_raises_local_serving_unavailable(native: bool) -> None:
     """The group rollout itself (ART's make_group_rollout_fn raises it after gathering)."""
-    if not ART_0520:
-        pytest.skip("ART 0.5.18 has no LocalServingUnavailableError")
     calls: list[int] = []
 
     async def single(model: Any, scenario: Any, config: Any) -> art.Trajectory:

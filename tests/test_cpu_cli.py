@@ -3,11 +3,18 @@ loaded here; tests/test_cpu_llm.py runs the real one)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from art_trio.demo.cli import _explicit, main
+from tests.llm_marks import LLM_MARKS
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_only_flags_given_override_the_real_model_demos_defaults() -> None:
@@ -26,3 +33,48 @@ def test_a_missing_model_is_a_usage_error_naming_it_or_the_extra(
     err = capsys.readouterr().err
     # With the llm extra: the path is named; without it: the install command is.
     assert str(missing) in err or "pip install 'art-trio[llm]'" in err
+
+
+def test_a_misspelt_model_name_is_named_before_any_extra_is_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--model", "smollm"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'smollm2'?" in err
+    assert "extra" not in err  # torch is not the problem, the name is
+
+
+@pytest.mark.parametrize("flag", ["--worker", "--step", "--eval"])
+def test_abbreviated_flags_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([flag, "3"])
+    assert exited.value.code == 2
+    assert f"unrecognized arguments: {flag} 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", [pytest.param("smollm2", marks=LLM_MARKS)])
+def test_two_ctrl_c_during_the_first_model_load_exit_130_at_once(
+    model: str, tmp_path: Path
+) -> None:
+    """Issue 32 item 9, with the real model: two Ctrl-C while `--model smollm2` loads end the
+    process promptly, with one line each and exit status 130, no traceback."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.getenv("PYTHONPATH")])),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-m", "art_trio.demo", "--model", model, "--output-dir",
+         str(tmp_path), "--no-plot"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert child.stdout is not None and child.stderr is not None
+    for line in child.stdout:  # printed once the load runs and Ctrl-C is answered
+        if line.startswith("Loading"):
+            break
+    child.send_signal(signal.SIGINT)
+    first = child.stderr.readline()
+    assert "send SIGINT again to abandon it now" in first, first
+    child.send_signal(signal.SIGINT)
+    _, rest = child.communicate(timeout=60)
+    assert child.returncode == 130
+    assert rest.strip() == "art-trio demo: SIGINT: abandoned the model load; nothing was trained"

@@ -140,3 +140,28 @@ def test_plot_reads_history_rows_by_step_and_writes_png(tmp_path: Path) -> None:
     out = plot_rewards(history, tmp_path / "plots" / "reward.png")
     assert out == tmp_path / "plots" / "reward.png"
     assert_png(out)
+
+
+@pytest.mark.parametrize(
+    "title",
+    [
+        "smollm2-yes-no-maybe-20261204-093000: SmolLM2-135M, yes/no/maybe on a CPU (seed 0)",
+        "yes-no-maybe-20261204-093000: yes/no/maybe on a CPU (seed 12)",
+    ],
+)
+def test_the_plot_title_fits_the_figure(title: str) -> None:
+    """The real-model demo's title (a timestamped run name and the task) was cut at both
+    ends: the plot's title now fits the figure, every word kept."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from art_trio.demo.plot import fit_title
+
+    fitted = fit_title(title)
+    assert fitted.split() == title.split()
+    fig = Figure(figsize=(7, 4), dpi=100)  # as plot_rewards draws it
+    canvas = FigureCanvasAgg(fig)
+    text = fig.add_subplot().set_title(fitted, fontsize=10)
+    canvas.draw()
+    box = text.get_window_extent(canvas.get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)

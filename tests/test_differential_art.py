@@ -261,7 +261,9 @@ def test_same_steps_evals_checkpoints_and_metric_keys_as_art(
     assert ART_TRIO_STATE_FIELDS <= set(ours.state)
 
 
-@pytest.mark.skipif(not ART_0520, reason="ART 0.5.18's trainer has none of these kwargs")
+@pytest.mark.skipif(
+    not ART_0520, reason="needs ART 0.5.20+ (Python 3.12+): 0.5.18 has none of these kwargs"
+)
 def test_the_0520_training_kwargs_reach_backend_train_as_art_passes_them(tmp_path: Path) -> None:
     """kl_penalty_step_lag, grad_accumulation_sequences and optimizer_save_interval, set."""
     settings: dict[str, Any] = dict(

@@ -35,7 +35,9 @@ from tests.doubles import RecordingBackend, served_trajectory, trajectory
 from tests.test_parity_0518 import new_model
 
 pytestmark = [
-    pytest.mark.skipif(not ART_0520, reason="ART 0.5.18's trainer calls none of these hooks"),
+    pytest.mark.skipif(
+        not ART_0520, reason="needs ART 0.5.20+ (Python 3.12+): 0.5.18 calls none of these hooks"
+    ),
     pytest.mark.skipif(
         importlib.util.find_spec("msgspec") is None,
         reason="ART 0.5.23's batch-preparation path needs msgspec (openpipe-art[distributed])",

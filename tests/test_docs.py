@@ -1,10 +1,17 @@
 """The documentation cannot drift from the code it describes.
 
-- Python in docs/ is never typed into a page unless a test runs it: every ```python block only
-  includes a file (or a marked section of one) from examples/, which tests/test_examples.py
-  runs, or follows a marker `<!-- ... tests/test_X.py runs this block -->` naming the test
-  that reads the page and executes it (a guide whose example is a user's own test file).
-  mkdocs' snippets extension (check_paths) fails the build when a file or section is missing.
+- Python in docs/ is never typed into a page unless a test runs it: every ```python block
+  follows a marker `<!-- from examples/X.py -->` (or `<!-- from examples/X.py:SECTION -->`,
+  the lines between `# --8<-- [start:SECTION]` and `[end:SECTION]`) and is that code,
+  dedented, as tests/test_examples.py runs it; or it follows a marker
+  `<!-- ... tests/test_X.py runs this block -->` naming the test that reads the page and
+  executes it (a guide whose example is a user's own test file). The code is written into the
+  page, not included at build time, so the page reads the same on GitHub as on the site.
+  After changing an example, `python tests/test_docs.py --sync` rewrites the blocks.
+- What only the built site can show (mkdocstrings' `::: name`, the changelog's include) sits
+  in `<!-- site-only ... -->` comments, and what only GitHub needs in `<!-- github-only -->`
+  ... `<!-- /github-only -->`; `mkdocs_hooks.py` swaps them at build time. Outside those, no
+  page shows a raw directive.
 - Python in README.md (rendered by code hosts, which cannot include files) must be a verbatim
   excerpt of an example, so it runs too.
 - The API reference documents every name `art_trio` exports; the architecture page names every
@@ -31,11 +38,38 @@ FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 RUN_MARKER = re.compile(
     r"^<!-- .*?(tests/test_\w+\.py) runs this block -->\n```python", re.MULTILINE
 )
-SNIPPET = re.compile(r'^--8<-- "(examples/[\w.-]+\.py)(?::([\w-]+))?"$')
+#: `<!-- from examples/X.py[:SECTION] -->`, then the block that shows it.
+FROM_EXAMPLE = re.compile(
+    r"^<!-- from (examples/[\w.-]+\.py)(?::([\w-]+))? -->\n(```python[^\n]*\n)(.*?)^```$",
+    re.MULTILINE | re.DOTALL,
+)
+SECTION_MARK = re.compile(r"^\s*# --8<-- \[(?:start|end):[\w-]+\]\n", re.MULTILINE)
 
 
 def python_blocks(path: Path) -> list[str]:
     return FENCE.findall(path.read_text())
+
+
+def example_code(file: str, section: str | None) -> str:
+    """What a block showing `file` (or its `section`) must hold: the code, dedented, without
+    the section marks."""
+    source = (ROOT / file).read_text()
+    if section is not None:
+        start, end = f"# --8<-- [start:{section}]", f"# --8<-- [end:{section}]"
+        assert start in source and end in source, f"{file} has no section {section!r}"
+        source = source.split(start, 1)[1].split("\n", 1)[1]
+        source = source.split(end, 1)[0].rsplit("\n", 1)[0] + "\n"
+    return textwrap.dedent(SECTION_MARK.sub("", source)).strip("\n") + "\n"
+
+
+def synced(text: str) -> str:
+    """`text` with every example block rewritten from its example file."""
+
+    def block(m: re.Match[str]) -> str:
+        marker = f"<!-- from {m[1]}{':' + m[2] if m[2] else ''} -->"
+        return f"{marker}\n{m[3]}{example_code(m[1], m[2])}```"
+
+    return FROM_EXAMPLE.sub(block, text)
 
 
 @pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
@@ -45,19 +79,48 @@ def test_python_in_the_docs_comes_from_examples(page: Path) -> None:
     for test in run_by_tests:
         assert f'"{page.name}"' in (ROOT / test).read_text(), f"{test} does not read {page.name}"
     marked = {match.end() for match in RUN_MARKER.finditer(text)}
+    shown = {match.start(3) for match in FROM_EXAMPLE.finditer(text)}
     for fence in FENCE.finditer(text):
         if fence.start() + len("```python") in marked:
             continue  # executed by the test its marker names
-        block = fence.group(1)
-        lines = [line for line in block.splitlines() if line.strip()]
-        assert len(lines) == 1, f"{page.name}: inline Python; include it from examples/:\n{block}"
-        match = SNIPPET.match(lines[0])
-        assert match, f"{page.name}: {lines[0]!r} is not an include from examples/"
-        file, section = match.groups()
-        source = (ROOT / file).read_text()
-        if section is not None:
-            assert f"# --8<-- [start:{section}]" in source, f"{file} has no section {section!r}"
-            assert f"# --8<-- [end:{section}]" in source, f"{file} has no end of {section!r}"
+        assert fence.start() in shown, (
+            f"{page.name}: a Python block with no `<!-- from examples/X.py -->` marker:\n"
+            f"{fence.group(1)}"
+        )
+    for match in FROM_EXAMPLE.finditer(text):
+        file, section, _, block = match.groups()
+        assert block == example_code(file, section), (
+            f"{page.name}'s block from {file}{':' + section if section else ''} differs from "
+            "the example: run `python tests/test_docs.py --sync`"
+        )
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_github_shows_no_build_directive(page: Path) -> None:
+    """GitHub renders the markdown as it is: a directive outside the site-only comments would
+    show as text (`--8<-- "examples/anyio_run.py"` instead of the program)."""
+    visible = re.sub(r"<!--.*?-->", "", page.read_text(), flags=re.DOTALL)
+    for line in visible.splitlines():
+        assert not line.startswith((":::", "--8<--")), f"{page.name} shows {line!r} on GitHub"
+
+
+def test_the_site_build_swaps_the_github_and_site_parts() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    changelog = hooks.on_page_markdown((DOCS / "changelog.md").read_text())
+    assert changelog.strip() == '--8<-- "CHANGELOG.md"'
+    api = hooks.on_page_markdown((DOCS / "api.md").read_text())
+    assert "\n::: art_trio.PipelineTrainer\n" in api and "github-only" not in api
+
+
+def test_the_api_page_lists_every_export_for_github_readers() -> None:
+    github = re.sub(r"<!--.*?-->", "", (DOCS / "api.md").read_text(), flags=re.DOTALL)
+    missing = [name for name in exported_names() if not re.search(rf"\b{name}\b", github)]
+    assert not missing, f"docs/api.md's list (read on GitHub) lacks {missing}"
 
 
 def test_readme_python_is_taken_from_the_examples() -> None:
@@ -94,6 +157,7 @@ def exported_names() -> list[str]:
 
 
 def test_the_api_reference_documents_every_export() -> None:
+    """On the site: a `::: art_trio.NAME` directive (in a site-only comment) per export."""
     api = (DOCS / "api.md").read_text()
     documented = set(re.findall(r"^::: art_trio\.(\w+)$", api, re.MULTILINE))
     # ART's own classes on 0.5.20+: documented under their name, from art_trio's replica.
@@ -115,3 +179,15 @@ def test_every_page_is_in_the_navigation() -> None:
     in_nav = set(re.findall(r":\s+([\w-]+\.md)\s*$", config, re.MULTILINE))
     pages = {p.name for p in DOCS.glob("*.md")}
     assert pages == in_nav, (pages - in_nav, in_nav - pages)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--sync"]:
+        raise SystemExit("usage: python tests/test_docs.py --sync   (rewrite the docs' blocks)")
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        if synced(text) != text:
+            page.write_text(synced(text))
+            print(f"rewrote {page.relative_to(ROOT)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 import re
 import runpy
@@ -98,8 +99,35 @@ def test_example_runs(
         assert (tmp_path / ".art" / "examples" / "models").is_dir()
 
 
+def test_an_example_run_twice_starts_over(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newcomer runs an example again: the second run is the first one again, from step 0,
+    not a resume of the first run's fixed-name model (which warned that the saved state and
+    the backend's step disagree, and trained steps 1-3 again on other scenarios)."""
+    require_trio_asyncio_patched_anyio()
+    path = EXAMPLES / "anyio_run.py"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    runpy.run_path(str(path), run_name="__main__")
+    first = capsys.readouterr().out
+    assert "starting over" not in first
+    runpy.run_path(str(path), run_name="__main__")
+    second = capsys.readouterr().out
+    model_dir = Path(".art", "examples", "models", "anyio-asyncio")
+    assert_in_order(second, [rf"starting over: removed {re.escape(str(model_dir))}",
+                             r"asyncio: trained 3 steps"])  # fmt: skip
+    assert not [r for r in caplog.records if "pipeline state was saved" in r.getMessage()]
+    steps = [json.loads(line).get("step") for line in (tmp_path / model_dir / "history.jsonl")
+             .read_text().splitlines()]  # fmt: skip
+    assert min(s for s in steps if s is not None) <= 1 and max(steps) == 3, steps
+
+
 def run_ray_example(path: Path, cwd: Path) -> str:
-    pytest.importorskip("ray")
+    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]'")
     # The child imports art_trio from this tree, as the tests do.
     path_entries = [str(EXAMPLES.parent / "src"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path_entries))}

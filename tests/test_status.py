@@ -13,6 +13,7 @@ import pytest
 from art_trio import PipelineTrainer, StatusReporter
 from art_trio.events import (
     EvalEnded,
+    EvalStarted,
     GroupQueued,
     RolloutEnded,
     RolloutStarted,
@@ -20,7 +21,7 @@ from art_trio.events import (
     StepTrained,
 )
 from art_trio.messages import Fate
-from art_trio.status import reward_summary
+from art_trio.status import ZERO_VARIANCE_NOTE, reward_summary
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 
@@ -37,9 +38,15 @@ def trained(batch: list[art.TrajectoryGroup], *, step: int, step_seconds: float)
     """The event the training stage emits for `batch` trained as `step`."""
     reward_mean, reward_std_mean, flat = reward_summary(batch)
     return StepTrained(
-        step=step, batch_size=len(batch), scenario_indices=tuple(range(len(batch))),
-        staleness=(0,) * len(batch), wall_s=step_seconds, train_s=step_seconds,
-        reward_mean=reward_mean, reward_std_mean=reward_std_mean, zero_variance_groups=flat,
+        step=step,
+        batch_size=len(batch),
+        scenario_indices=tuple(range(len(batch))),
+        staleness=(0,) * len(batch),
+        wall_s=step_seconds,
+        train_s=step_seconds,
+        reward_mean=reward_mean,
+        reward_std_mean=reward_std_mean,
+        zero_variance_groups=flat,
     )
 
 
@@ -47,8 +54,13 @@ def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
     now = [0.0]
     out = io.StringIO()
     status = StatusReporter(
-        get_scenario_offset=lambda: 7, log_interval_seconds=10, status_ewa_alpha=0.5,
-        total_scenarios=10, num_workers=4, clock=lambda: now[0], stream=out,
+        get_scenario_offset=lambda: 7,
+        log_interval_seconds=10,
+        status_ewa_alpha=0.5,
+        total_scenarios=10,
+        num_workers=4,
+        clock=lambda: now[0],
+        stream=out,
     )
     status.start(initial_step=0)
     # The reporter folds the run's events: nothing else changes its counts.
@@ -63,11 +75,51 @@ def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
     status(trained([group(1.0, 1.0)], step=2, step_seconds=2.0))
     status(EvalEnded(2, True, 0.9))
     line = status.full_line()
-    assert line.startswith("[status] scenarios[trained=1 remaining=3 queued=1 training=0 ")
-    assert "discarded[total=5 0_var=2 stale=2 errored=1] rollouts=1/4" in line
+    # Plain words: a newcomer reads it without ART's source.
+    assert line.startswith(
+        "[status] step 2 | trained 1 groups, 1 queued, 0 in training, 3 scenarios left | "
+        "skipped 5 groups: 2 with identical rewards (no learning signal), "
+        "2 too stale (beyond max_steps_off_policy), 1 whose rollout failed | "
+        "rollouts: 1 of 4 workers busy | "
+    ), line
     # EWA with alpha 0.5: reward 0.75 then 1.0 -> 0.875; seconds 4 then 2 -> 3.0
-    assert "train[step=2 reward=0.875 step_seconds=3.00" in line
-    assert "val[reward=0.900 active=no step=2]" in line
+    assert "train: reward 0.875, 3.00 s/step, reward std 0.125 (smoothed)" in line
+    assert line.endswith("| val: reward 0.900 at step 2"), line
+
+
+def test_nothing_skipped_says_none_and_a_running_eval_names_its_step() -> None:
+    status = StatusReporter(get_scenario_offset=lambda: 0)
+    status(EvalStarted(4))
+    line = status.full_line()
+    assert "| skipped none |" in line
+    assert line.endswith("val: reward n/a, evaluating step 4"), line
+
+
+def test_a_part_added_to_the_line_is_shown_unless_it_has_nothing_to_say() -> None:
+    status = StatusReporter(get_scenario_offset=lambda: 0)
+    said: list[str | None] = [None]
+    status.add_part(lambda: said[0])
+    assert not status.full_line().endswith(" | ")
+    said[0] = "stalled: no step for 600 s"
+    assert status.full_line().endswith(" | stalled: no step for 600 s")
+
+
+def test_many_identical_reward_skips_are_explained_once() -> None:
+    out = io.StringIO()
+    status = StatusReporter(get_scenario_offset=lambda: 0, stream=out, log_interval_seconds=1)
+    status.start()
+    status(trained([group(1.0, 1.0), group(0.0, 1.0)], step=1, step_seconds=1.0))
+    status.flush()
+    assert ZERO_VARIANCE_NOTE not in out.getvalue()  # one skip beside one trained: no note
+    for scenario in range(20):
+        status(ScenarioSettled(scenario, Fate.ZERO_VARIANCE, 0.0))
+    status.flush()
+    status.flush()
+    text = out.getvalue()
+    assert text.count(ZERO_VARIANCE_NOTE) == 1
+    assert "no learning signal" in ZERO_VARIANCE_NOTE and "normal" in ZERO_VARIANCE_NOTE
+    # Every line the reporter prints is a [status] line (stdout stays greppable).
+    assert all(line.startswith("[status]") for line in text.splitlines())
 
 
 def test_the_log_line_is_due_every_interval_of_the_given_clock() -> None:
@@ -93,16 +145,21 @@ def test_a_tty_gets_a_live_condensed_line() -> None:
     )
     status.start(initial_step=3)
     status(trained([group(0.0, 1.0)], step=4, step_seconds=1.5))
-    assert "scenarios[tr=1 q=0 b=0 d=0] train[s=4 r=0.50 dt=1.5" in tty.getvalue()
+    assert "step 4 · 1 trained · 0 queued · 0 training · 0 skipped · reward 0.50 · 1.5 s/step" in (
+        tty.getvalue()
+    )
     status.close()
 
 
 def test_the_condensed_line_drops_fields_to_fit_narrow_terminals() -> None:
     status = StatusReporter(get_scenario_offset=lambda: 0, total_scenarios=100)
+    status(EvalStarted(0))
     wide = status.condensed_line(width=200)
     narrow = status.condensed_line(width=60)
-    assert "sd=" in wide and "act=" in wide and "r=100" in wide
-    assert "sd=" not in narrow and "act=" not in narrow
+    assert "std -" in wide and "(evaluating)" in wide and "100 left" in wide
+    assert "std" not in narrow and "evaluating" not in narrow
+    assert len(narrow) <= 60, narrow
+    assert "skipped" in narrow and "val" in narrow
 
 
 async def test_the_trainer_prints_a_status_line_every_log_interval(model, capsys, autojump_clock):
@@ -114,14 +171,21 @@ async def test_the_trainer_prints_a_status_line_every_log_interval(model, capsys
         return group(0.0, 1.0)
 
     await PipelineTrainer(
-        model, backend, rollout, scenarios(8), None, num_rollout_workers=2,
-        min_batch_size=2, max_batch_size=2, log_interval_seconds=20.0,
+        model,
+        backend,
+        rollout,
+        scenarios(8),
+        None,
+        num_rollout_workers=2,
+        min_batch_size=2,
+        max_batch_size=2,
+        log_interval_seconds=20.0,
     ).train(handle_signals=False)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[status]")]
     # 4 steps of 5 s rollouts + 10 s training, overlapped: about 45 virtual seconds, so lines at
     # 0, 20 and 40 s plus the final flush.
     assert len(lines) == 4
-    assert "trained=8" in lines[-1]
+    assert "trained 8 groups" in lines[-1]
 
 
 def test_huge_finite_rewards_are_summarised_without_overflow() -> None:
@@ -131,3 +195,15 @@ def test_huge_finite_rewards_are_summarised_without_overflow() -> None:
     mean, std, flat = reward_summary(batch)
     assert std == pytest.approx((math.sqrt(3) / 4 * 1.7e308 + 1.7e308) / 2)
     assert flat == 0 and mean is not None
+
+
+def test_the_line_the_getting_started_guide_explains_is_the_line_printed() -> None:
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    quoted = next(line for line in guide.splitlines() if line.startswith("[status] step 34"))
+    status = StatusReporter(get_scenario_offset=lambda: 0, num_workers=4)
+    status.step, status.trained, status.queued, status.zero_variance = 34, 120, 2, 342
+    status.rolling_out, status.val_step, status.val_reward = 3, 32, 0.999
+    status.reward_ewa, status.step_seconds_ewa, status.reward_std_ewa = 0.991, 0.21, 0.021
+    assert status.full_line() == quoted

@@ -52,6 +52,15 @@ def reward_summary(batch: Sequence[TrajectoryGroup]) -> tuple[float | None, floa
     return (total / count if count else None), (std_sum / len(batch) if batch else 0.0), flat
 
 
+#: Printed once per run, the first time skipped identical-reward groups outnumber the trained.
+ZERO_VARIANCE_NOTE = (
+    "[status] note: a group whose rollouts all got the same reward has no learning signal "
+    "(every advantage is 0), so it is skipped, not trained. Many such skips are normal when the "
+    "task is easy for the policy or it has converged; for more signal use larger groups or a "
+    "finer-grained reward."
+)
+
+
 def _count(value: int | None) -> str:
     return "n/a" if value is None else str(value)
 
@@ -122,6 +131,16 @@ class StatusReporter:
             EvalEnded: self._eval_ended,
             Resized: self._resized,
         }
+        #: The `[status]` line's parts in order; `add_part` appends one.
+        self.parts: list[Callable[[], str | None]] = [
+            self._step_part,
+            self._groups_part,
+            self._skipped_part,
+            self._rollouts_part,
+            self._train_part,
+            self._val_part,
+        ]
+        self._noted_zero_variance = False
         self._started = False
         self._last_log = 0.0
         self._last_refresh = 0.0
@@ -162,6 +181,7 @@ class StatusReporter:
             return
         self._last_log = now
         self._write(self.full_line())
+        self._note_if_skips_dominate()
 
     # -- events --------------------------------------------------------------------------
 
@@ -251,56 +271,85 @@ class StatusReporter:
         return self.zero_variance + self.stale + self.errored
 
     def full_line(self) -> str:
-        """The periodic log line, every field spelled out."""
-        scenarios = [f"trained={self.trained}"]
+        """The periodic log line: the parts, in plain words, separated by `` | ``."""
+        parts = [text for part in self.parts if (text := part())]
+        return "[status] " + " | ".join(parts)
+
+    def add_part(self, part: Callable[[], str | None]) -> None:
+        """Append a part to the `[status]` line: `part()` returns its text, or None to leave
+        it out of this line."""
+        self.parts.append(part)
+
+    def _step_part(self) -> str:
+        return f"step {_count(self.step)}"
+
+    def _groups_part(self) -> str:
+        # A scenario's rollouts form one group, and the trainer trains or skips whole groups.
+        words = [f"trained {self.trained} groups", f"{self.queued} queued"]
+        words.append(f"{self.training} in training")
         if self.remaining is not None:
-            scenarios.append(f"remaining={self.remaining}")
-        scenarios += [
-            f"queued={self.queued}",
-            f"training={self.training}",
-            f"discarded[total={self.discarded} 0_var={self.zero_variance} "
-            f"stale={self.stale} errored={self.errored}]",
-            f"rollouts={self.rolling_out}/{self._workers}",
+            words.append(f"{self.remaining} scenarios left")
+        return ", ".join(words)
+
+    def _skipped_part(self) -> str:
+        reasons = [
+            (self.zero_variance, "with identical rewards (no learning signal)"),
+            (self.stale, "too stale (beyond max_steps_off_policy)"),
+            (self.errored, "whose rollout failed"),
         ]
-        train = [
-            f"step={_count(self.step)}",
-            f"reward={_num(self.reward_ewa, 3)}",
-            f"step_seconds={_num(self.step_seconds_ewa, 2)}",
-            f"avg_std={_num(self.reward_std_ewa, 3)}",
-        ]
-        val = [
-            f"reward={_num(self.val_reward, 3)}",
-            f"active={'yes' if self.val_running_step is not None else 'no'}",
-        ]
-        if self.val_step is not None:
-            val.append(f"step={self.val_step}")
-        if self.val_running_step is not None:
-            val.append(f"active_step={self.val_running_step}")
+        said = [f"{n} {why}" for n, why in reasons if n]
+        return "skipped " + (f"{self.discarded} groups: " + ", ".join(said) if said else "none")
+
+    def _rollouts_part(self) -> str:
+        return f"rollouts: {self.rolling_out} of {self._workers} workers busy"
+
+    def _train_part(self) -> str:
         return (
-            f"[status] scenarios[{' '.join(scenarios)}] train[{' '.join(train)}] "
-            f"val[{' '.join(val)}]"
+            f"train: reward {_num(self.reward_ewa, 3)}, {_num(self.step_seconds_ewa, 2)} s/step, "
+            f"reward std {_num(self.reward_std_ewa, 3)} (smoothed)"
         )
+
+    def _val_part(self) -> str:
+        text = f"val: reward {_num(self.val_reward, 3)}"
+        if self.val_step is not None:
+            text += f" at step {self.val_step}"
+        if self.val_running_step is not None:
+            text += f", evaluating step {self.val_running_step}"
+        return text
+
+    def _note_if_skips_dominate(self) -> None:
+        """Say once why many skipped groups are not a fault, when they first outnumber the
+        trained ones (a newcomer sees '342 skipped, 120 trained' and suspects a bug)."""
+        if self._noted_zero_variance or self.zero_variance < max(10, self.trained):
+            return
+        self._noted_zero_variance = True
+        self._write(ZERO_VARIANCE_NOTE)
 
     def condensed_line(self, width: int | None = None) -> str:
         """The live line, dropping the least useful fields until it fits `width` columns."""
         width = width or shutil.get_terminal_size(fallback=(120, 20)).columns
-        optional = ["sd", "act", "r_left"]  # dropped in this order when too wide
+        # Dropped in this order when too wide.
+        optional = ["std", "eval", "left", "training", "queued"]
         while True:
-            scen = [f"tr={self.trained}"]
-            if self.remaining is not None and "r_left" in optional:
-                scen.append(f"r={self.remaining}")
-            scen += [f"q={self.queued}", f"b={self.training}", f"d={self.discarded}"]
-            train = [
-                f"s={'na' if self.step is None else self.step}",
-                f"r={_num(self.reward_ewa, 2, missing='na')}",
-                f"dt={_num(self.step_seconds_ewa, 1, missing='na')}",
+            words = [f"step {'-' if self.step is None else self.step}", f"{self.trained} trained"]
+            if self.remaining is not None and "left" in optional:
+                words.append(f"{self.remaining} left")
+            if "queued" in optional:
+                words.append(f"{self.queued} queued")
+            if "training" in optional:
+                words.append(f"{self.training} training")
+            words += [
+                f"{self.discarded} skipped",
+                f"reward {_num(self.reward_ewa, 2, missing='-')}",
+                f"{_num(self.step_seconds_ewa, 1, missing='-')} s/step",
             ]
-            if "sd" in optional:
-                train.append(f"sd={_num(self.reward_std_ewa, 2, missing='na')}")
-            val = [f"r={_num(self.val_reward, 2, missing='na')}"]
-            if "act" in optional:
-                val.append(f"act={'y' if self.val_running_step is not None else 'n'}")
-            line = f"scenarios[{' '.join(scen)}] train[{' '.join(train)}] val[{' '.join(val)}]"
+            if "std" in optional:
+                words.append(f"std {_num(self.reward_std_ewa, 2, missing='-')}")
+            val = f"val {_num(self.val_reward, 2, missing='-')}"
+            if "eval" in optional and self.val_running_step is not None:
+                val += " (evaluating)"
+            words.append(val)
+            line = " · ".join(words)
             if len(line) <= width or not optional:
                 return line
             optional.pop(0)

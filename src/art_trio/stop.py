@@ -32,6 +32,8 @@ class StopControl:
         self.eval_scope: anyio.CancelScope | None = None
         #: Every stage's scope (the trainer runs the stages in it): cancelled by a forced stop.
         self.run_scope = anyio.CancelScope()
+        #: The signal (SIGINT, SIGTERM) that asked for the stop, if one did.
+        self.signal: int | None = None
         self._on_stop: list[Callable[[], None]] = []
         self._stages_left = {"rollout", "training", "eval"}
 

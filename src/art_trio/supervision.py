@@ -22,7 +22,7 @@ logger = logging.getLogger("art_trio")
 
 
 async def run_stage(
-    run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any
+    run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any, **kwargs: Any
 ) -> None:
     """Run one stage; an exception leaving it is labelled with the stage's name, and is the
     run's first error unless another came first (`PipelineRun.note_failure`).
@@ -32,7 +32,7 @@ async def run_stage(
     """
     try:
         try:
-            await fn(*args)
+            await fn(*args, **kwargs)
         except ExceptionGroup as group:
             found = list(leaves(group))
             if len(found) != 1:

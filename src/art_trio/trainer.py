@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -139,6 +140,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._last_statistics: RunStatistics | None = None
         #: The reason of the last resize made with no run built (its Resized event's).
         self._startup_resize_reason = "resize"
+        self._stop_signal: int | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
         if rollout_executor is not None and is_native(rollout_fn):
             raise TypeError(
@@ -188,6 +190,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         # the start-up's cancel scope and the settings belong to this thread.
         self._loop = LoopHandle()
         self._starting = True
+        self._stop_signal = None
         try:
             lock = RunLock(self.model._get_output_dir())
             lock.acquire()
@@ -236,6 +239,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 if not handle_signals:
                     raise
                 logger.warning("Shutdown requested (SIGINT) during start-up: nothing was started.")
+                self._stop_signal = signal.SIGINT
             finally:
                 self._prepare_scope = None
         if prepared is None:
@@ -276,6 +280,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
         self._last_statistics = run.statistics(running=False, workers_running=0)
+        self._stop_signal = run.stop.signal
         self._run = None
         self._rollouts = None
         self._resize_queue = None
@@ -296,18 +301,20 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._resize_queue = groups.resize
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
+        control = ControlStage(run, handle_signals=handle_signals)
         stages: list[Stage] = [
             rollouts,
             TrainingStage(run, receive, eval_send),
             EvalStage(run, eval_receive),
             StatusStage(run),
-            ControlStage(run, handle_signals=handle_signals),
         ]
         if getattr(self.autotune, "mode", "off") == "online":
             stages.append(self._autotune_stage(run))
         with run.stop.run_scope as run_scope:
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
+                # Signals first: the other stages start once a SIGINT is a stop.
+                await tg.start(run_stage, run, control.name, control)
                 for stage in stages:
                     tg.start_soon(run_stage, run, stage.name, stage)
                 task_status.started()
@@ -477,6 +484,18 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 reason,
             )
         )
+
+    @property
+    def stop_signal(self) -> signal.Signals | None:
+        """The signal (SIGINT or SIGTERM) that stopped the last `train()`, None if none did.
+
+        `train()` returns normally after a signal's clean stop; a program that should end as
+        an interrupted one does (exit status 130 for SIGINT) checks this:
+        `if trainer.stop_signal: sys.exit(128 + trainer.stop_signal)`.
+        """
+        run = self._run
+        number = run.stop.signal if run is not None else self._stop_signal
+        return None if number is None else signal.Signals(number)
 
     def request_stop(self, *, force: bool = False) -> None:
         """Stop cleanly: take no more scenarios, finish or cancel in-flight work, return.

@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``art-trio bench`` command line."""
     parser = argparse.ArgumentParser(
         prog="art-trio bench",
+        allow_abbrev=False,  # a misspelt flag is an error, not another flag
         description=(
             "Compare the installed ART's asyncio PipelineTrainer with art_trio's on sleep-based "
             "workloads (one subprocess per run). " + ART_PATCH_NOTE

@@ -149,6 +149,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
     from art_trio import PipelineTrainer, StepTrained
 
     from ..demo.cli import DemoResult
+    from ..demo.interrupt import run_interruptibly
     from ..demo.plot import plot_rewards, read_rewards
     from .backend import CPUBackend
 
@@ -169,7 +170,10 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         started=started,
     )
     backend = CPUBackend(options.model, seed=options.seed)
-    print(f"Loading {backend.source.path} ...", flush=True)
+    # The first load converts the GGUF (minutes): in a thread, so that Ctrl-C is answered.
+    await run_interruptibly(
+        backend._load, what="the model load", announce=f"Loading {backend.source.path} ..."
+    )
     async with backend:
         print(f"Model loaded in {time.monotonic() - started:.0f} s", flush=True)
         await model.register(backend)
@@ -211,6 +215,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         await trainer.train(handle_signals=True)
         final_step = await backend._get_step(model)
     wall_seconds = time.monotonic() - started
+    stop_signal = trainer.stop_signal
     history_path = Path(model._get_output_dir()) / "history.jsonl"
     vals = read_rewards(history_path)["val/reward"] if history_path.exists() else []
     plot_path = None
@@ -229,4 +234,5 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         last_val=vals[-1] if vals else None,
         history_path=history_path,
         plot_path=plot_path,
+        stop_signal=stop_signal,
     )

@@ -7,6 +7,7 @@ Run it with ``art-trio demo`` or ``python -m art_trio.demo``. The pieces:
 * ``task``: the scenarios, ``rollout`` and ``eval_fn``, plain ART-style asyncio code.
 * ``policy``: the numpy softmax policy and its ``cispo``/``ppo`` gradient.
 * ``server``: the OpenAI-compatible HTTP app.
+* ``start_over`` (``fresh``): the examples' fresh start on every run.
 """
 
 import os
@@ -16,6 +17,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .backend import CpuBackend  # noqa: E402
+from .fresh import start_over  # noqa: E402
 from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
 
-__all__ = ["CpuBackend", "TaskConfig", "eval_fn", "rollout", "scenarios"]
+__all__ = ["CpuBackend", "TaskConfig", "eval_fn", "rollout", "scenarios", "start_over"]

@@ -12,7 +12,9 @@ Running again with the same ``--name`` resumes that run from its newest checkpoi
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import trio  # noqa: E402
 from art_trio import trainable_model  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
+from .interrupt import Interrupted  # noqa: E402
 from .plot import plot_rewards, read_rewards  # noqa: E402
 from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
 
@@ -66,6 +69,8 @@ class DemoResult:
     last_val: tuple[int, float] | None
     history_path: Path
     plot_path: Path | None
+    #: The signal that stopped the run early (SIGINT, SIGTERM), None if it ran to the end.
+    stop_signal: int | None = None
 
     @property
     def steps_trained(self) -> int:
@@ -76,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = DemoOptions()
     parser = argparse.ArgumentParser(
         prog="art-trio demo",
+        # `--worker 4` must be an error, not a silent `--workers 4`.
+        allow_abbrev=False,
         description=(
             "Train a tiny numpy policy on ART's yes/no/maybe task with art_trio's "
             "PipelineTrainer, on the CPU, through a real OpenAI-compatible server."
@@ -128,6 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The models `--model` knows by name (anything else is a path).
+MODEL_NAMES = ("smollm2",)
+
+
+def model_choice_problem(value: str) -> str | None:
+    """Why `--model value` names no model (None if it does: a known name or an existing
+    path; what the path holds is checked when it is loaded)."""
+    if value in MODEL_NAMES or Path(value).expanduser().exists():
+        return None
+    close = difflib.get_close_matches(value, MODEL_NAMES, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"--model {value!r} is not a model: {hint}give "
+        + " or ".join(repr(name) for name in MODEL_NAMES)
+        + ", a .gguf file or a Hugging Face model directory"
+    )
+
+
 def _explicit(argv: list[str] | None) -> dict[str, object]:
     """The flags given on the command line (not defaulted), by destination."""
     parser = build_parser()
@@ -162,10 +187,19 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
     except ModelSourceError as exc:
         print(f"art-trio demo: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stopped:
+        print(f"art-trio demo: {stopped}", file=sys.stderr, flush=True)
+        if stopped.abandoned:
+            # The load's thread is still running torch code: end the process now rather
+            # than finalize the interpreter under it.
+            sys.stdout.flush()
+            os._exit(128 + stopped.signum)
+        return 128 + stopped.signum
     except KeyboardInterrupt:
+        print("art-trio demo: interrupted; nothing more was trained", file=sys.stderr)
         return 130
     print(format_summary(result).replace("always answer 'maybe'", "answer 'maybe' first"))
-    return 0
+    return exit_status(result)
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
@@ -233,6 +267,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         await trainer.train(handle_signals=True)
         final_step = await backend._get_step(model)
     wall_seconds = time.monotonic() - started
+    stop_signal = trainer.stop_signal
 
     history_path = Path(model._get_output_dir()) / "history.jsonl"
     vals = read_rewards(history_path)["val/reward"] if history_path.exists() else []
@@ -252,24 +287,45 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         last_val=vals[-1] if vals else None,
         history_path=history_path,
         plot_path=plot_path,
+        stop_signal=stop_signal,
     )
 
 
 def format_summary(result: DemoResult) -> str:
-    lines = [
-        f"Done: {result.steps_trained} steps (to step {result.final_step}) "
-        f"in {result.wall_seconds:.1f} s."
-    ]
+    if result.stop_signal is not None:
+        lines = [
+            f"Stopped by {signal.Signals(result.stop_signal).name} after "
+            f"{result.steps_trained} steps (at step {result.final_step}), "
+            f"{result.wall_seconds:.1f} s; the state is saved: run again with "
+            f"--name {result.name} to resume."
+        ]
+    else:
+        lines = [
+            f"Done: {result.steps_trained} steps (to step {result.final_step}) "
+            f"in {result.wall_seconds:.1f} s."
+        ]
     if result.first_val is not None and result.last_val is not None:
         (s0, r0), (s1, r1) = result.first_val, result.last_val
         lines.append(
             f"val reward: {r0:.3f} at step {s0} -> {r1:.3f} at step {s1} "
             "(optimum 1.000: always answer 'maybe')"
         )
+        if s1 < result.final_step:
+            # Evals run beside training and the run does not wait for the ones behind.
+            lines.append(
+                f"  (step {s1} is the last step evaluated: evals run beside training, and "
+                f"the run does not wait for the ones still behind at step {result.final_step})"
+            )
     lines.append(f"history: {result.history_path}")
     if result.plot_path is not None:
         lines.append(f"plot:    {result.plot_path}")
     return "\n".join(lines)
+
+
+def exit_status(result: DemoResult) -> int:
+    """0 for a finished run; 128 + the signal's number (130 for Ctrl-C) for one a signal
+    stopped, as a shell expects of an interrupted program."""
+    return 0 if result.stop_signal is None else 128 + result.stop_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,10 +348,19 @@ def main(argv: list[str] | None = None) -> int:
         print("art-trio demo: --learning-rate must be > 0", file=sys.stderr)
         return 2
     if args.model is not None:
-        return _main_llm(argv, args)
+        # The choice first: a typo should say so, not that an extra is missing.
+        problem = model_choice_problem(args.model)
+        if problem is not None:
+            print(f"art-trio demo: {problem}", file=sys.stderr)
+            return 2
+        try:
+            return _main_llm(argv, args)
+        except KeyboardInterrupt:  # during torch's import, before any signal is handled
+            print("art-trio demo: interrupted while starting; nothing was trained", file=sys.stderr)
+            return 130
     try:
         result = trio.run(run_demo, options)
     except KeyboardInterrupt:
         return 130
     print(format_summary(result), flush=True)
-    return 0
+    return exit_status(result)

@@ -7,6 +7,7 @@ canvas (no display, no pyplot global state, safe in any thread or test).
 from __future__ import annotations
 
 import json
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -52,6 +53,21 @@ def read_rewards(history_path: str | Path) -> dict[str, list[tuple[int, float]]]
     }
 
 
+#: Characters of the default 10-point title that fit one line of the 7-inch figure.
+TITLE_WIDTH = 72
+
+
+def fit_title(title: str, width: int = TITLE_WIDTH) -> str:
+    """`title` broken into lines that fit the figure (a run's timestamped name plus the task
+    ran past both edges, centred and cut): after the run's name first, then at spaces."""
+    lines: list[str] = []
+    for part in title.split(": ", 1) if len(title) > width else [title]:
+        lines += textwrap.wrap(part, width) or [""]
+    if len(lines) > 1 and ": " in title and len(title) > width:
+        lines[0] += ":"
+    return "\n".join(lines)
+
+
 def plot_rewards(
     history_path: str | Path,
     out_path: str | Path,
@@ -74,7 +90,7 @@ def plot_rewards(
         ax.axhline(optimum, color="grey", linestyle=":", linewidth=1, label="optimum")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
-    ax.set_title(title)
+    ax.set_title(fit_title(title), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()

@@ -387,6 +387,13 @@ class ServedBackend:
         assert self._task_group is not None and self._shutdown is not None
         self._shutdown.set()
         try:
+            if isinstance(exc, Exception):
+                # The body's own error (a misspelt trainer keyword, a failed run) reaches the
+                # caller as itself, not inside the server's task group's ExceptionGroup: the
+                # server shuts down, then the error goes on. Cancellation and KeyboardInterrupt
+                # still go through the group, which must see them.
+                await self._task_group.__aexit__(None, None, None)
+                return None
             return await self._task_group.__aexit__(exc_type, exc, tb)
         finally:
             self._task_group = None

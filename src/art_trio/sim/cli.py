@@ -108,6 +108,7 @@ def _assignment(text: str) -> tuple[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="art-trio simulate",
+        allow_abbrev=False,  # a misspelt flag is an error, not another flag
         description=(
             "Run art_trio's PipelineTrainer in virtual time against a synthetic workload and "
             "report trainer utilization, waste, staleness and queue depth. Durations are "

@@ -19,6 +19,7 @@ import threading
 import warnings
 
 import anyio
+from anyio.abc import TaskStatus
 
 from ..run import PipelineRun
 
@@ -35,20 +36,27 @@ class ControlStage:
         self.run = run
         self.handle_signals = handle_signals
 
-    async def __call__(self) -> None:
-        await control_stage(self.run, handle_signals=self.handle_signals)
+    async def __call__(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await control_stage(self.run, handle_signals=self.handle_signals, task_status=task_status)
 
     def statistics(self) -> None:
         """The stage owns no figures."""
         return None
 
 
-async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
+async def control_stage(
+    run: PipelineRun,
+    *,
+    handle_signals: bool,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reports started once the signals are taken over (the trainer starts the other stages
+    only then: a Ctrl-C as the first status line appears must be a stop, not a traceback)."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(_enforce_grace, run)
         if handle_signals:
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(_receive_signals, run)
+                await tg.start(_receive_signals, run)
             else:
                 warnings.warn(
                     "handle_signals=True is ignored: signal handlers can only be installed "
@@ -56,6 +64,7 @@ async def control_stage(run: PipelineRun, *, handle_signals: bool) -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        task_status.started()
         await run.stop.finished.wait()
         tg.cancel_scope.cancel()
 
@@ -71,10 +80,13 @@ async def _enforce_grace(run: PipelineRun) -> None:
         stop.eval_scope.cancel()
 
 
-async def _receive_signals(run: PipelineRun) -> None:
+async def _receive_signals(
+    run: PipelineRun, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
+            task_status.started()
             async for signum in received:
                 name = signal.Signals(signum).name
                 if not run.stopping:
@@ -84,6 +96,7 @@ async def _receive_signals(run: PipelineRun) -> None:
                         "Shutdown requested (%s): finishing in-flight work (%s); send %s "
                         "again to stop at once.", name, within, name,
                     )
+                    run.stop.signal = signum
                     run.request_stop()
                 else:
                     logger.warning(
