@@ -1,6 +1,8 @@
 """Issue 32, round four on the trainer core: the run lock, calls from other threads, the
 settings groups, the pytest plugin, the Prometheus exporter, hostile state files and the
-journal's record size. Each test failed before its fix.
+journal's record size. Each item's test failed before its fix; the attacks on the fixes
+(a thread at every phase, a KeyboardInterrupt while threads wait, a lock unlocked under a
+run) were written after them.
 """
 
 from __future__ import annotations

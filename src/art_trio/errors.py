@@ -176,6 +176,7 @@ __all__ = [
     "RolloutRejected",
     "RolloutsKeepFailing",
     "RunLockedError",
+    "RunLockLostError",
     "StateFileError",
     "StateWriteError",
 ]

@@ -6,7 +6,8 @@ from any other thread is therefore handed to the loop (`trio`'s token, or asynci
 `call_soon_threadsafe`) and runs there between two tasks' steps, so what it reads is one
 consistent instant of the run; the calling thread waits for the answer, for at most a timeout
 (a loop blocked by a callback that never yields cannot answer, and a watchdog must learn that
-rather than hang with it).
+rather than hang with it). The trainer hands calls over from the first line of `train()` to
+its last, start-up included: a start-up's cancel scope and settings are the loop's too.
 """
 
 from __future__ import annotations
