@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -165,3 +166,20 @@ def test_the_plot_title_fits_the_figure(title: str) -> None:
     canvas.draw()
     box = text.get_window_extent(canvas.get_renderer())
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+
+
+def test_the_summary_says_which_step_the_last_val_reward_belongs_to(tmp_path: Path) -> None:
+    """Evals run beside training and the run does not wait for those behind: a val reward of
+    step 12 beside training to step 34 is said to be step 12's, and why."""
+    from art_trio.demo.cli import DemoResult
+
+    result = DemoResult(
+        name="n", start_step=0, final_step=34, wall_seconds=9.0, first_val=(0, 0.762),
+        last_val=(12, 0.98), history_path=tmp_path / "history.jsonl", plot_path=None,
+    )  # fmt: skip
+    summary = format_summary(result)
+    assert "0.762 at step 0 -> 0.980 at step 12" in summary
+    assert "step 12 is the last step evaluated, not step 34" in summary
+    interrupted = format_summary(replace(result, stop_signal=2))
+    assert interrupted.startswith("Stopped by SIGINT after 34 steps (at step 34)")
+    assert "--name n to resume" in interrupted

@@ -313,8 +313,9 @@ def format_summary(result: DemoResult) -> str:
         if s1 < result.final_step:
             # Evals run beside training and the run does not wait for the ones behind.
             lines.append(
-                f"  (step {s1} is the last step evaluated: evals run beside training, and "
-                f"the run does not wait for the ones still behind at step {result.final_step})"
+                f"  (step {s1} is the last step evaluated, not step {result.final_step}: evals "
+                "run every --eval-every steps beside training, and the run does not wait for "
+                "one still running at its end)"
             )
     lines.append(f"history: {result.history_path}")
     if result.plot_path is not None:
