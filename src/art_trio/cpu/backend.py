@@ -27,7 +27,13 @@ What you may rely on:
   directory and renamed, so a kill never leaves a half checkpoint. ``register`` resumes from
   the newest one.
 * Serving and training use two copies of the model (about 2 x 0.55 GB for 135M in float32),
-  each in a worker thread, so a step trains while rollouts sample, as in ART's dedicated mode.
+  each in its own thread, so a step trains while rollouts sample, as in ART's dedicated mode.
+  Serving is continuously batched (``art_trio.cpu.engine``): concurrent requests, of any
+  steps, decode together; a request whose client leaves is aborted at the next step.
+  ``max_batch_rows`` / ``max_batch_tokens`` cap the batch, ``max_tokens_limit`` one request
+  (beyond it, or beyond the model's context, a 400); ``api_key`` makes the server require
+  ``Authorization: Bearer <key>`` (ART's ``model.openai_client()`` sends it). ``statistics()``
+  counts the engine's work.
 
 Not supported (``ValueError``): loss functions other than ``cispo`` / ``ppo``,
 ``importance_sampling_level`` other than ``"token"``, ``kl_penalty_source`` other than
