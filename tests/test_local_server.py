@@ -200,3 +200,45 @@ async def test_a_client_that_goes_away_cancels_the_answer() -> None:
                     nursery.cancel_scope.cancel()  # the rollout is cancelled
                 await cancelled.wait()
             assert not scope.cancelled_caught, "the answer went on after the client left"
+
+
+def test_a_client_that_goes_away_cancels_the_answer_under_asyncio() -> None:
+    """The same on hypercorn's asyncio worker, with the client's asyncio task cancelled."""
+    import asyncio
+
+    async def main() -> None:
+        started, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def never(request: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.set()
+            raise AssertionError("unreachable")
+
+        app = completions_app(never, lambda: ["m@0"], owned_by="test")
+        listener = open_listener()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        stop = asyncio.Event()
+        server = asyncio.ensure_future(serve(app, listener, shutdown_trigger=stop.wait))
+        try:
+            async with openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0) as client:
+                ask = asyncio.ensure_future(
+                    client.chat.completions.create(
+                        model="m@0", messages=[{"role": "user", "content": "x"}]
+                    )
+                )
+                await asyncio.wait_for(started.wait(), 30)
+                ask.cancel()  # the rollout is cancelled
+                await asyncio.wait_for(cancelled.wait(), 30)  # TimeoutError: it went on
+        finally:
+            stop.set()
+            await server
+
+    # A plain loop: this suite's loop policy is trio-asyncio's (see tests/test_cpu_llm.py).
+    loop = asyncio.SelectorEventLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
