@@ -7,7 +7,8 @@ registers a model, trains one step (so two checkpoint steps exist), then, throug
 openai client ART's ``model.openai_client()`` returns, sends ``--requests`` chat requests
 (n=1, ``--tokens`` completion tokens each: vLLM's ``ignore_eos``, so every answer is that long)
 with 1, 2, 4, 8 and 16 in flight, and reports completion tokens/s, the speed-up over one at a
-time, the engine's decode steps and rows per step, and the median request latency.
+time, the engine's decode steps and rows per step, the median request latency, and the
+process's CPU milliseconds per completion token (steadier than wall time on a shared host).
 
 Two more rows at 8 in flight split the requests over steps 0 and 1: served in one batch with
 two adapters (what the server does), and what per-step batches would give (two batches of 4
@@ -68,11 +69,12 @@ async def level(
             latencies.append(time.monotonic() - started)
             counted[0] += response.usage.completion_tokens
 
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     async with trio.open_nursery() as nursery:
         for i in range(requests):
             nursery.start_soon(one, i)
     wall = time.monotonic() - start
+    cpu = time.process_time() - cpu
     after = backend.statistics()
     steps = after["decode_steps"] - before["decode_steps"]
     decoded = (after["tokens_generated"] - before["tokens_generated"]) - (
@@ -86,6 +88,7 @@ async def level(
         "decode_steps": steps,
         "rows_per_step": decoded / steps if steps else 0.0,
         "p50_latency": statistics.median(latencies),
+        "cpu_ms_per_token": 1000 * cpu / counted[0],
     }
 
 
@@ -140,6 +143,11 @@ async def main(args: argparse.Namespace) -> None:
                         "tokens_per_s": (a["tokens"] + b["tokens"]) / wall,
                         "decode_steps": a["decode_steps"] + b["decode_steps"],
                         "p50_latency": float("nan"),
+                        "cpu_ms_per_token": (
+                            a["cpu_ms_per_token"] * a["tokens"]
+                            + b["cpu_ms_per_token"] * b["tokens"]
+                        )
+                        / (a["tokens"] + b["tokens"]),
                     }
 
                 split = await per_step()
@@ -148,9 +156,9 @@ async def main(args: argparse.Namespace) -> None:
             print()
             print(
                 "| in flight | completion tokens | wall (s) | tokens/s | vs 1 in flight "
-                "| decode steps | rows per step | median latency (s) |"
+                "| decode steps | rows per step | median latency (s) | CPU ms per token |"
             )
-            print("|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|")
             for row in rows:
                 print(_line(row, rows[0]["tokens_per_s"]))
             stats = backend.statistics()
@@ -165,7 +173,8 @@ def _line(row: dict[str, Any], base: float) -> str:
     return (
         f"| {row['label']} | {row['tokens']:.0f} | {row['wall']:.1f} | "
         f"{row['tokens_per_s']:.1f} | {row['tokens_per_s'] / base:.2f}x | "
-        f"{row['decode_steps']:.0f} | {row['rows_per_step']:.1f} | {row['p50_latency']:.1f} |"
+        f"{row['decode_steps']:.0f} | {row['rows_per_step']:.1f} | {row['p50_latency']:.1f} | "
+        f"{row['cpu_ms_per_token']:.0f} |"
     )
 
 

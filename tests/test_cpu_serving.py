@@ -227,6 +227,18 @@ async def test_limits_and_the_api_key(loaded: Any, tmp_path: Path) -> None:
             max_tokens=1,
         )
         assert parts.usage is not None and parts.usage.completion_tokens == 1
+        tool_call: Any = {"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}
+        with pytest.raises(openai.BadRequestError, match="chat template") as info:
+            # Valid OpenAI, but SmolLM2's template concatenates the content: a 400, not a 500.
+            await client.chat.completions.create(
+                model=name,
+                messages=[
+                    *SHORT,
+                    {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                ],
+                max_tokens=1,
+            )
+        assert info.value.param == "messages"
         async with openai.AsyncOpenAI(
             base_url=backend.base_url, api_key="wrong", max_retries=0
         ) as stranger:
@@ -268,3 +280,48 @@ async def test_leaving_the_backend_with_requests_decoding_is_prompt(
     assert isinstance(outcome[0], openai.APIConnectionError) or (
         isinstance(outcome[0], openai.APIStatusError) and outcome[0].status_code == 503
     )
+
+
+async def test_past_the_rows_cap_a_request_waits_and_can_leave_the_queue(
+    loaded: Any, tmp_path: Path
+) -> None:
+    """With room for one row, a second request waits while the first decodes; its client
+    leaving takes it out of the queue (never prefilled); a third is served after the first."""
+    backend = loaded
+    backend.max_batch_rows = 1
+    try:
+        async with backend:
+            model = _model(tmp_path, "queue")
+            await model.register(backend)
+            client = model.openai_client()
+            name = model.get_inference_name(0)
+            before = backend.statistics()
+            decoding = _when(backend, lambda s: s.rows_running == 1 and s.tokens_generated >= 3)
+            queued = _when(backend, lambda s: s.requests_waiting == 1)
+            left = _when(backend, lambda s: s.requests_aborted > before["requests_aborted"])
+            results: dict[str, Any] = {}
+            async with trio.open_nursery() as outer:
+
+                async def ask(key: str, **kwargs: Any) -> None:
+                    results[key] = await client.chat.completions.create(
+                        model=name, messages=SHORT, **kwargs
+                    )
+
+                outer.start_soon(
+                    lambda: ask("long", max_tokens=40, extra_body={"ignore_eos": True})
+                )
+                await _wait(decoding)
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(lambda: ask("gone", max_tokens=5))
+                    await _wait(queued)
+                    inner.cancel_scope.cancel()
+                await _wait(left)
+                stats = backend.statistics()
+                assert stats["requests_waiting"] == 0 and stats["rows_running"] == 1
+                assert stats["prefills"] - before["prefills"] == 1  # the gone one never ran
+                outer.start_soon(lambda: ask("after", max_tokens=2))
+            assert results["long"].usage.completion_tokens == 40
+            assert "gone" not in results and results["after"].usage.completion_tokens <= 2
+            assert backend.statistics()["peak_rows"] == 1
+    finally:
+        backend.max_batch_rows = 32
