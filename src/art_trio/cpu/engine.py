@@ -44,6 +44,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from art_trio import ArtTrioError
+
 from . import sampling
 
 logger = logging.getLogger(__name__)
@@ -57,11 +59,11 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _NAMES = itertools.count()  # adapter names, unique in the process
 
 
-class EngineClosed(RuntimeError):
+class EngineClosed(ArtTrioError, RuntimeError):
     """The engine stopped (the backend's ``async with`` block ended) before the answer."""
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(ArtTrioError, ValueError):
     """A request that could never fit the engine's caps."""
 
 
