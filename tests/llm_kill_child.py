@@ -40,9 +40,10 @@ import art_trio.ledger
 import art_trio.ledger.files
 from art_trio import PipelineTrainer
 from art_trio.compat import trainable_model
-from art_trio.cpu import CPUBackend, sampling, training
+from art_trio.cpu import CPUBackend, training
 from art_trio.cpu import backend as cpu_backend
 from art_trio.cpu.demo import LLMTaskConfig, eval_fn, rollout, scenarios
+from art_trio.cpu.engine import Engine
 
 MODEL_NAME = "kill"
 PROJECT = "p"
@@ -50,7 +51,7 @@ SEED = 0
 
 #: Every moment a kill can be aimed at, in the order a step meets them.
 POINTS = (
-    "generate",  # a rollout's or an eval's sampling, in the serving thread
+    "generate",  # a rollout's or an eval's request joining the batch, in the engine thread
     "eval",  # an eval starts
     "journal-torn",  # half of a ledger journal record written
     "journal-written",  # a whole record written
@@ -83,18 +84,18 @@ class Moments:
 
 def install(moment: Moments, out: Path) -> None:
     """Wrap the moments' code (this process only): the library is unchanged."""
-    generate, train_step = sampling.generate, training.train_step
+    prefill, train_step = Engine._prefill, training.train_step
 
-    def generate_hooked(*args: Any, **kwargs: Any) -> Any:
+    def prefill_hooked(self: Engine, *args: Any, **kwargs: Any) -> Any:
         moment("generate")
-        return generate(*args, **kwargs)
+        return prefill(self, *args, **kwargs)
 
     def train_step_hooked(*args: Any, **kwargs: Any) -> Any:
         metrics = train_step(*args, **kwargs)
         moment("optimizer-stepped")
         return metrics
 
-    sampling.generate = generate_hooked
+    Engine._prefill = prefill_hooked  # type: ignore[method-assign]
     training.train_step = train_step_hooked
 
     # The checkpoint's one write seam: each file of a checkpoint goes through write_file.

@@ -32,7 +32,13 @@ What you may rely on:
 * One model per name: a second project's model of a registered name raises
   ``ModelNameConflictError`` (the server's names are ``name@step``).
 * Serving and training use two copies of the model (about 2 x 0.55 GB for 135M in float32),
-  each in a worker thread, so a step trains while rollouts sample, as in ART's dedicated mode.
+  each in its own thread, so a step trains while rollouts sample, as in ART's dedicated mode.
+  Serving is continuously batched (``art_trio.cpu.engine``): concurrent requests, of any
+  steps, decode together; a request whose client leaves is aborted at the next step.
+  ``max_batch_rows`` / ``max_batch_tokens`` cap the batch, ``max_tokens_limit`` one request
+  (beyond it, or beyond the model's context, a 400); ``api_key`` makes the server require
+  ``Authorization: Bearer <key>`` (ART's ``model.openai_client()`` sends it). ``statistics()``
+  counts the engine's work.
 
 Not supported (``ValueError``): loss functions other than ``cispo`` / ``ppo``,
 ``importance_sampling_level`` other than ``"token"``, ``kl_penalty_source`` other than
@@ -44,6 +50,7 @@ step over micro-batches of 8), ``optimizer_save_interval`` (the optimizer is sav
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import errno
 import json
@@ -56,6 +63,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sniffio
@@ -65,10 +73,10 @@ from art.types import LocalTrainResult, TrainSFTConfig
 
 from art_trio import ArtTrioError
 
-from ..local_backend.server import UnknownModelError
+from ..local_backend.server import OpenAIError, UnknownModelError
 from ..local_backend.versions import LocalBackend, ModelVersions
 from ..local_backend.versions import saved_steps as _saved
-from . import model_source, sampling, training
+from . import engine, model_source, sampling, training
 from .server import create_app
 
 if TYPE_CHECKING:
@@ -83,6 +91,10 @@ Weights = dict[str, torch.Tensor]
 DEFAULT_KEEP_STEPS = 16
 DEFAULT_LEARNING_RATE = 5e-4
 DEFAULT_MAX_TOKENS = 64
+#: Rows decoded at once, and the batch's left-padded KV cache in tokens (46 KB a token for
+#: SmolLM2-135M: 16,384 tokens is 0.75 GB): room for two requests of the whole context.
+DEFAULT_MAX_BATCH_ROWS = 32
+DEFAULT_MAX_BATCH_TOKENS = 16384
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -93,6 +105,27 @@ _NOT_NEEDED = {
     "optimizer_save_interval",
     "_pipeline_train_dispatch_event",
 }
+
+
+async def wait_future(future: concurrent.futures.Future[T]) -> T:
+    """The result of a future set in another thread, awaited on trio or asyncio without
+    holding a thread. Cancelling the waiter does not cancel the future (the caller does)."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_: object) -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        future.add_done_callback(wake)
+        await done.wait()
+        return future.result()
+    return await asyncio.shield(asyncio.wrap_future(future))
 
 
 async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
@@ -193,8 +226,11 @@ class CPUBackend(LocalBackend[_ModelState]):
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         host: str = "127.0.0.1",
         port: int = 0,
-        api_key: str = "cpu-backend",
+        api_key: str | None = None,
         num_threads: int | None = None,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_tokens_limit: int | None = None,
     ) -> None:
         self._init_versions(keep_steps)
         # Resolved now, so a missing model is an error before anything starts.
@@ -203,7 +239,20 @@ class CPUBackend(LocalBackend[_ModelState]):
         self.lora_rank = lora_rank
         self.lora_alpha = lora_alpha
         self.default_max_tokens = default_max_tokens
-        self.api_key = api_key
+        if max_batch_rows < 1 or max_batch_tokens < 1:
+            raise ValueError("max_batch_rows and max_batch_tokens must be >= 1")
+        if max_tokens_limit is not None and max_tokens_limit < 1:
+            raise ValueError("max_tokens_limit must be >= 1 (or None: the context length)")
+        #: Serving caps (see ``art_trio.cpu.engine``): rows decoded at once, the batch's KV
+        #: cache in tokens, and one request's ``max_tokens``.
+        self.max_batch_rows = max_batch_rows
+        self.max_batch_tokens = max_batch_tokens
+        self.max_tokens_limit = max_tokens_limit
+        #: The key clients send (``Authorization: Bearer``); checked only if one was given, as
+        #: vLLM's ``--api-key``. ART's ``model.openai_client()`` sends it after ``register``.
+        self.api_key = api_key if api_key is not None else "cpu-backend"
+        self._check_api_key = api_key is not None
+        self._engine: engine.Engine | None = None
         # Serving and training run at once, each in its own thread: one core each by default.
         # More intra-op threads than free cores is far slower, not faster: measured here with
         # other jobs on the 2 cores, one 8x40-token forward took 6.5 s on 1 thread, 25-34 s on 2.
@@ -212,7 +261,6 @@ class CPUBackend(LocalBackend[_ModelState]):
         # One thread serves, one trains: each owns its copy of the model.
         self._serve_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-serve")
         self._train_executor = ThreadPoolExecutor(1, thread_name_prefix="cpu-train")
-        self._serve_lock = threading.Lock()
         self._train_lock = threading.Lock()
         self._serve_model: Any = None
         self._train_model: Any = None
@@ -255,9 +303,46 @@ class CPUBackend(LocalBackend[_ModelState]):
     async def _before_serving(self) -> None:
         if self._train_model is None:
             await run_in_thread(self._train_executor, self._load)
+        if self._engine is None:
+            self._engine = engine.Engine(
+                self._serve_model,
+                stop_ids=self._stop_ids,
+                max_rows=self.max_batch_rows,
+                max_tokens=self.max_batch_tokens,
+                on_busy=self._note_inference,
+            )
+            self._served = None
+            self._engine.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        # Stop decoding first (after the step under way, a fraction of a second): requests
+        # still in flight are answered 503 at once, and the server shuts down without
+        # waiting for them.
+        serving, self._engine = self._engine, None
+        if serving is not None:
+            serving.close()
+            await run_in_thread(self._serve_executor, serving.join)
+        return await super().__aexit__(exc_type, exc, tb)
+
+    def _note_inference(self, start: float, end: float) -> None:
+        self.inference_seconds += end - start
+        self.busy.append(("inference", start, end))
 
     def _make_app(self) -> Any:
-        return create_app(self)
+        return create_app(self, api_key=self.api_key if self._check_api_key else None)
+
+    def statistics(self) -> dict[str, float]:
+        """The serving engine's counters: ``decode_steps``, ``prefills``, ``busy_seconds``,
+        ``tokens_generated``, ``tokens_aborted`` (generated for requests whose client left),
+        ``requests_completed``, ``requests_aborted``, ``rows_running``, ``requests_waiting``,
+        ``peak_rows``, ``peak_cache_tokens``. All zero before serving starts."""
+        stats = self._engine.statistics() if self._engine is not None else engine.EngineStatistics()
+        return {key: float(value) for key, value in vars(stats).items()}
 
     @property
     def tokenizer(self) -> Any:
@@ -693,51 +778,118 @@ class CPUBackend(LocalBackend[_ModelState]):
         top_p: float,
         top_logprobs: int,
         seed: int | None,
+        ignore_eos: bool = False,
     ) -> tuple[list[int], list[sampling.Completion]]:
+        """``n`` completions decoded in the running batch (``art_trio.cpu.engine``).
+
+        Raises ``OpenAIError`` (400) for a request over a limit, ``UnknownModelError`` for a
+        model not served. Cancelling the caller (a client that went away) aborts the request:
+        its rows leave the batch before the next decode step."""
+        serving = self._engine
+        if serving is None:
+            raise OpenAIError(503, "CPUBackend is not serving.", type="server_error")
         name, state, step = self._resolve(model)
         with state.pinned(step):  # not evicted while this request samples from it
 
-            def work() -> tuple[list[int], list[sampling.Completion]]:
-                import time
-
+            def prepare() -> tuple[list[int], Weights]:
                 weights = self._weights_for(state, step)
-                prompt = sampling.prompt_token_ids(self._tokenizer, messages)
-                generator = (
-                    torch.Generator().manual_seed(seed % 2**63) if seed is not None else None
-                )
-                with self._serve_lock:
-                    started = time.monotonic()
-                    if self._served != (name, step):
-                        self._set_weights(self._serve_model, weights)
-                        self._served = (name, step)
-                    completions = sampling.generate(
-                        self._serve_model,
-                        prompt,
-                        n=n,
-                        max_tokens=max_tokens or self.default_max_tokens,
-                        temperature=temperature,
-                        top_p=top_p,
-                        top_logprobs=top_logprobs,
-                        stop_ids=self._stop_ids,
-                        generator=generator or self._rng,
-                    )
-                    self.inference_seconds += time.monotonic() - started
-                    self.busy.append(("inference", started, time.monotonic()))
-                return prompt, completions
+                return self._prompt(messages), weights
 
-            return await run_in_thread(self._serve_executor, work)
+            prompt, weights = await run_in_thread(self._serve_executor, prepare)
+            budget = self._max_tokens(len(prompt), max_tokens)
+            if seed is not None:
+                seeds = [engine.row_seed(seed, i) for i in range(n)]
+            else:
+                seeds = [int(torch.randint(2**62, (1,), generator=self._rng)) for _ in range(n)]
+            request = engine.EngineRequest(
+                prompt_ids=prompt,
+                n=n,
+                max_tokens=budget,
+                temperature=temperature,
+                top_p=top_p,
+                top_logprobs=top_logprobs,
+                seeds=seeds,
+                adapter=weights,
+                ignore_eos=ignore_eos,
+            )
+            try:
+                future = serving.submit(request)
+            except engine.RequestTooLarge as exc:
+                raise OpenAIError(400, str(exc), param="n") from None
+            except engine.EngineClosed as exc:
+                raise OpenAIError(503, str(exc), type="server_error") from None
+            try:
+                completions = await wait_future(future)
+            except engine.EngineClosed as exc:
+                raise OpenAIError(503, str(exc), type="server_error") from None
+            finally:
+                future.cancel()  # a no-op once answered; otherwise the request is aborted
+        return prompt, completions
+
+    def _prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            return sampling.prompt_token_ids(self._tokenizer, messages)
+        except Exception as exc:  # the chat template refused these messages
+            raise OpenAIError(
+                400, f"The chat template cannot render these messages: {exc}", param="messages"
+            ) from None
+
+    @property
+    def context_length(self) -> int:
+        """Prompt and completion tokens one sequence may hold (the model's context)."""
+        config = getattr(self._serve_model, "config", None)
+        return int(getattr(config, "max_position_embeddings", 0) or 8192)
+
+    def _max_tokens(self, prompt_tokens: int, requested: int | None) -> int:
+        """The request's token budget; an ``OpenAIError`` (400) past the context or the cap.
+
+        Refused rather than clamped, as vLLM and OpenAI do: a rollout that asked for more
+        tokens than it can get should learn it, not receive a silently shorter answer."""
+        context = self.context_length
+        room = context - prompt_tokens
+        if requested is None:
+            if room < 1:
+                raise OpenAIError(
+                    400,
+                    f"The messages are {prompt_tokens} tokens; this model's context is "
+                    f"{context} tokens. Shorten the messages.",
+                    param="messages",
+                )
+            return min(self.default_max_tokens, room)
+        limit = self.max_tokens_limit
+        if limit is not None and requested > limit:
+            raise OpenAIError(
+                400,
+                f"max_tokens={requested} is above this server's limit of {limit} tokens per "
+                "completion: ask for fewer (or raise CPUBackend(max_tokens_limit=...)).",
+                param="max_tokens",
+            )
+        if requested > room:
+            raise OpenAIError(
+                400,
+                f"This model's context is {context} tokens; the request needs "
+                f"{prompt_tokens + requested} ({prompt_tokens} in the messages, {requested} "
+                "in the completion). Lower max_tokens or shorten the messages.",
+                param="max_tokens",
+            )
+        return requested
 
     async def logprob_of(
         self, model: str, messages: list[dict[str, Any]], completion_ids: list[int]
     ) -> float:
         """The summed logprob of ``completion_ids`` as the answer to ``messages`` under
         ``model`` (``name@step``): how likely that step is to say exactly that."""
+        serving = self._engine
+        if serving is None:
+            raise RuntimeError("CPUBackend is not running: use `async with CPUBackend(...)`")
         name, state, step = self._resolve(model)
+        weights = await run_in_thread(self._serve_executor, lambda: self._weights_for(state, step))
+        prompt = self._prompt(messages)
 
         def work() -> float:
-            weights = self._weights_for(state, step)
-            prompt = sampling.prompt_token_ids(self._tokenizer, messages)
-            with self._serve_lock:
+            # In the engine's thread, between two decode steps, on the "default" adapter
+            # (the decode loop uses its own named adapters).
+            with torch.inference_mode():
                 if self._served != (name, step):
                     self._set_weights(self._serve_model, weights)
                     self._served = (name, step)
@@ -745,7 +897,7 @@ class CPUBackend(LocalBackend[_ModelState]):
                     self._serve_model, prompt + list(completion_ids), len(prompt)
                 )
 
-        return await run_in_thread(self._serve_executor, work)
+        return await wait_future(serving.call(work))
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))

@@ -1,6 +1,7 @@
 """Sampling completions with per-token logprobs from a causal LM, on the CPU.
 
-``generate`` is synchronous and CPU-bound: the server calls it in a worker thread. Logprobs
+``sample_row`` draws one row's next token; ``engine.Engine`` calls it for every row of its
+batch at every decode step, in its thread. Logprobs
 are the model's raw (temperature 1) log-softmax of the token sampled, like vLLM's default:
 that is the policy ``train`` computes its importance ratio against, whatever temperature
 sampled it.
@@ -8,8 +9,7 @@ sampled it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,64 +36,47 @@ def _filter_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
-@torch.inference_mode()
-def generate(
-    model: Any,
-    prompt_ids: Sequence[int],
+@dataclass
+class RowSample:
+    """A completion being sampled, token by token (``sample_row`` appends to it)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+    def finish(self, finish_reason: str) -> Completion:
+        return Completion(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            top=self.top,
+            finish_reason=finish_reason,
+        )
+
+
+def sample_row(
+    out: RowSample,
+    logits: torch.Tensor,
     *,
-    n: int,
-    max_tokens: int,
     temperature: float,
     top_p: float,
     top_logprobs: int,
-    stop_ids: set[int],
     generator: torch.Generator,
-) -> list[Completion]:
-    """``n`` completions of ``prompt_ids``, decoded together with a KV cache."""
-    input_ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.long)
-    output = model(input_ids=input_ids, use_cache=True)
-    past = output.past_key_values
-    logits = output.logits[:, -1, :]
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
-    finished = [False] * n
-    for _ in range(max_tokens):
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        if temperature == 0.0:
-            chosen = torch.argmax(logp, dim=-1)
-        else:
-            probs = _filter_top_p(torch.softmax(logits.float() / temperature, dim=-1), top_p)
-            chosen = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        if top_logprobs:
-            top_values, top_ids = torch.topk(logp, top_logprobs, dim=-1)
-        for i in range(n):
-            if finished[i]:
-                continue
-            token = int(chosen[i])
-            tokens[i].append(token)
-            logprobs[i].append(float(logp[i, token]))
-            if top_logprobs:
-                tops[i].append(
-                    [(int(t), float(v)) for t, v in zip(top_ids[i], top_values[i], strict=True)]
-                )
-            if token in stop_ids:
-                finished[i] = True
-        if all(finished):
-            break
-        # Finished rows keep decoding (their tokens are dropped): one batch, no re-padding.
-        output = model(input_ids=chosen.unsqueeze(-1), past_key_values=past, use_cache=True)
-        past = output.past_key_values
-        logits = output.logits[:, -1, :]
-    return [
-        Completion(
-            token_ids=tokens[i],
-            logprobs=logprobs[i],
-            top=tops[i],
-            finish_reason="stop" if finished[i] else "length",
-        )
-        for i in range(n)
-    ]
+) -> int:
+    """Sample one token from one row's next-token ``logits`` (1-D) with its own
+    ``generator``; append it, its raw logprob and the ``top_logprobs`` best to ``out``."""
+    logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    if temperature == 0.0:
+        token = int(torch.argmax(logp))
+    else:
+        probs = _filter_top_p(torch.softmax(logits / temperature, dim=-1), top_p)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    out.token_ids.append(token)
+    out.logprobs.append(float(logp[token]))
+    if top_logprobs:
+        values, ids = torch.topk(logp, top_logprobs)
+        out.top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+    return token
 
 
 def prompt_token_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:

@@ -12,7 +12,11 @@ What you may rely on:
   ``return_tokens_as_token_ids``; send ``"return_tokens_as_token_ids": false`` for token text),
   ``logprob`` (raw, temperature 1), ``bytes`` and ``top_logprobs``; ``prompt_token_ids`` and
   ``choices[].token_ids`` (vLLM's ``return_token_ids``), and ``usage``.
-* Generation runs in a worker thread: the event loop keeps serving while a request samples.
+* ``ignore_eos`` (vLLM's extra field): decode ``max_tokens`` tokens whatever is sampled.
+* Requests are decoded together, continuously batched (``art_trio.cpu.engine``); a request
+  whose client goes away is aborted before the next decode step. ``max_tokens`` past the
+  model's context or the backend's ``max_tokens_limit`` is refused with a 400.
+* With an API key set, requests without ``Authorization: Bearer <key>`` get a 401.
 * ``GET /v1/models`` lists every servable ``name@step``.
 """
 
@@ -42,8 +46,10 @@ class Sampler(Protocol):
         top_p: float,
         top_logprobs: int,
         seed: int | None,
+        ignore_eos: bool = False,
     ) -> tuple[list[int], list[Completion]]:
-        """``(prompt_token_ids, completions)``; raises ``UnknownModelError``."""
+        """``(prompt_token_ids, completions)``; raises ``UnknownModelError`` or
+        ``OpenAIError``. Cancelling the call aborts the request."""
         ...
 
     def decode(self, token_ids: list[int]) -> str: ...
@@ -114,7 +120,9 @@ def completion_json(
     }
 
 
-def create_app(sampler: Sampler) -> Starlette:
+def create_app(sampler: Sampler, *, api_key: str | None = None) -> Starlette:
+    """The app; with ``api_key``, every request must send ``Authorization: Bearer <key>``."""
+
     async def answer(request: CompletionRequest, body: dict[str, Any]) -> dict[str, Any]:
         prompt_ids, completions = await sampler.sample(
             request.model,
@@ -125,6 +133,7 @@ def create_app(sampler: Sampler) -> Starlette:
             top_p=request.top_p,
             top_logprobs=request.top_logprobs if request.logprobs else 0,
             seed=request.seed,
+            ignore_eos=request.ignore_eos,
         )
         return completion_json(
             sampler,
@@ -135,4 +144,4 @@ def create_app(sampler: Sampler) -> Starlette:
             as_token_ids=body.get("return_tokens_as_token_ids", True) is not False,
         )
 
-    return completions_app(answer, sampler.model_names, owned_by="art-trio-cpu")
+    return completions_app(answer, sampler.model_names, owned_by="art-trio-cpu", api_key=api_key)

@@ -7,13 +7,17 @@ What you may rely on:
 
 * ``parse_request`` validates a ``POST /v1/chat/completions`` body as OpenAI does: ``model``,
   ``messages``, ``n``, ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-  ``logprobs``, ``top_logprobs``, ``seed`` (other fields are ignored, as vLLM ignores fields it
-  does not know; ``stream`` is refused).
+  ``logprobs``, ``top_logprobs``, ``seed``, vLLM's ``ignore_eos`` (other fields are ignored,
+  as vLLM ignores fields it does not know; ``stream`` is refused). A message's ``content``
+  is a string or an array of text parts (joined by newlines); anything else is a 400 naming
+  the message.
 * ``completions_app`` is the app: the route, ``GET /v1/models``, and every error as
   OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: 404
   ``model_not_found`` for ``UnknownModelError``, 400 ``invalid_request_error`` for a malformed
   body or bad parameter, 404/405 for unknown routes and methods; a bug answers 500 in the same
-  shape instead of dropping the connection.
+  shape instead of dropping the connection. A request whose client disconnects is cancelled
+  (the backend's ``answer`` sees the cancellation). With ``api_key``, a missing or wrong
+  ``Authorization: Bearer`` header is a 401.
 * ``ServedBackend`` runs the app for as long as a backend's ``async with`` block, under trio
   or asyncio (hypercorn's trio or asyncio worker), on a socket bound by ``open_listener``.
 """
@@ -24,6 +28,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -94,6 +99,8 @@ class CompletionRequest:
     seed: int | None
     #: ``max_completion_tokens`` if given, else ``max_tokens`` (None: the server's default).
     max_tokens: int | None = None
+    #: vLLM's extra field: decode ``max_tokens`` tokens even past a stop token.
+    ignore_eos: bool = False
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -124,14 +131,50 @@ def _parse_model(body: dict[str, Any]) -> str:
     return model
 
 
-def _parse_messages(body: dict[str, Any]) -> list[Any]:
+def _message_text(i: int, message: dict[str, Any]) -> str | None:
+    """A message's content as one string (text parts joined by newlines, as vLLM joins
+    them); None only for an assistant message that carries tool calls instead."""
+    param = f"messages[{i}].content"
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if content is None:
+        if message.get("role") == "assistant" and (
+            message.get("tool_calls") or message.get("function_call")
+        ):
+            return None
+        raise _bad(param, f"{param} is missing: give a string or an array of text parts.")
+    if not isinstance(content, list):
+        raise _bad(
+            param,
+            f"{param} must be a string or an array of text parts, not {type(content).__name__}.",
+        )
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise _bad(
+                f"{param}[{j}]",
+                f"{param}[{j}] is {kind!r}: this server reads only text parts "
+                '({"type": "text", "text": "..."}).',
+            )
+        if not isinstance(part.get("text"), str):
+            raise _bad(f"{param}[{j}]", f"{param}[{j}] must have a string 'text'.")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages, each a copy whose ``content`` is a string (content parts joined)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "'messages' must be a non-empty array of message objects.")
+    parsed = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _bad(f"messages[{i}]", f"messages[{i}] must be an object with a 'role'.")
-    return messages
+        parsed.append({**message, "content": _message_text(i, message)})
+    return parsed
 
 
 def _parse_n(body: dict[str, Any]) -> int:
@@ -200,6 +243,9 @@ def parse_request(body: object) -> CompletionRequest:
     temperature, top_p = _parse_sampling(body)
     logprobs, top_logprobs = _parse_logprobs(body)
     seed = _parse_seed(body)
+    ignore_eos = _default(body, "ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", f"{ignore_eos!r} is not a boolean - 'ignore_eos'.")
     if body.get("stream"):
         raise _bad("stream", "This server does not stream; send 'stream': false.")
     return CompletionRequest(
@@ -212,6 +258,7 @@ def parse_request(body: object) -> CompletionRequest:
         top_logprobs=top_logprobs,
         seed=seed,
         max_tokens=_max_tokens(body),
+        ignore_eos=ignore_eos,
     )
 
 
@@ -220,13 +267,66 @@ def parse_request(body: object) -> CompletionRequest:
 Answer = Callable[[CompletionRequest, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+def _unauthorized() -> Response:
+    return OpenAIError(
+        401,
+        "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key this "
+        "server was started with (the backend's api_key).",
+        code="invalid_api_key",
+    ).response()
+
+
+async def _answer_while_connected(
+    http_request: Request, answer: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any] | None:
+    """``await answer()``, cancelled if the client disconnects first (then None).
+
+    The body has been read, so the next ASGI message is the disconnect: a client that goes
+    away (a cancelled rollout) stops the work done for it, as vLLM aborts its request."""
+    result: dict[str, Any] | None = None
+    error: Exception | None = None
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while (await http_request.receive())["type"] != "http.disconnect":
+                pass
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        try:
+            result = await answer()
+        except Exception as exc:  # raised as itself below, not inside an exception group
+            error = exc
+        group.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
+
+
 def completions_app(
-    answer: Answer, model_names: Callable[[], list[str]], *, owned_by: str
+    answer: Answer,
+    model_names: Callable[[], list[str]],
+    *,
+    owned_by: str,
+    api_key: str | None = None,
 ) -> Starlette:
     """The ASGI app: ``POST /v1/chat/completions`` validated, then ``answer``-ed; ``GET
-    /v1/models`` lists ``model_names()``; errors in OpenAI's shape (module docstring)."""
+    /v1/models`` lists ``model_names()``; errors in OpenAI's shape (module docstring). With
+    ``api_key``, both routes answer 401 unless the request sends ``Authorization: Bearer
+    <api_key>``."""
+    expected = api_key.encode() if api_key is not None else None
+
+    def authorized(http_request: Request) -> bool:
+        if expected is None:
+            return True
+        scheme, _, token = http_request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            token.strip().encode(), expected
+        )
 
     async def chat_completions(http_request: Request) -> Response:
+        if not authorized(http_request):
+            return _unauthorized()
         try:
             raw = await http_request.body()
             try:
@@ -238,7 +338,7 @@ def completions_app(
                 ) from None
             request = parse_request(body)
             try:
-                return JSONResponse(await answer(request, body))
+                result = await _answer_while_connected(http_request, lambda: answer(request, body))
             except UnknownModelError:
                 raise OpenAIError(
                     404,
@@ -246,6 +346,9 @@ def completions_app(
                     param="model",
                     code="model_not_found",
                 ) from None
+            if result is None:  # the client went away; nobody reads an answer
+                return Response(status_code=499)
+            return JSONResponse(result)
         except OpenAIError as exc:
             return exc.response()
         except ClientDisconnect:
@@ -256,7 +359,9 @@ def completions_app(
             logger.exception("chat completion failed")
             return OpenAIError(500, "Internal server error.", type="server_error").response()
 
-    async def list_models(_: Request) -> Response:
+    async def list_models(http_request: Request) -> Response:
+        if not authorized(http_request):
+            return _unauthorized()
         created = int(time.time())
         data = [
             {"id": name, "object": "model", "created": created, "owned_by": owned_by}
