@@ -30,6 +30,7 @@ from .events import (
     RolloutStarted,
     RunEvent,
     ScenarioSettled,
+    Stalled,
     StepTrained,
     TrainCallEnded,
 )
@@ -107,6 +108,9 @@ class StatusReporter:
         self.val_step: int | None = None
         self.val_reward: float | None = None
         self.val_running_step: int | None = None
+        #: Stalls reported by the watchdog, and the last report's headline.
+        self.stalls = 0
+        self.last_stall: str | None = None
         self._bar: tqdm[None] | None = None
         #: The events the reporter follows, and how (see `Observers.begin_run`).
         self.routes: dict[type, Callable[[Any], None]] = {
@@ -121,6 +125,7 @@ class StatusReporter:
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
             Resized: self._resized,
+            Stalled: self._stalled,
         }
         self._started = False
         self._last_log = 0.0
@@ -238,6 +243,12 @@ class StatusReporter:
         self._workers = event.num_rollout_workers
         self._refresh()
 
+    def _stalled(self, event: Stalled) -> None:
+        """The watchdog reported a stall: the lines show how many, and the last one."""
+        self.stalls += event.report.repeat == 1
+        self.last_stall = event.report.headline()
+        self._refresh(force=True)
+
     # -- rendering -----------------------------------------------------------------------
 
     @property
@@ -276,9 +287,10 @@ class StatusReporter:
             val.append(f"step={self.val_step}")
         if self.val_running_step is not None:
             val.append(f"active_step={self.val_running_step}")
+        stalls = "" if not self.stalls else f" stalls[count={self.stalls} last={self.last_stall}]"
         return (
             f"[status] scenarios[{' '.join(scenarios)}] train[{' '.join(train)}] "
-            f"val[{' '.join(val)}]"
+            f"val[{' '.join(val)}]{stalls}"
         )
 
     def condensed_line(self, width: int | None = None) -> str:
@@ -301,6 +313,8 @@ class StatusReporter:
             if "act" in optional:
                 val.append(f"act={'y' if self.val_running_step is not None else 'n'}")
             line = f"scenarios[{' '.join(scen)}] train[{' '.join(train)}] val[{' '.join(val)}]"
+            if self.stalls:
+                line += f" STALLED x{self.stalls}"
             if len(line) <= width or not optional:
                 return line
             optional.pop(0)
