@@ -54,8 +54,12 @@ class TaskFrame:
     name: str
     #: Depth in the trio task tree (0 for the root); 0 for asyncio tasks.
     depth: int
-    #: The innermost frame of its await chain: "file:line in function" ("" if unknown).
+    #: The innermost frame of its await chain outside the event loop's machinery: the line
+    #: that waits, "file:line in function" ("" if unknown).
     where: str
+    #: The outermost frame of the chain outside art_trio and the loop's machinery: the
+    #: user's code that made the call ("" if none, or the same as `where`).
+    awaited_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +134,8 @@ class StallReport:
             lines.append("  tasks (each at the line it waits on):")
             for task in self.tasks:
                 indent = "  " * task.depth
-                lines.append(f"    {indent}{task.kind} {task.name} at {task.where or '?'}")
+                via = f" (from {task.awaited_from})" if task.awaited_from else ""
+                lines.append(f"    {indent}{task.kind} {task.name} at {task.where or '?'}{via}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

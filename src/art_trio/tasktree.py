@@ -63,16 +63,27 @@ def _await_chain(coro: Any) -> Iterator[FrameType]:
         )
 
 
-def waiting_line(coro: Any) -> str:
-    """The innermost frame of `coro`'s await chain outside the loop's machinery (else the
-    innermost frame at all): the line the task waits on."""
+_OWN = os.path.normcase(os.path.dirname(os.path.abspath(__file__)))
+
+
+def waiting_line(coro: Any) -> tuple[str, str]:
+    """Where `coro` waits: the innermost frame of its await chain outside the loop's
+    machinery (else the innermost at all), and the outermost outside art_trio too (the
+    user's code that made the call; "" if none or the same)."""
     last: FrameType | None = None
     outside: FrameType | None = None
+    entry: FrameType | None = None
     for frame in _await_chain(coro):
         last = frame
-        if not _is_loop_machinery(frame.f_code.co_filename):
-            outside = frame
-    return _where(outside or last)
+        filename = frame.f_code.co_filename
+        if _is_loop_machinery(filename):
+            continue
+        outside = frame
+        if entry is None and not os.path.normcase(filename).startswith(_OWN):
+            entry = frame
+    where = _where(outside or last)
+    awaited_from = _where(entry)
+    return where, "" if awaited_from == where else awaited_from
 
 
 def trio_tasks() -> list[TaskFrame]:
@@ -84,7 +95,7 @@ def trio_tasks() -> list[TaskFrame]:
     def visit(task: trio.lowlevel.Task, depth: int) -> None:
         if len(found) >= MAX_TASKS:
             return
-        found.append(TaskFrame("trio", task.name, depth, waiting_line(task.coro)))
+        found.append(TaskFrame("trio", task.name, depth, *waiting_line(task.coro)))
         for nursery in task.child_nurseries:
             for child in nursery.child_tasks:
                 visit(child, depth + 1)
@@ -104,7 +115,8 @@ def asyncio_tasks(loop: asyncio.AbstractEventLoop | None) -> list[TaskFrame]:
     for task in sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name()):
         if len(found) >= MAX_TASKS:
             break
-        found.append(TaskFrame("asyncio", task.get_name(), 0, waiting_line(task.get_coro())))
+        where = waiting_line(task.get_coro())
+        found.append(TaskFrame("asyncio", task.get_name(), 0, *where))
     return found
 
 
