@@ -96,6 +96,10 @@ class WatchdogStage:
                 tg.cancel_scope.cancel()
         finally:
             watcher.stop()
+        # A blocked-loop report the run ended before delivering: still heard and counted.
+        while self._delivered:
+            report = self._delivered.pop(0)
+            run.emit(Stalled(report.seconds, report))
 
     # -- the run's clock ------------------------------------------------------------------
 
@@ -287,8 +291,9 @@ class WatchdogStage:
             )
         frames, blocking = thread_stack(thread_id)
         report = _replace(report, blocking_frames=frames, blocking_frame=blocking)
-        self._say(report)
+        # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
         self._delivered.append(report)
+        self._say(report)
 
     def deliver(self) -> None:
         """In the loop, after it answered again: wake the watch to emit and act."""
