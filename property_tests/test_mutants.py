@@ -550,3 +550,21 @@ def test_gate_machine_catches_publish_not_ending_the_step(
     from .test_gate import VERSIONS
 
     machine_counterexample(VERSIONS)
+
+
+# The stall watchdog -------------------------------------------------------------------------
+
+
+def test_no_false_stall_catches_a_watchdog_counting_only_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A watchdog that takes only a finished step for the run moving reports every run whose
+    steps are further apart than `stall_seconds`, though its rollouts each end well within it."""
+    from art_trio.stages.watchdog import WatchdogStage
+
+    from .test_stall_watchdog import prop_no_false_stall, slow_cases
+
+    monkeypatch.setattr(
+        WatchdogStage, "_moved", lambda self: (0, self.run.counters.steps, 0)
+    )
+    counterexample(prop_no_false_stall, slow_cases(), checks.STALL)

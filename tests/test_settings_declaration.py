@@ -68,7 +68,7 @@ def declared_types() -> dict[str, Any]:
 
 
 def test_each_setting_is_declared_once_with_a_doc() -> None:
-    assert len(FIELDS) == 33
+    assert len(FIELDS) == 35
     assert set(GROUPS) == {
         "sizes", "freshness", "training", "evaluation", "persistence", "status", "shutdown"
     }
@@ -131,6 +131,8 @@ def other_value(name: str) -> Any:
         "limit_mean_steps_off_policy": 2.0,
         "status_ewa_alpha": 0.5,
         "max_batch_size": 41,
+        "stall_seconds": 120.0,
+        "stall_action": "raise",
     }
     if name in special:
         return special[name]

@@ -29,6 +29,7 @@ from .errors import (
     LoopUnresponsive,
     ModelDirectoryError,
     ModelDirectoryLostError,
+    PipelineStalled,
     ProfileError,
     RolloutLost,
     RolloutRejected,
@@ -48,6 +49,7 @@ from .events import (
     RunEvent,
     RunStatistics,
     ScenarioSettled,
+    Stalled,
     StepTrained,
 )
 from .executor import InProcessExecutor, RolloutExecutor
@@ -73,6 +75,7 @@ from .settings import (
     Status,
     Training,
 )
+from .stall_report import CallInFlight, RolloutInFlight, StageWait, StallReport, TaskFrame
 from .status import StatusReporter
 from .trainer import PipelineTrainer
 from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
@@ -117,6 +120,7 @@ __all__ = [
     "LoopUnresponsive",
     "ModelDirectoryError",
     "ModelDirectoryLostError",
+    "PipelineStalled",
     "PolicyPublished",
     "Resized",
     "RolloutRejected",
@@ -128,6 +132,13 @@ __all__ = [
     "RunStatistics",
     "ScenarioSettled",
     "StalenessAwareAdmission",
+    # The stall watchdog's report (`Stalled`, `PipelineStalled`) and its parts.
+    "Stalled",
+    "StallReport",
+    "StageWait",
+    "RolloutInFlight",
+    "CallInFlight",
+    "TaskFrame",
     "StateFileError",
     "StateWriteError",
     "StepTrained",

@@ -20,7 +20,7 @@ The first error wins: once the run is failing (a stage raised, or an observer di
 observer that raises while the run winds down (scenarios settled as dropped, the channel
 closed) does not replace that error; its own is logged and noted on the first one.
 
-Over 400 lines because it is one vocabulary: eighteen small event classes, the observer
+Over 400 lines because it is one vocabulary: nineteen small event classes, the observer
 registry and `RunStatistics`, each documented where users read it.
 """
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .messages import Fate
+from .stall_report import StallReport
 
 logger = logging.getLogger("art_trio")
 
@@ -252,6 +253,17 @@ class EvalEnded:
     reward: float | None = None
 
 
+@_cheap
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """The run has not moved for `seconds` (no rollout ended, no step trained, no eval
+    ended), or its event loop did not answer (`report.blocked_loop`): the watchdog's report,
+    once per stall and again while it persists (`report.repeat`)."""
+
+    seconds: float
+    report: StallReport
+
+
 RunEvent = (
     ScenarioSettled
     | GroupQueued
@@ -271,6 +283,7 @@ RunEvent = (
     | Collapsed
     | EvalStarted
     | EvalEnded
+    | Stalled
 )
 Observer = Callable[[RunEvent], None]
 
@@ -442,6 +455,8 @@ class RunStatistics:
     step_period_s: float | None
     #: Trained groups by versions behind the policy they were trained from.
     staleness: Mapping[int, int]
+    #: Stalls the watchdog reported (each stall once, however long it persisted).
+    stalls: int = 0
 
     @property
     def rollout_s_per_trained_group(self) -> float | None:
@@ -470,6 +485,7 @@ __all__ = [
     "Routes",
     "RunStatistics",
     "ScenarioSettled",
+    "Stalled",
     "StepTrained",
     "TrainCallEnded",
     "TrainCallStarted",

@@ -33,6 +33,7 @@ from .events import (
     RolloutStarted,
     RunEvent,
     ScenarioSettled,
+    Stalled,
     StepTrained,
     TrainCallEnded,
     TrainCallStarted,
@@ -68,6 +69,12 @@ class RunCounters:
     errored: int = 0
     dropped_at_stop: int = 0
     rollouts_started: int = 0
+    #: Rollouts that ended, whatever their end; evals that ended, completed or not (with
+    #: `steps`, what the stall watchdog reads as the run moving).
+    rollouts_ended: int = 0
+    evals_ended: int = 0
+    #: Stalls the watchdog reported (a stall reported again while it persists counts once).
+    stalls: int = 0
     #: Rollouts whose executor worker died; their scenarios were given back and taken again
     #: (each such take is not counted in `taken` twice).
     rollouts_lost: int = 0
@@ -127,6 +134,7 @@ class CounterFold:
             Collapsed: self._collapsed,
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
+            Stalled: self._stalled,
         }
 
     def __call__(self, event: RunEvent) -> None:
@@ -141,6 +149,7 @@ class CounterFold:
 
     def _rollout_ended(self, event: RolloutEnded) -> None:
         c = self.counters
+        c.rollouts_ended += 1
         c.spent_rollout_s += event.spent_s
         c.rollout_s += event.completed_s
         c.rollout_idle_s += event.idle_s
@@ -200,8 +209,14 @@ class CounterFold:
         self.counters.evals_started += 1
 
     def _eval_ended(self, event: EvalEnded) -> None:
+        self.counters.evals_ended += 1
         if event.completed:
             self.counters.evals_finished += 1
+
+
+    def _stalled(self, event: Stalled) -> None:
+        if event.report.repeat == 1:
+            self.counters.stalls += 1
 
 
 class FateRecord:

@@ -18,7 +18,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, TypedDict, cast, get_type_hints
+from typing import Any, Literal, TypedDict, cast, get_type_hints
 
 from .autotune import initial_runtime, load_profile_settings, profile_path
 from .compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
@@ -37,6 +37,7 @@ from .settings import (
     PipelineSettings,
     Shutdown,
     Sizes,
+    StallAction,
     Status,
     Training,
     default_max_batch_size,
@@ -89,6 +90,8 @@ class SettingKeywords(TypedDict, total=False):
     log_interval_seconds: float
     status_ewa_alpha: float
     total_scenarios: int | None
+    stall_seconds: float | Literal["auto"] | None
+    stall_action: StallAction
     max_steps: int | None
     discard_queue_multiplier: int
     max_consecutive_rollout_failures: int | None

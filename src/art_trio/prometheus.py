@@ -270,6 +270,8 @@ class PrometheusExporter:
                       s.rollouts_lost)
         yield counter("rollouts_stale_cancelled", "Rollouts cancelled in flight as stale",
                       s.stale_cancelled)
+        yield counter("stalls", "Stalls the watchdog reported (a run that stopped moving)",
+                      s.stalls)
         yield counter("train_seconds", "Seconds inside backend.train", s.train_s)
         yield counter("rollout_seconds", "Rollout-seconds spent, every rollout counted",
                       s.rollout_s_spent)

@@ -30,6 +30,7 @@ from .ledger import PipelineState, StateStore
 from .messages import Delivered, TallyBase
 from .settings import PipelineSettings
 from .source import ScenarioSource
+from .stall_report import CallInFlight
 from .status import StatusReporter
 from .stop import StopControl
 
@@ -76,6 +77,65 @@ class StageContext:
     #: The backend's lease on a step's weights for a rollout, and for an eval (None: none).
     rollout_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
     eval_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
+
+
+class CallsInFlight:
+    """What each stage awaits beyond its own loop now: a backend or callback call
+    (`backend.train`, `model.log`, a checkpoint hook, the `eval_fn`) or a phase (collecting a
+    batch), with when it began. Entered per step or per eval, never per rollout; read by the
+    stall watchdog. The longest call that ended feeds `stall_seconds="auto"`.
+    """
+
+    __slots__ = ("_calls", "_clock", "longest_s")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._calls: dict[str, list[tuple[str, float]]] = {}
+        #: The longest call (not phase) that ended so far, in seconds.
+        self.longest_s = 0.0
+
+    def track(self, stage: str, call: str, *, phase: bool = False) -> _Tracked:
+        """`with run.calls.track("training", "backend.train"):` around the awaited call."""
+        return _Tracked(self, stage, call, phase)
+
+    def begin(self, stage: str, call: str) -> float:
+        since = self._clock()
+        self._calls.setdefault(stage, []).append((call, since))
+        return since
+
+    def end(self, stage: str, call: str, since: float, *, phase: bool = False) -> None:
+        stack = self._calls.get(stage)
+        if stack and (call, since) in stack:
+            stack.remove((call, since))
+        if not phase:
+            self.longest_s = max(self.longest_s, self._clock() - since)
+
+    def in_flight(self, now: float) -> tuple[CallInFlight, ...]:
+        """Every call in flight, each stage's outermost first."""
+        return tuple(
+            CallInFlight(stage, call, now - since)
+            for stage, stack in self._calls.items()
+            for call, since in stack
+        )
+
+    def innermost(self, stage: str) -> tuple[str, float] | None:
+        """What `stage` awaits now (its innermost call) and since when, or None."""
+        stack = self._calls.get(stage)
+        return stack[-1] if stack else None
+
+
+class _Tracked:
+    __slots__ = ("_call", "_calls", "_phase", "_since", "_stage")
+
+    def __init__(self, calls: CallsInFlight, stage: str, call: str, phase: bool) -> None:
+        self._calls, self._stage, self._call, self._phase = calls, stage, call, phase
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        self._since = self._calls.begin(self._stage, self._call)
+
+    def __exit__(self, *exc: object) -> None:
+        self._calls.end(self._stage, self._call, self._since, phase=self._phase)
 
 
 class PipelineRun:
@@ -126,6 +186,8 @@ class PipelineRun:
         # the stages read the time several times per rollout.
         self._clock = loop_clock()
         self.started_at = self._clock()
+        #: The calls and phases each stage awaits now (the stall watchdog reads them).
+        self.calls = CallsInFlight(self._clock)
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
@@ -311,7 +373,15 @@ def compose_statistics(
         rollout_latency_s=gate.rollout_latency if gate is not None else None,
         step_period_s=gate.step_period if gate is not None else None,
         staleness=MappingProxyType(dict(c.staleness)),
+        stalls=c.stalls,
     )
 
 
-__all__ = ["Delivered", "PipelineRun", "RunCounters", "ScenarioSource", "compose_statistics"]
+__all__ = [
+    "CallsInFlight",
+    "Delivered",
+    "PipelineRun",
+    "RunCounters",
+    "ScenarioSource",
+    "compose_statistics",
+]

@@ -16,6 +16,7 @@ the reference's checks refuse gets the reference's text).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -27,6 +28,29 @@ from .retention import CheckpointRetentionStrategy
 from .rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
 
 ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
+
+StallAction = Literal["log", "raise", "stop"]
+STALL_ACTIONS: tuple[StallAction, ...] = ("log", "raise", "stop")
+
+STALL_FLOOR_SECONDS = 600.0
+"""`stall_seconds="auto"`: never less than this (and this until the run has measured more).
+
+Ten minutes: longer than any step, rollout or eval of a run that has measured none yet is
+likely to take, short enough that a hung run (ART issues 315, 346, 395, 656) is named while
+someone still watches it.
+"""
+
+STALL_MULTIPLE = 10.0
+"""`stall_seconds="auto"`: this many times the longest of the median rollout time, the step
+period and the longest backend or callback call measured so far (when above the floor)."""
+
+
+def _stall_seconds_ok(value: object) -> bool:
+    if value == "auto":
+        return True
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    return math.isfinite(value) and float(value) > 0
 
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 """How long a stop lets in-flight rollouts and a running eval finish before cancelling them.
@@ -186,6 +210,19 @@ class Status:
     total_scenarios: int | None = setting(
         None, "Scenarios in the source, for the progress shown.", rule=at_least(0),
         number="count")
+    stall_seconds: float | Literal["auto"] | None = setting(
+        "auto", "Seconds without a rollout ending, a step training or an eval ending after "
+        "which the run is reported stalled (where each stage waits, the calls and rollouts "
+        "in flight, the task tree), again while it persists; also how long the event loop "
+        "may not answer (wall seconds) before it is reported blocked. 'auto': 10 x the "
+        "longest of the median rollout time, the step period and the longest call "
+        "measured, at least 600 s; None: no watchdog.",
+        rule=Rule(_stall_seconds_ok, "'auto', None (off) or a finite number of seconds > 0"))
+    stall_action: StallAction = setting(
+        "log", "What a stall report does besides being reported (a log record, the Stalled "
+        "event, the status line): 'log' nothing more, 'raise' ends the run with "
+        "PipelineStalled (state saved, a retry resumes), 'stop' stops it as request_stop() "
+        "does.", rule=one_of(STALL_ACTIONS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from .events import (
     RolloutStarted,
     RunEvent,
     ScenarioSettled,
+    Stalled,
     StepTrained,
     TrainCallEnded,
 )
@@ -116,6 +117,9 @@ class StatusReporter:
         self.val_step: int | None = None
         self.val_reward: float | None = None
         self.val_running_step: int | None = None
+        #: Stalls reported by the watchdog, and the last report's headline.
+        self.stalls = 0
+        self.last_stall: str | None = None
         self._bar: tqdm[None] | None = None
         #: The events the reporter follows, and how (see `Observers.begin_run`).
         self.routes: dict[type, Callable[[Any], None]] = {
@@ -130,6 +134,7 @@ class StatusReporter:
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
             Resized: self._resized,
+            Stalled: self._stalled,
         }
         #: The `[status]` line's parts in order; `add_part` appends one.
         self.parts: list[Callable[[], str | None]] = [
@@ -139,6 +144,7 @@ class StatusReporter:
             self._rollouts_part,
             self._train_part,
             self._val_part,
+            self._stalls_part,
         ]
         self._noted_zero_variance = False
         self._started = False
@@ -258,6 +264,12 @@ class StatusReporter:
         self._workers = event.num_rollout_workers
         self._refresh()
 
+    def _stalled(self, event: Stalled) -> None:
+        """The watchdog reported a stall: the lines show how many, and the last one."""
+        self.stalls += event.report.repeat == 1
+        self.last_stall = event.report.headline()
+        self._refresh(force=True)
+
     # -- rendering -----------------------------------------------------------------------
 
     @property
@@ -309,6 +321,11 @@ class StatusReporter:
             f"reward std {_num(self.reward_std_ewa, 3)} (smoothed)"
         )
 
+    def _stalls_part(self) -> str | None:
+        if not self.stalls:
+            return None
+        return f"STALLED {self.stalls} times (last: {self.last_stall})"
+
     def _val_part(self) -> str:
         text = f"val: reward {_num(self.val_reward, 3)}"
         if self.val_step is not None:
@@ -349,6 +366,8 @@ class StatusReporter:
             if "eval" in optional and self.val_running_step is not None:
                 val += " (evaluating)"
             words.append(val)
+            if self.stalls:
+                words.append(f"STALLED x{self.stalls}")
             line = " · ".join(words)
             if len(line) <= width or not optional:
                 return line

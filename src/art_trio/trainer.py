@@ -1,9 +1,9 @@
 """PipelineTrainer: rollouts, training and eval overlapped under a staleness bound.
 
-One `train()` opens one task group with five stages: rollout, training, eval, status and
-control. They talk over memory channels with capacity limits and share one policy gate; a
-stop or a failure travels as cancellation, so when `train()` returns nothing it started is
-still running.
+One `train()` opens one task group with six stages: rollout, training, eval, status,
+control and the stall watchdog. They talk over memory channels with capacity limits and
+share one policy gate; a stop or a failure travels as cancellation, so when `train()`
+returns nothing it started is still running.
 
 This module is the public facade only: start-up is in startup.py, supervision in
 supervision.py, ART's keywords in keywords.py, the work in stages/. It is over 400 lines
@@ -48,6 +48,7 @@ from .stages.evaluation import EvalStage
 from .stages.rollout import RolloutStage
 from .stages.status import StatusStage
 from .stages.training import TrainingStage
+from .stages.watchdog import WatchdogStage
 from .startup import open_run
 from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 from .threads import DEFAULT_TIMEOUT_S, LoopHandle
@@ -302,11 +303,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
         control = ControlStage(run, handle_signals=handle_signals)
+        training = TrainingStage(run, receive, eval_send)
         stages: list[Stage] = [
             rollouts,
-            TrainingStage(run, receive, eval_send),
+            training,
             EvalStage(run, eval_receive),
             StatusStage(run),
+            WatchdogStage(
+                run,
+                rollouts_in_flight=rollouts.in_flight,
+                workers_running=lambda: rollouts.statistics().workers_running,
+                ready=lambda: len(training.ready),
+                queue=groups.statistics,
+            ),
         ]
         if getattr(self.autotune, "mode", "off") == "online":
             stages.append(self._autotune_stage(run))
@@ -314,9 +323,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
                 # Signals first: the other stages start once a SIGINT is a stop.
-                await tg.start(run_stage, run, control.name, control)
+                await tg.start(
+                    run_stage, run, control.name, control, name=f"art_trio {control.name} stage"
+                )
                 for stage in stages:
-                    tg.start_soon(run_stage, run, stage.name, stage)
+                    # Named for the stall watchdog's task tree ("art_trio training stage").
+                    tg.start_soon(run_stage, run, stage.name, stage,
+                                  name=f"art_trio {stage.name} stage")
                 task_status.started()
         finalize = backend_hook(self.backend, "finalize_training_session")
         if finalize is not None and run.counters.steps and not run_scope.cancel_called:

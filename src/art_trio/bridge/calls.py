@@ -123,6 +123,12 @@ class Bridge:
     #: True when asyncio code runs through trio-asyncio (the trainer runs under trio).
     uses_trio_asyncio: bool = False
 
+    @property
+    def asyncio_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The asyncio loop the bridged calls run on: the trio-asyncio loop under trio, None
+        under asyncio (the running loop itself). The stall watchdog lists its tasks."""
+        return None
+
     async def call(self, fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
         """Await `fn(*args, **kwargs)`, an asyncio coroutine function, and return its result."""
         # Awaited in place, not through a helper coroutine: a frame more per rollout is
@@ -200,6 +206,11 @@ class _TrioAsyncioBridge(Bridge):
         _Waiting._reschedule = staticmethod(trio.lowlevel.reschedule)
         _Waiting._capture = staticmethod(outcome.capture)
         _Waiting._abort_failed = trio.lowlevel.Abort.FAILED
+
+    @property
+    def asyncio_loop(self) -> asyncio.AbstractEventLoop | None:
+        loop: asyncio.AbstractEventLoop = self._loop
+        return loop
 
     def _own_cancellation(self) -> bool:
         # Under trio the trainer's cancellation is trio.Cancelled: asyncio.CancelledError

@@ -97,9 +97,10 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
     prune = backend_hook(run.context.backend, "prune_model_adapters")
     if prune is not None:
         oldest = max(0, step - run.freshness.retention_window)
-        await run.context.bridge.call(
-            prune, run.context.model, retain_steps=set(range(oldest, step + 1))
-        )
+        with run.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
+            await run.context.bridge.call(
+                prune, run.context.model, retain_steps=set(range(oldest, step + 1))
+            )
     await apply_retention(run, step)
 
 
@@ -202,7 +203,8 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
     ctx = run.context
-    await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)
+    with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
+        await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)
 
 
 __all__ = [

@@ -59,7 +59,8 @@ async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) 
                     with stop.eval_begins():
                         # Held since the step was scheduled (or from now, for the start
                         # step and resumed evals) until the eval has ended.
-                        await run.eval_leases.take(step)
+                        with run.calls.track("eval", f"the eval lease of step {step}"):
+                            await run.eval_leases.take(step)
                         await run_eval(run, step, strict_provenance=strict)
                 finally:
                     await run.eval_leases.release(step)
@@ -81,10 +82,11 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
         token = model.activate_metrics_context("eval")
         started = run.now()
         try:
-            result = await run.call_leased(
-                step, run.context.eval_fn, model, step, run.context.config,
-                lease=run.context.eval_lease,
-            )
+            with run.calls.track("eval", f"eval_fn (step {step})"):
+                result = await run.call_leased(
+                    step, run.context.eval_fn, model, step, run.context.config,
+                    lease=run.context.eval_lease,
+                )
         finally:
             token.var.reset(token)
             elapsed = run.now() - started
@@ -101,9 +103,10 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
             if groups:
                 # The eval's duration rides on the first split logged.
                 metrics = None if timing_logged else {"time/step_eval_s": elapsed}
-                await run.context.bridge.call(
-                    model.log, groups, split=split, step=step, metrics=metrics
-                )
+                with run.calls.track("eval", f"model.log (eval of step {step}, {split})"):
+                    await run.context.bridge.call(
+                        model.log, groups, split=split, step=step, metrics=metrics
+                    )
                 timing_logged = True
         if not timing_logged and elapsed > 0:
             await run.context.bridge.call(

@@ -52,6 +52,7 @@ from ..freshness import mean_policy_version, newest_token_version, token_count_e
 from ..group_queue import GroupSendEnd
 from ..messages import Delivered, Fate
 from ..run import PipelineRun
+from ..stall_report import RolloutInFlight
 
 logger = logging.getLogger("art_trio")
 
@@ -69,6 +70,18 @@ ENDS_THE_RUN: tuple[type[BaseException], ...] = (
 
 #: What `_call_tracked` returns for a rollout the gate cancelled as doomed.
 DOOMED = object()
+
+
+class _Rolling:
+    """What one worker rolls out now: made once per worker and overwritten per rollout, so
+    the stall watchdog can name the rollouts in flight at no allocation per rollout."""
+
+    __slots__ = ("index", "started")
+
+    def __init__(self) -> None:
+        #: The scenario index (-1: none, between rollouts) and when its rollout started.
+        self.index = -1
+        self.started = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +109,8 @@ class RolloutStage:
         self.lost_rollouts: dict[int, int] = {}
         self._workers: TaskGroup | None = None
         self._live: set[int] = set()
+        #: Each live worker's rollout now (see `_Rolling`).
+        self._rolling: dict[int, _Rolling] = {}
         self._target = 0
         #: The next worker's id: ids are never reused, so one > 0 means workers were started.
         self._next_id = 0
@@ -127,7 +142,9 @@ class RolloutStage:
             worker_id = self._next_id
             self._next_id += 1
             self._live.add(worker_id)
-            self._workers.start_soon(self._worker, worker_id, self._send.clone())
+            self._workers.start_soon(
+                self._worker, worker_id, self._send.clone(), name=f"rollout worker {worker_id}"
+            )
         extra = len(self._live) - workers
         if extra > 0:
             # Waiting at the gate: sent away now. Busy ones leave after their rollout.
@@ -142,10 +159,20 @@ class RolloutStage:
         """The stage's own figures now."""
         return RolloutStatistics(workers_running=len(self._live), target=self._target)
 
+    def in_flight(self, now: float) -> tuple[RolloutInFlight, ...]:
+        """The rollouts running now, oldest first: scenario index, age, worker."""
+        found = [
+            RolloutInFlight(slot.index, now - slot.started, worker)
+            for worker, slot in list(self._rolling.items())
+            if slot.index >= 0
+        ]
+        return tuple(sorted(found, key=lambda r: -r.age_s))
+
     def _leaving(self) -> bool:
         return len(self._live) > self._target
 
     async def _worker(self, worker_id: int, send: GroupSendEnd[Delivered]) -> None:
+        self._rolling[worker_id] = _Rolling()
         try:
             async with send:
                 while True:
@@ -167,6 +194,7 @@ class RolloutStage:
             raise
         finally:
             self._live.discard(worker_id)
+            self._rolling.pop(worker_id, None)
 
     async def _serve(
         self,
@@ -248,6 +276,8 @@ class RolloutStage:
         index, scenario = taken
         run.emit(RolloutStarted(index))
         started = run.now()
+        rolling = self._rolling[worker_id]
+        rolling.index, rolling.started = index, started
         handed = False
         # Seconds of a rollout that completed with a group, and idle before it.
         completed_s = idle_s = 0.0
@@ -296,6 +326,7 @@ class RolloutStage:
                 self._failed(worker_id, index, scenario, exc)
             return None
         finally:
+            rolling.index = -1
             if not handed:
                 gate.rollout_done(version)
             run.emit(RolloutEnded(index, run.now() - started, completed_s, idle_s))

@@ -106,7 +106,8 @@ async def train_and_log(
     train_started = run.now()
     try:
         kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        result = await run.context.backend.train(run.context.model, groups, **kwargs)
+        with run.calls.track("training", f"backend.train (step {expected})"):
+            result = await run.context.backend.train(run.context.model, groups, **kwargs)
     finally:
         train_seconds = clock.train_s = run.now() - train_started
         if step_log:
@@ -119,7 +120,8 @@ async def train_and_log(
     # What backend.prepare_pipeline_batch reported: in the row, under the train result's
     # own metrics, as ART orders them.
     row = {**prepared, **row}
-    await run.context.model.log(groups, split="train", step=new_step, metrics=row)
+    with run.calls.track("training", f"model.log (train row of step {new_step})"):
+        await run.context.model.log(groups, split="train", step=new_step, metrics=row)
     return result
 
 

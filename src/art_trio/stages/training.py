@@ -185,13 +185,14 @@ class TrainingStage:
             return {}
         run, groups = self.run, [item.group for item in batch.items]
         s = run.settings
-        reported = await run.context.bridge.call(
-            prepare,
-            run.context.model,
-            groups,
-            normalize_advantages=s.training.normalize_advantages,
-            grad_accumulation_sequences=s.training.grad_accumulation_sequences,
-        )
+        with run.calls.track("training", "backend.prepare_pipeline_batch"):
+            reported = await run.context.bridge.call(
+                prepare,
+                run.context.model,
+                groups,
+                normalize_advantages=s.training.normalize_advantages,
+                grad_accumulation_sequences=s.training.grad_accumulation_sequences,
+            )
         if reported is None:
             # As in ART: the batch is not trained. Its scenarios are done with (nothing in
             # them the backend could train), counted with the groups nothing was learnt from.
@@ -229,7 +230,11 @@ class TrainingStage:
         for item in [item for item in self.ready if stale(item)]:
             self.ready.remove(item)
             self._discard_stale(item)
-        with anyio.CancelScope() as scope:
+        with (
+            anyio.CancelScope() as scope,
+            run.calls.track("training", f"collecting a batch for step {current_step + 1}",
+                            phase=True),
+        ):
             forget = run.stop.on_stop(scope.cancel)
             try:
                 if not await self._fill(stale, batch):
@@ -372,7 +377,8 @@ class TrainingStage:
         if eval_this_step:
             run.state.pending_eval_steps.add(new_step)
             run.state.last_eval_step = new_step
-            await run.eval_leases.take(new_step)
+            with run.calls.track("training", f"the eval lease of step {new_step}"):
+                await run.eval_leases.take(new_step)
             self._eval_send.send_nowait(new_step)
         await after_step(run, result, new_step)
         run.gate.publish(new_step)
@@ -430,7 +436,8 @@ class TrainingStage:
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
         ctx = self.run.context
-        await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
+        with self.run.calls.track("training", "model.log (discarded groups)"):
+            await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
 
 def _note_empty_group(run: PipelineRun, item: Delivered) -> None:

@@ -30,6 +30,7 @@ ALL_FAILED = "all-failed group"
 #: A user's own bound (`check_pipeline(max_policy_age=...)`), not one of the trainer's.
 POLICY_AGE = "policy age"
 FUTURE = "future policy version"
+STALL = "no false stall"
 
 
 def fail(tag: str, message: str) -> NoReturn:
@@ -726,6 +727,23 @@ def check_all_failed(result: CaseResult) -> None:
         )
 
 
+
+def check_no_false_stall(result: CaseResult) -> None:
+    """The stall watchdog reported nothing: every rollout, train call and eval of the case
+    takes less than its `stall_seconds`, so the run moved within that time, always.
+
+    Only reports on the run's clock count: a blocked-loop report is about wall time, which
+    a virtual-time run does not model.
+    """
+    for run in result.runs:
+        false = [(at, r) for at, r in run.stalls if not r.blocked_loop]
+        expect(
+            not false,
+            STALL,
+            f"run {run.index}: a slow run that moves was reported stalled at virtual time "
+            + (f"{false[0][0]:g}:\n{false[0][1].text()}" if false else ""),
+        )
+
 __all__ = [
     "ALL_FAILED",
     "BATCH_BOUNDS",
@@ -737,6 +755,7 @@ __all__ = [
     "OFF_POLICY",
     "POLICY_AGE",
     "RESUME",
+    "STALL",
     "TERMINATION",
     "VERSIONS",
     "check_all_failed",
@@ -747,6 +766,7 @@ __all__ = [
     "check_evals",
     "check_max_steps",
     "check_mean_bound",
+    "check_no_false_stall",
     "check_off_policy",
     "check_policy_age",
     "check_ran_cleanly",

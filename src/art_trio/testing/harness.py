@@ -21,8 +21,9 @@ count independently of the trainer's own counters:
 - the trainer's public events (`trainer.add_observer`): the groups the trainer took out of
   the channel, with the channel's occupancy just before each receive and what was left at
   close (together its exact maximum, since only sends grow the buffer), and each published
-  policy version; `trainer.statistics()` after the run gives the channel's capacity and
-  whether the run stopped as collapsed. Nothing inside the trainer is patched.
+  policy version, and the stall watchdog's reports; `trainer.statistics()` after the run
+  gives the channel's capacity and whether the run stopped as collapsed. Nothing inside the
+  trainer is patched.
 
 `model.log` stays ART's real one (parquet + history.jsonl + state.json writes): it costs about
 2 ms a step here, and keeping it means the trainer's state mirror in ART's `state.json` is
@@ -57,6 +58,7 @@ from art_trio import (  # noqa: E402
     PipelineTrainer,
     PolicyPublished,
     RunEvent,
+    Stalled,
     trainable_model,
     trio_native,
 )
@@ -375,6 +377,8 @@ class RunRecord:
     calls: list[TrainCall] = field(default_factory=list)
     #: The sizes in force, the first from before the run, then one per live resize.
     sizes: list[Sizes] = field(default_factory=list)
+    #: The stall watchdog's reports (`Stalled` events), with the virtual time of each.
+    stalls: list[tuple[float, Any]] = field(default_factory=list)
 
     def sizes_between(self, start: float, end: float) -> list[Sizes]:
         """Every set of sizes in force at some moment of [start, end]."""
@@ -611,6 +615,8 @@ def observe(observer: Observer, trainer: PipelineTrainer[Any, Any]) -> None:
             run.max_channel_used = max(run.max_channel_used, event.groups_left)
         elif isinstance(event, PolicyPublished):
             run.publishes.append(event.version)
+        elif isinstance(event, Stalled):
+            run.stalls.append((trio.current_time(), event.report))
 
     trainer.add_observer(on_event)
 

@@ -1,0 +1,378 @@
+"""The stall watchdog: when the run stops moving, say where it waits.
+
+The run moves when a rollout ends, a step trains or an eval ends (the counters folded from
+the events: `rollouts_ended`, `steps`, `evals_ended`). Whatever is in flight ends within its
+own duration, so a run whose rollouts, steps and evals each take less than `stall_seconds`
+always moves within `stall_seconds`: the watchdog never reports a slow run that progresses.
+Starting something is not moving: a run can start rollouts forever that never end (an
+inference server that stopped answering), and a step that waits for a hung `backend.train`
+(ART issue 656) starts nothing at all.
+
+Two watchers:
+- this stage, a task of the run's task group, wakes every quarter of `stall_seconds` on the
+  run's own clock (virtual under trio's MockClock) and compares the counters. Nothing runs
+  per rollout: the stages already count what it reads. When nothing moved for
+  `stall_seconds` it reports once, then again at 2x, 4x, ... while the stall persists;
+- a daemon thread pings the event loop (`run_sync_soon` / `call_soon_threadsafe`) on the wall
+  clock: a loop that does not answer within `stall_seconds` is blocked by synchronous code
+  (`time.sleep` in a rollout, a tokenizer in the loop), and the thread reports it with the
+  loop thread's stack (`sys._current_frames()`). The thread logs at once; the event, the
+  counter and the action follow when the loop runs again.
+
+A report is a log record (warning), a line beside the status line, the `Stalled` event (and
+`RunStatistics.stalls`), then `stall_action`: "raise" ends the run with `PipelineStalled`
+(state saved), "stop" stops it as `request_stop()` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import sniffio
+
+from ..errors import PipelineStalled
+from ..events import Stalled
+from ..group_queue import GroupQueueStatistics
+from ..run import PipelineRun
+from ..settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
+from ..stall_report import RolloutInFlight, StageWait, StallReport
+from ..tasktree import task_tree, thread_stack
+
+logger = logging.getLogger("art_trio")
+
+#: The blocked-loop thread pings the loop at most this often (wall seconds).
+PING_INTERVAL_S = 1.0
+
+
+class WatchdogStage:
+    """Reports a run that stopped moving, and a loop that stopped answering."""
+
+    name = "watchdog"
+
+    def __init__(
+        self,
+        run: PipelineRun,
+        *,
+        rollouts_in_flight: Callable[[float], tuple[RolloutInFlight, ...]],
+        workers_running: Callable[[], int],
+        ready: Callable[[], int],
+        queue: Callable[[], GroupQueueStatistics],
+    ) -> None:
+        self.run = run
+        self._rollouts_in_flight = rollouts_in_flight
+        self._workers_running = workers_running
+        self._ready = ready
+        self._queue = queue
+        #: The threshold in force (read by the blocked-loop thread).
+        self.threshold_s = STALL_FLOOR_SECONDS
+        self._threshold_rule = ""
+        #: Blocked-loop reports the thread made, for the loop to deliver once it runs again.
+        self._delivered: list[StallReport] = []
+        self._wake = anyio.Event()
+        self._stopped = False
+
+    def statistics(self) -> None:
+        """The stage owns no figures (stalls are counted from their events)."""
+        return None
+
+    async def __call__(self) -> None:
+        run = self.run
+        if run.settings.status.stall_seconds is None:
+            await run.stop.finished.wait()
+            return
+        self._update_threshold()
+        watcher = _LoopWatcher(self)
+        watcher.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch)
+                await run.stop.finished.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            watcher.stop()
+        # A blocked-loop report the run ended before delivering: still heard and counted.
+        while self._delivered:
+            report = self._delivered.pop(0)
+            run.emit(Stalled(report.seconds, report))
+
+    # -- the run's clock ------------------------------------------------------------------
+
+    def _moved(self) -> tuple[int, int, int]:
+        c = self.run.counters
+        return c.rollouts_ended, c.steps, c.evals_ended
+
+    def _update_threshold(self) -> float:
+        setting = self.run.settings.status.stall_seconds
+        if setting is not None and setting != "auto":
+            self.threshold_s = float(setting)
+            self._threshold_rule = f"{self.threshold_s:g} s (set)"
+            return self.threshold_s
+        gate = self.run.gate
+        times = [t for t in gate.snapshot().recent_rollout_times if t != float("inf")]
+        measured = {
+            "median rollout": statistics.median(times) if times else 0.0,
+            "step period": gate.step_period or 0.0,
+            "longest call": self.run.calls.longest_s,
+        }
+        longest = max(measured, key=lambda k: measured[k])
+        derived = STALL_MULTIPLE * measured[longest]
+        self.threshold_s = max(STALL_FLOOR_SECONDS, derived)
+        shown = ", ".join(f"{k} {v:.1f} s" for k, v in measured.items())
+        why = "the floor" if derived <= STALL_FLOOR_SECONDS else f"{STALL_MULTIPLE:g} x {longest}"
+        self._threshold_rule = (
+            f"{self.threshold_s:.1f} s (auto: {why}; max({STALL_FLOOR_SECONDS:g} s, "
+            f"{STALL_MULTIPLE:g} x the longest of {shown}))"
+        )
+        return self.threshold_s
+
+    async def _watch(self) -> None:
+        run = self.run
+        moved = self._moved()
+        last_move = run.now()
+        repeat = 0
+        while True:
+            threshold = self._update_threshold()
+            with anyio.move_on_after(threshold / 4):
+                await self._wake.wait()
+            if self._wake.is_set():
+                self._wake = anyio.Event()
+            while self._delivered:
+                await self._act(self._delivered.pop(0))
+            now = self._moved()
+            if now != moved:
+                moved, last_move, repeat = now, run.now(), 0
+                continue
+            stalled = run.now() - last_move
+            if stalled >= threshold * 2**repeat:
+                repeat += 1
+                report = self.report(stalled, repeat)
+                self._say(report)
+                await self._act(report)
+
+    def report(self, seconds: float, repeat: int) -> StallReport:
+        """The report now (in the loop): each stage, what is in flight, the task tree."""
+        report = self._state(seconds, repeat, self.run.now(), blocked=False)
+        return _with_tasks(report, task_tree(self.run.context.bridge.asyncio_loop))
+
+    def _say(self, report: StallReport) -> None:
+        """The log record and the line beside the status line (any thread)."""
+        logger.warning("%s", report.text())
+        self.run.status.write_line(f"[stalled] {report.headline()}")
+
+    async def _act(self, report: StallReport) -> None:
+        run = self.run
+        run.emit(Stalled(report.seconds, report))
+        action = run.settings.status.stall_action
+        if action == "raise":
+            raise PipelineStalled(report)
+        if action == "stop" and not run.stopping:
+            logger.warning("Stopping the stalled run (stall_action='stop').")
+            run.request_stop()
+
+    # -- what each stage waits on ---------------------------------------------------------
+
+    def _state(self, seconds: float, repeat: int, now: float, *, blocked: bool) -> StallReport:
+        run = self.run
+        rollouts = self._rollouts_in_flight(now)
+        calls = run.calls.in_flight(now)
+        try:
+            queue = self._queue()
+        except RuntimeError:  # read from the watcher thread before the queue knew its clock
+            queue = GroupQueueStatistics(0, 0, 0, 0, 0, 0, 0.0)
+        gate = run.gate
+        workers = self._workers_running()
+        waiting_workers = max(0, workers - len(rollouts) - queue.waiting_senders)
+        snapshot = gate.snapshot()
+        headroom = gate.policy.headroom(snapshot)
+        stages = [
+            self._rollout_wait(rollouts, workers, waiting_workers, queue, headroom),
+            self._stage_wait("training", now, idle="idle (not collecting, not training)"),
+            self._stage_wait("eval", now, idle="idle"),
+        ]
+        if gate.closed:
+            gate_text = "closed (the run is ending: no rollout starts)"
+        elif waiting_workers and headroom <= 0:
+            gate_text = (
+                f"holds {waiting_workers} workers: the staleness bound admits no rollout at "
+                f"policy version {gate.policy_version} until step {gate.next_training_step} "
+                "is published (waiting for a policy)"
+            )
+        else:
+            gate_text = f"admits {max(0, int(headroom))} more rollouts now"
+        gate_text = (
+            f"policy version {gate.policy_version}, producing step {gate.next_training_step}; "
+            f"{gate_text}; {gate.in_flight} in flight, {gate.queued} groups queued"
+        )
+        capacity = "unbounded" if queue.capacity == float("inf") else f"{queue.capacity:g}"
+        queue_text = (
+            f"{queue.queued}/{capacity} queued, {queue.waiting_senders} workers blocked "
+            f"handing over, {queue.waiting_receivers} receivers waiting, oldest group "
+            f"{queue.oldest_age_s:.1f} s; {self._ready()} ready for a batch"
+        )
+        return StallReport(
+            seconds=seconds,
+            threshold_s=self.threshold_s,
+            threshold_rule=self._threshold_rule,
+            repeat=repeat,
+            blocked_loop=blocked,
+            stages=tuple(stages),
+            rollouts=rollouts,
+            calls=calls,
+            queue=queue_text,
+            gate=gate_text,
+        )
+
+    def _rollout_wait(
+        self,
+        rollouts: tuple[RolloutInFlight, ...],
+        workers: int,
+        waiting: int,
+        queue: GroupQueueStatistics,
+        headroom: float,
+    ) -> StageWait:
+        if rollouts:
+            oldest = rollouts[0]
+            return StageWait(
+                "rollout",
+                f"{len(rollouts)} of {workers} workers in rollouts (oldest: scenario "
+                f"{oldest.scenario_index}, {oldest.age_s:.1f} s), {waiting} waiting at the "
+                f"gate, {queue.waiting_senders} blocked on the full groups queue",
+                oldest.age_s,
+            )
+        if queue.waiting_senders:
+            return StageWait(
+                "rollout",
+                f"{queue.waiting_senders} workers blocked on the full "
+                "groups queue (training does not take groups)",
+            )
+        if waiting and headroom <= 0 and not self.run.gate.closed:
+            return StageWait(
+                "rollout",
+                f"{waiting} workers held at the gate by the staleness bound (waiting for a policy)",
+            )
+        if waiting:
+            return StageWait(
+                "rollout", f"{waiting} workers waiting at the gate or on the scenario source"
+            )
+        return StageWait("rollout", "idle")
+
+    def _stage_wait(self, stage: str, now: float, *, idle: str) -> StageWait:
+        current = self.run.calls.innermost(stage)
+        if current is None:
+            return StageWait(stage, idle)
+        call, since = current
+        return StageWait(stage, call, now - since)
+
+    # -- the blocked-loop thread's side ---------------------------------------------------
+
+    def blocked(self, seconds: float, repeat: int, loop_now: float, thread_id: int) -> None:
+        """Called by the watcher thread while the loop does not answer: report it now (log,
+        status line), and hand the report to the loop for the event and the action."""
+        try:
+            report = self._state(seconds, repeat, loop_now, blocked=True)
+        except Exception:  # the loop's state, read while it is blocked mid-change
+            report = StallReport(
+                seconds=seconds,
+                threshold_s=self.threshold_s,
+                threshold_rule=self._threshold_rule,
+                repeat=repeat,
+                blocked_loop=True,
+                stages=(),
+                rollouts=(),
+                calls=(),
+                queue="?",
+                gate="?",
+            )
+        frames, blocking = thread_stack(thread_id)
+        report = _replace(report, blocking_frames=frames, blocking_frame=blocking)
+        # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
+        self._delivered.append(report)
+        self._say(report)
+
+    def deliver(self) -> None:
+        """In the loop, after it answered again: wake the watch to emit and act."""
+        if self._delivered:
+            self._wake.set()
+
+
+def _replace(report: StallReport, **changes: Any) -> StallReport:
+    import dataclasses
+
+    return dataclasses.replace(report, **changes)
+
+
+def _with_tasks(report: StallReport, tasks: tuple[Any, ...]) -> StallReport:
+    return _replace(report, tasks=tasks)
+
+
+class _LoopWatcher:
+    """A daemon thread that pings the loop and reports it blocked (see the module doc)."""
+
+    def __init__(self, stage: WatchdogStage) -> None:
+        self._stage = stage
+        self._loop_thread = threading.get_ident()
+        self._schedule = _scheduler()
+        self._clock = stage.run.now
+        self._done = threading.Event()
+        #: Wall time the unanswered ping was sent (None: answered).
+        self._pending: float | None = None
+        #: The loop's clock and the wall clock when it last answered.
+        self._answered = (self._clock(), time.monotonic())
+        self._thread = threading.Thread(
+            target=self._run, name="art_trio stall watchdog", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5.0)
+
+    def _answer(self) -> None:
+        # In the loop's thread.
+        self._answered = (self._clock(), time.monotonic())
+        self._pending = None
+        self._stage.deliver()
+
+    def _run(self) -> None:
+        repeat = 0
+        while True:
+            threshold = self._stage.threshold_s
+            if self._done.wait(min(PING_INTERVAL_S, threshold / 4)):
+                return
+            pending = self._pending
+            now = time.monotonic()
+            if pending is None:
+                repeat = 0
+                self._pending = now
+                try:
+                    self._schedule(self._answer)
+                except Exception:  # the loop has ended: so has the run
+                    return
+                continue
+            blocked = now - pending
+            if blocked >= threshold * 2**repeat:
+                repeat += 1
+                loop_now, wall = self._answered
+                self._stage.blocked(blocked, repeat, loop_now + (now - wall), self._loop_thread)
+
+
+def _scheduler() -> Callable[[Callable[[], None]], object]:
+    """How another thread hands a function to the running loop."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    import asyncio
+
+    return asyncio.get_running_loop().call_soon_threadsafe
+
+
+__all__ = ["PING_INTERVAL_S", "WatchdogStage"]
