@@ -133,7 +133,7 @@ async def _emitted_by_a_clean_run(
 REACHED = [
     kind
     for kind in get_args(RunEvent)
-    if kind.__name__ not in {"Resized", "Collapsed", "RolloutGivenBack"}
+    if kind.__name__ not in {"Resized", "Collapsed", "RolloutGivenBack", "Stalled"}
 ]
 
 
