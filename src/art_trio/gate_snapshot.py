@@ -1,6 +1,23 @@
 """`GateSnapshot`: everything an admission decision depends on, at one instant (frozen), and
 what follows from it (the freshness window, Little's-law pipeline target, the measured
-straggler spread and on-time probability). The gate takes it; admission policies read it.
+straggler spread and on-time probability, and the shared server's load model). The gate takes
+it; admission policies read it.
+
+**Queueing at a shared server.** Where rollouts share one inference server that batches them
+(vLLM, art_trio's CPU server), a rollout's latency grows with the number in flight: past the
+server's capacity its throughput is saturated and the rollouts in flight share it. Latency
+measured at today's load says nothing about the load one more admission makes. The gate
+therefore measures mean latency per in-flight count (`load_latency`), and the snapshot reads
+from it the server's throughput X (rollouts per second: the most any measured load achieved,
+n / latency(n)) and its uncontended latency L0 (the latency at the lowest load measured). With
+n in flight a rollout then takes about max(L0, n / X) (the processor-sharing queue; an
+extrapolation past the loads measured that assumes the server saturated, so it errs towards
+fewer admissions). A rollout admitted now can finish inside its freshness window W only while
+the rollouts in flight, itself included, are at most X * W (`load_cap`): admitting one more
+slows every rollout in flight, which this cap accounts for. The model applies only where it
+was seen: latency measured at loads apart (`MIN_LOAD_SPREAD`) and rising with load at least
+half as fast as a saturated server's (`MIN_QUEUEING_SHARE`); rollouts whose latency does not
+depend on the load (their own environments, a server far from its capacity) are never capped.
 """
 
 from __future__ import annotations
@@ -15,6 +32,15 @@ STRAGGLER_QUANTILE = 0.98
 MIN_TIME_SAMPLES = 32
 #: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
 MIN_ON_TIME_PROBABILITY = 0.1
+#: Completions (decayed: about two) an in-flight count needs before its mean latency enters
+#: the load model.
+MIN_LOAD_COMPLETIONS = 1.5
+#: The load model applies only once latency is seen to grow with load: measured at in-flight
+#: counts at least this far apart (highest / lowest) ...
+MIN_LOAD_SPREAD = 1.25
+#: ... with latency rising by at least this share of what a saturated server gives (latency
+#: proportional to load). Rollouts whose latency does not depend on load are never capped.
+MIN_QUEUEING_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +62,13 @@ class GateSnapshot:
     #: Recent rollouts' times, sorted; `math.inf` for a rollout cancelled before it ended
     #: (it missed its window). Empty until the gate has collected some.
     recent_rollout_times: tuple[float, ...] = ()
+    #: Every admitted rollout not yet ended, fresh or not: the load this trainer puts on a
+    #: shared inference server (None: take `fresh_in_flight`).
+    in_flight: int | None = None
+    #: The load model: `(in-flight count, mean latency there, completions behind the mean)`
+    #: by count (a rollout's count is the mean number in flight while it ran), only counts
+    #: with at least `MIN_LOAD_COMPLETIONS`. Empty until measured: no load cap.
+    load_latency: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def training(self) -> bool:
@@ -125,5 +158,70 @@ class GateSnapshot:
             on_time = 1.0 - math.exp(-window / self.rollout_latency)
         return max(MIN_ON_TIME_PROBABILITY, on_time)
 
+    @property
+    def load(self) -> int:
+        """Rollouts in flight now, fresh or not (what a shared server is serving for us)."""
+        return self.fresh_in_flight if self.in_flight is None else self.in_flight
 
-__all__ = ["MIN_ON_TIME_PROBABILITY", "MIN_TIME_SAMPLES", "STRAGGLER_QUANTILE", "GateSnapshot"]
+    @property
+    def server_throughput(self) -> float | None:
+        """Rollouts per second the shared server completes at best, as measured (None: not
+        measured, or rollouts that take no time, which no load slows)."""
+        rates = [n / latency for n, latency, _ in self.load_latency if latency > 0]
+        if not rates or len(rates) < len(self.load_latency):
+            return None
+        return max(rates)
+
+    @property
+    def queueing(self) -> bool:
+        """Latency measured to grow with the number in flight (see the module's docstring)."""
+        if len(self.load_latency) < 2:
+            return False
+        low, high = self.load_latency[0], self.load_latency[-1]
+        if low[0] <= 0:
+            return False
+        spread = high[0] / low[0]
+        if spread < MIN_LOAD_SPREAD:
+            return False
+        return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
+
+    @property
+    def uncontended_latency(self) -> float | None:
+        """Mean latency at the lowest load measured (None: not measured)."""
+        if not self.load_latency:
+            return None
+        return min(self.load_latency)[1]
+
+    def latency_at(self, load: int) -> float | None:
+        """Expected rollout latency with `load` rollouts in flight (None: no load model)."""
+        throughput, floor = self.server_throughput, self.uncontended_latency
+        if throughput is None or floor is None:
+            return None
+        return max(floor, load / throughput)
+
+    @property
+    def load_cap(self) -> int | None:
+        """Most rollouts in flight at once that can each finish inside the freshness window.
+
+        The window of a rollout admitted now closes about `batches_left` step periods from
+        now; with n in flight the server finishes them in n / X, so at most X * window may
+        run (never below 1, so a pipeline with nothing in flight always makes progress).
+        None while the load model or the step period is not measured, or latency is not seen
+        to grow with load: no cap.
+        """
+        throughput = self.server_throughput
+        if throughput is None or not self.step_period or not self.queueing:
+            return None
+        room = throughput * self.batches_left * self.step_period
+        if not math.isfinite(room):
+            return None
+        return max(1, math.floor(room))
+
+
+__all__ = [
+    "MIN_LOAD_COMPLETIONS",
+    "MIN_ON_TIME_PROBABILITY",
+    "MIN_TIME_SAMPLES",
+    "STRAGGLER_QUANTILE",
+    "GateSnapshot",
+]

@@ -126,12 +126,14 @@ async def eval_fn(
 @dataclass(frozen=True)
 class LLMDemoOptions:
     model: str | None = None  # None / "smollm2": the default GGUF
+    #: A name from ``art_trio.cpu.tasks.TASKS``: "yes-no-maybe" or "list".
+    task: str = "yes-no-maybe"
     # Measured: val reward 0.057 at step 0 -> 0.750 at step 5 (seed 0). By then most groups
     # answer alike (zero variance, nothing to learn from), so more steps come slowly.
     steps: int = 6
     workers: int = 2
     seed: int = 0
-    group_size: int = 8
+    group_size: int | None = None  # None: the task's own
     learning_rate: float = 2e-3
     loss_fn: str = "cispo"
     min_batch_size: int = 2
@@ -152,17 +154,20 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
     from ..demo.interrupt import run_interruptibly
     from ..demo.plot import plot_rewards, read_rewards
     from .backend import CPUBackend
+    from .tasks import get_task
 
     started = time.monotonic()
-    name = options.name or f"smollm2-yes-no-maybe-{datetime.now():%Y%m%d-%H%M%S}"
+    task = get_task(options.task)
+    group_size = options.group_size or task.group_size
+    name = options.name or f"smollm2-{task.name}-{datetime.now():%Y%m%d-%H%M%S}"
     model = trainable_model(
         name=name,
         project=PROJECT,
         base_model=options.model or "smollm2",
         base_path=str(options.output_dir / ".art"),
     )
-    config = LLMTaskConfig(
-        group_size=options.group_size,
+    config = task.config(
+        group_size=group_size,
         eval_prompts=options.eval_prompts,
         eval_samples=options.eval_samples,
         seed=options.seed,
@@ -180,17 +185,17 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         start_step = await backend._get_step(model)
         print(
             f"Training {name!r}: {options.steps} steps from step {start_step}, "
-            f"{options.workers} rollout workers, groups of {options.group_size}, "
+            f"task {task.name!r}, {options.workers} rollout workers, groups of {group_size}, "
             f"{options.min_batch_size} groups per step; served at {backend.base_url}",
             flush=True,
         )
         trainer = PipelineTrainer(
             model,
             backend,
-            rollout,
-            scenarios(options.seed),
+            task.rollout,
+            task.scenarios(options.seed),
             config,
-            eval_fn,
+            task.eval_fn,
             num_rollout_workers=options.workers,
             min_batch_size=options.min_batch_size,
             max_batch_size=options.min_batch_size,
@@ -223,7 +228,7 @@ async def run_llm_demo(options: LLMDemoOptions) -> Any:
         plot_path = plot_rewards(
             history_path,
             Path(model._get_output_dir()) / "reward.png",
-            title=f"{name}: SmolLM2-135M, yes/no/maybe on a CPU (seed {options.seed})",
+            title=f"{name}: SmolLM2-135M, {task.name} on a CPU (seed {options.seed})",
         )
     return DemoResult(
         name=name,

@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
             "(see art_trio.cpu.demo.LLMDemoOptions)"
         ),
     )
+    parser.add_argument(
+        "--task",
+        default=None,
+        help="with --model: the task, 'yes-no-maybe' (default) or 'list' (exactly k "
+        "comma-separated items, up to two turns with feedback; see art_trio.cpu.tasks)",
+    )
     return parser
 
 
@@ -182,6 +188,14 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
     if "no_plot" in given:
         changes["plot"] = not args.no_plot
     options = replace(LLMDemoOptions(), **changes)
+    from ..cpu.tasks import TASKS
+
+    if options.task not in TASKS:
+        print(
+            f"art-trio demo: unknown --task {options.task!r}: choose one of {', '.join(TASKS)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         result = trio.run(run_llm_demo, options)
     except ModelSourceError as exc:
@@ -198,7 +212,12 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("art-trio demo: interrupted; nothing more was trained", file=sys.stderr)
         return 130
-    print(format_summary(result).replace("always answer 'maybe'", "answer 'maybe' first"))
+    summary = format_summary(result)
+    if options.task == "yes-no-maybe":
+        summary = summary.replace("always answer 'maybe'", "answer 'maybe' first")
+    else:
+        summary = summary.replace("always answer 'maybe'", "every turn right")
+    print(summary)
     return exit_status(result)
 
 
@@ -347,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if options.learning_rate <= 0:
         print("art-trio demo: --learning-rate must be > 0", file=sys.stderr)
+        return 2
+    if args.task is not None and args.model is None:
+        print("art-trio demo: --task needs --model (the numpy demo has one task)", file=sys.stderr)
         return 2
     if args.model is not None:
         # The choice first: a typo should say so, not that an extra is missing.

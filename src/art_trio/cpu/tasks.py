@@ -1,0 +1,338 @@
+"""Tasks for the real-model demo and benchmarks: yes/no/maybe, and a multi-turn list task.
+
+``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
+training is most of a step's work. ``list`` is one where inference matters, as it does for
+ART's users: a rollout is a short conversation with an environment that checks a format.
+
+**The list task.** The user asks for exactly ``k`` things of a category (5 to 8 fruits,
+colors, ...), comma-separated and nothing else. The environment counts the answer's items;
+when the count or the format is off, it says what was wrong and asks again (up to ``turns``
+model turns). A rollout's reward is the mean of its turns' scores, a turn that was already
+right counting for the turns it saved, so getting it right at once scores 1.0 and fixing it
+on the second turn scores more than never fixing it. A turn's score is graded: the share of
+well-formed items (one to three words, no line breaks or list numbering) times how close the
+count is to ``k`` (1 - |count - k| / k, not below 0). SmolLM2-135M mostly writes numbered
+lists or prose with a few commas (score about 0.25 at step 0), so groups have reward
+variance from the first step. Answers run up to ``max_tokens`` = 48 tokens per turn.
+
+Everything talks to the model through ``model.openai_client()`` only, as rollout code for a
+vLLM backend would; nothing here imports art_trio's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+import art
+import numpy as np
+
+from . import demo
+
+#: Things the list task asks for; each scenario asks for ``k`` of one of them.
+CATEGORIES: tuple[str, ...] = (
+    "fruits",
+    "colors",
+    "animals",
+    "countries",
+    "vegetables",
+    "sports",
+    "musical instruments",
+    "cities",
+    "flowers",
+    "kitchen tools",
+    "birds",
+    "jobs",
+    "drinks",
+    "trees",
+    "school subjects",
+    "vehicles",
+)
+#: How many items a scenario asks for.
+COUNTS: tuple[int, ...] = (5, 6, 7, 8)
+#: Words an item may have: longer pieces are prose, not list items.
+MAX_ITEM_WORDS = 3
+
+_NUMBERING = re.compile(r"^\s*(\d+[.)]|[-*•])\s*")
+
+
+def list_prompt(category: str, k: int) -> str:
+    return f"List exactly {k} {category}, separated by commas, and nothing else."
+
+
+def list_items(text: str) -> list[str]:
+    """The answer's comma-separated pieces (stripped of a final period), empty ones left out."""
+    body = text.strip().rstrip(".")
+    return [piece.strip() for piece in body.split(",") if piece.strip()]
+
+
+def _well_formed(item: str) -> bool:
+    return (
+        "\n" not in item and not _NUMBERING.match(item) and 1 <= len(item.split()) <= MAX_ITEM_WORDS
+    )
+
+
+def score_list(text: str, k: int) -> float:
+    """One turn's score in [0, 1]: well-formed share x closeness of the count to ``k``."""
+    items = list_items(text)
+    if not items:
+        return 0.0
+    formed = sum(_well_formed(item) for item in items) / len(items)
+    closeness = max(0.0, 1.0 - abs(len(items) - k) / k)
+    return formed * closeness
+
+
+def feedback(text: str, k: int) -> str:
+    """What the environment tells the model after a turn that was not right."""
+    items = list_items(text)
+    bad = [item for item in items if not _well_formed(item)]
+    parts = [f"You gave {len(items)} items; I asked for exactly {k}."]
+    if bad:
+        parts.append("Each item must be one to three words, with no numbering or line breaks.")
+    parts.append(f"Answer again with exactly {k} items separated by commas, and nothing else.")
+    return " ".join(parts)
+
+
+def rollout_reward(scores: list[float], turns: int) -> float:
+    """The mean over ``turns`` turns, a turn not needed (the last one was right) scoring 1."""
+    done = scores[-1] >= 1.0
+    padded = scores + [1.0 if done else 0.0] * (turns - len(scores))
+    return sum(padded) / turns
+
+
+@dataclass(frozen=True)
+class ListTaskConfig:
+    """The ``config`` the trainer hands to the list task's ``rollout`` and ``eval_fn``.
+
+    Field names match ``demo.LLMTaskConfig``'s, so the demo builds either the same way.
+    """
+
+    group_size: int = 4
+    max_tokens: int = 48
+    #: Model turns a rollout may take (the environment answers between two).
+    turns: int = 2
+    eval_prompts: int = 8
+    eval_samples: int = 2
+    seed: int = 0
+    verbose: bool = False
+    started: float | None = None
+
+
+def list_scenarios(seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Every (category, k) pair, reshuffled each epoch, the same for the same seed."""
+    pairs = [(c, k) for c in CATEGORIES for k in COUNTS]
+    for epoch in count():
+        order = np.random.default_rng([seed, epoch, 7]).permutation(len(pairs))
+        for position, index in enumerate(order):
+            category, k = pairs[int(index)]
+            yield {
+                "prompt": list_prompt(category, k),
+                "k": k,
+                "seed": (seed * 1_000_003 + epoch * len(pairs) + position) % 2**31,
+                "metadata": {"scenario_id": f"l{int(index):02d}", "epoch": epoch},
+            }
+
+
+async def _conversation(
+    client: Any,
+    model_name: str,
+    prompt: str,
+    k: int,
+    config: ListTaskConfig,
+    seed: int,
+    first: Any,
+    logprobs: bool,
+) -> art.Trajectory:
+    """Continue one trajectory from its first answer ``first`` until right or out of turns."""
+    messages: list[Any] = [{"role": "user", "content": prompt}, first]
+    text = first.message.content or ""
+    scores = [score_list(text, k)]
+    for turn in range(1, config.turns):
+        if scores[-1] >= 1.0:
+            break
+        history: list[Any] = [
+            m if isinstance(m, dict) else {"role": "assistant", "content": m.message.content or ""}
+            for m in messages
+        ]
+        note = {"role": "user", "content": feedback(text, k)}
+        response = await client.chat.completions.create(
+            model=model_name,
+            messages=[*history, note],
+            n=1,
+            max_tokens=config.max_tokens,
+            logprobs=logprobs,
+            seed=seed + 7919 * turn,
+        )
+        choice = response.choices[0]
+        messages += [note, choice]
+        text = choice.message.content or ""
+        scores.append(score_list(text, k))
+    return art.Trajectory(
+        messages_and_choices=messages,
+        reward=rollout_reward(scores, config.turns),
+        metrics={"turns": len(scores), "first_turn_score": scores[0]},
+    )
+
+
+async def _group(
+    model: art.TrainableModel,
+    model_name: str,
+    prompt: str,
+    k: int,
+    config: ListTaskConfig,
+    seed: int,
+    samples: int,
+    logprobs: bool,
+) -> list[art.Trajectory]:
+    client = model.openai_client()
+    response = await client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        n=samples,
+        max_tokens=config.max_tokens,
+        logprobs=logprobs,
+        seed=seed,
+    )
+    # The trajectories' later turns go to the server together, as an agent's would.
+    return list(
+        await asyncio.gather(
+            *(
+                _conversation(client, model_name, prompt, k, config, seed + i, c, logprobs)
+                for i, c in enumerate(response.choices)
+            )
+        )
+    )
+
+
+async def list_rollout(
+    model: art.TrainableModel, scenario: dict[str, Any], config: ListTaskConfig
+) -> art.TrajectoryGroup:
+    """``group_size`` conversations from the newest policy, with logprobs for training."""
+    name = model.get_inference_name(await model.get_step())
+    trajectories = await _group(
+        model,
+        name,
+        scenario["prompt"],
+        scenario["k"],
+        config,
+        scenario["seed"],
+        config.group_size,
+        True,
+    )
+    return art.TrajectoryGroup(trajectories)
+
+
+def list_eval_pairs(config: ListTaskConfig) -> list[tuple[str, int]]:
+    """Fixed (category, k) pairs spread over the categories and counts."""
+    return [
+        (CATEGORIES[(3 * i) % len(CATEGORIES)], COUNTS[i % len(COUNTS)])
+        for i in range(config.eval_prompts)
+    ]
+
+
+async def list_eval_fn(
+    model: art.TrainableModel, step: int, config: ListTaskConfig
+) -> list[art.Trajectory | art.TrajectoryGroup]:
+    """The eval pairs from ``model@step`` with fixed seeds (all sent at once)."""
+    name = model.get_inference_name(step)
+    groups = await asyncio.gather(
+        *(
+            _group(
+                model,
+                name,
+                list_prompt(category, k),
+                k,
+                config,
+                config.seed * 1_000_003 + 7919 * i + 1,
+                config.eval_samples,
+                False,
+            )
+            for i, (category, k) in enumerate(list_eval_pairs(config))
+        )
+    )
+    trajectories: list[art.Trajectory | art.TrajectoryGroup] = [t for g in groups for t in g]
+    if config.verbose:
+        mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
+        elapsed = (
+            ""
+            if config.started is None
+            else f" ({time.monotonic() - config.started:.0f} s elapsed)"
+        )
+        print(
+            f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}",
+            flush=True,
+        )
+    return trajectories
+
+
+@dataclass(frozen=True)
+class LLMTask:
+    """A task the demo and the benchmarks can run: its pieces and the settings it suits."""
+
+    name: str
+    description: str
+    config: Callable[..., Any]
+    scenarios: Callable[[int], Iterator[dict[str, Any]]]
+    rollout: Callable[[art.TrainableModel, dict[str, Any], Any], Awaitable[art.TrajectoryGroup]]
+    eval_fn: Callable[
+        [art.TrainableModel, int, Any], Awaitable[list[art.Trajectory | art.TrajectoryGroup]]
+    ]
+    #: Completions per group the task is meant to run with.
+    group_size: int
+    #: The reward the benchmarks' "time to target" waits for: the mean reward of a step's
+    #: trained groups (stated before the task was measured, see docs/real-model.md).
+    reward_target: float
+
+
+TASKS: dict[str, LLMTask] = {
+    "yes-no-maybe": LLMTask(
+        name="yes-no-maybe",
+        description="ART's yes/no/maybe prompts, two-token answers",
+        config=demo.LLMTaskConfig,
+        scenarios=demo.scenarios,
+        rollout=demo.rollout,
+        eval_fn=demo.eval_fn,
+        group_size=8,
+        reward_target=0.5,
+    ),
+    "list": LLMTask(
+        name="list",
+        description="exactly k comma-separated items, up to 2 turns of 48 tokens with feedback",
+        config=ListTaskConfig,
+        scenarios=list_scenarios,
+        rollout=list_rollout,
+        eval_fn=list_eval_fn,
+        group_size=4,
+        reward_target=0.5,
+    ),
+}
+
+
+def get_task(name: str) -> LLMTask:
+    """The task called ``name``; a clear error listing the known ones otherwise."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}"
+        ) from None
+
+
+__all__ = [
+    "TASKS",
+    "LLMTask",
+    "ListTaskConfig",
+    "feedback",
+    "get_task",
+    "list_eval_fn",
+    "list_items",
+    "list_rollout",
+    "list_scenarios",
+    "rollout_reward",
+    "score_list",
+]

@@ -1,0 +1,161 @@
+"""Admission when latency is queueing at a shared inference server.
+
+The gate measures mean rollout latency per number of rollouts in flight; where it grows with
+load, admission runs no more rollouts at once than the server can finish inside the freshness
+window (`GateSnapshot.load_cap`). Shown here on the gate itself (with a hand-driven clock)
+and on the simulator's processor-sharing server, in virtual time.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import trio
+
+from art_trio.admission import StalenessAwareAdmission
+from art_trio.gate import PolicyGate
+from art_trio.gate_snapshot import GateSnapshot
+from art_trio.sim.simulate import SimSpec, parse_distribution, simulate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gate(clock: Clock, m: int = 1) -> PolicyGate:
+    return PolicyGate(
+        start_step=0,
+        max_steps_off_policy=m,
+        max_batch_size=2,
+        policy=StalenessAwareAdmission(),
+        clock=clock,
+    )
+
+
+def _run_batch(gate: PolicyGate, clock: Clock, n: int, seconds_per_rollout: float) -> None:
+    """`n` rollouts admitted together on a server serving one at a time: all run until the
+    last ends (`n * seconds_per_rollout`), then end together and leave."""
+    versions = [trio.run(gate.admit) for _ in range(n)]
+    clock.now += n * seconds_per_rollout
+    for version in versions:
+        gate.note_rollout_time(n * seconds_per_rollout, completed=True)
+        gate.rollout_done(version)
+
+
+def test_gate_files_latency_by_mean_load() -> None:
+    clock = Clock()
+    gate = _gate(clock, m=3)  # a wide window: admission itself never refuses here
+    _run_batch(gate, clock, 2, 5.0)
+    _run_batch(gate, clock, 4, 5.0)
+    snap = gate.snapshot()
+    assert snap.in_flight == 0
+    # Two completions at load 2 took 10 s; four at load 4 took 20 s.
+    assert [(n, latency) for n, latency, _ in snap.load_latency] == [
+        (2, pytest.approx(10.0)),
+        (4, pytest.approx(20.0)),
+    ]
+    assert snap.queueing
+    assert snap.server_throughput == pytest.approx(0.2)  # rollouts/s: 2 / 10 s, 4 / 20 s
+    assert snap.latency_at(8) == pytest.approx(40.0)
+
+
+def test_load_is_averaged_over_a_rollouts_life() -> None:
+    clock = Clock()
+    gate = _gate(clock, m=3)
+    first = trio.run(gate.admit)
+    clock.now += 10.0  # alone for 10 s
+    others = [trio.run(gate.admit) for _ in range(4)]
+    clock.now += 10.0  # five in flight for 10 s: the first saw 3 on average
+    # Two such rollouts (the load model wants two completions per count).
+    gate.note_rollout_time(20.0, completed=True)
+    gate.note_rollout_time(20.0, completed=True)
+    gate.rollout_done(first)
+    for version in others:
+        gate.rollout_done(version)
+    assert [n for n, _, _ in gate.snapshot().load_latency] == [3]
+
+
+def test_flat_latency_is_never_capped() -> None:
+    """Rollouts whose latency does not grow with load (their own environments) run as
+    before: the cap needs latency seen to rise with the number in flight."""
+    clock = Clock()
+    gate = _gate(clock, m=3)
+    for n in (2, 4, 8):
+        versions = [trio.run(gate.admit) for _ in range(n)]
+        clock.now += 10.0
+        for version in versions:
+            gate.note_rollout_time(10.0, completed=True)
+            gate.rollout_done(version)
+    snap = gate.snapshot()
+    assert [n for n, _, _ in snap.load_latency] == [2, 4, 8]
+    assert not snap.queueing
+    assert snap.load_cap is None
+
+
+def test_cap_is_what_the_server_finishes_inside_the_window() -> None:
+    """Latency 5 s per rollout in flight (a server serving one at a time) and steps every
+    20 s: with max_steps_off_policy=1 a rollout started while a batch is collected has two
+    step periods, so 40 s / 5 s = 8 may run at once; one more would make them all late.
+    Rollouts in flight that no batch can train any more still load the server."""
+    snap = GateSnapshot(
+        policy_version=3,
+        next_training_step=3,
+        max_steps_off_policy=1,
+        max_batch_size=4,
+        queued=0,
+        fresh_in_flight=4,
+        step_period=20.0,
+        in_flight=7,
+        load_latency=((2, 10.0, 5.0), (6, 30.0, 5.0)),
+    )
+    assert snap.load_cap == 8
+    assert StalenessAwareAdmission().headroom(snap) == 1
+    unmeasured = GateSnapshot(**{**_fields(snap), "load_latency": ()})
+    assert StalenessAwareAdmission().headroom(unmeasured) == 4
+
+
+def _fields(snap: GateSnapshot) -> dict[str, object]:
+    return {name: getattr(snap, name) for name in GateSnapshot.__dataclass_fields__}
+
+
+def _shared_server_run(load_model: bool) -> dict[str, float]:
+    """16 rollout workers against a server that serves 2 rollouts at full speed (beyond, they
+    share it), max_steps_off_policy=1, 40 steps in virtual time."""
+    spec = SimSpec(
+        rollout_latency=parse_distribution("exp:20"),
+        train_time=parse_distribution("15"),
+        steps=40,
+        inference_capacity=2,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+    )
+    if load_model:
+        report = simulate(spec)
+    else:
+        with mock.patch.object(GateSnapshot, "load_cap", property(lambda s: None)):
+            report = simulate(spec)
+    return {
+        "cancelled": report.cancelled_rollouts,
+        "rollout_s_per_group": report.rollout_s_per_trained_group,
+        "wall": report.sim_wall_s,
+    }
+
+
+def test_shared_server_admission_keeps_its_promise() -> None:
+    """Without the load model the gate admits by latency measured at today's load, the
+    server slows every rollout it adds, and more than half the admitted rollouts miss their
+    window; with it, fewer are cancelled and a trained group costs less rollout time."""
+    without = _shared_server_run(load_model=False)
+    with_model = _shared_server_run(load_model=True)
+    assert with_model["cancelled"] <= 0.6 * without["cancelled"], (with_model, without)
+    assert with_model["rollout_s_per_group"] <= 0.7 * without["rollout_s_per_group"], (
+        with_model,
+        without,
+    )
+    assert with_model["wall"] <= without["wall"], (with_model, without)

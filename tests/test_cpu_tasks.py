@@ -1,0 +1,79 @@
+"""The real-model tasks' pure parts (no model loaded): the list task's scoring, feedback and
+scenarios, and `art-trio demo --task` routing. tests/test_cpu_llm.py runs them on the model."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from art_trio.cpu.tasks import (  # noqa: E402
+    TASKS,
+    feedback,
+    get_task,
+    list_items,
+    list_scenarios,
+    rollout_reward,
+    score_list,
+)
+from art_trio.demo.cli import main  # noqa: E402
+
+
+def test_a_right_list_scores_one() -> None:
+    assert score_list("apple, banana, cherry, plum, kiwi", 5) == 1.0
+    assert score_list("Apple, Banana, Cherry, Plum, Kiwi.", 5) == 1.0
+
+
+def test_scores_are_graded() -> None:
+    # One item short: the count is 4/5 right.
+    assert score_list("apple, banana, cherry, plum", 5) == pytest.approx(0.8)
+    # Right count, one item is prose: 4 of 5 well formed.
+    text = "apple, banana, cherry, plum, the fruit that grows on vines in Spain"
+    assert score_list(text, 5) == pytest.approx(0.8)
+    # Numbered lines with no commas are one malformed item.
+    assert score_list("1. apple\n2. banana\n3. cherry", 3) == 0.0
+    assert score_list("", 3) == 0.0
+    # Far too many items: no credit for the count.
+    assert score_list(", ".join(["x"] * 20), 5) == 0.0
+
+
+def test_list_items_ignore_empty_pieces() -> None:
+    assert list_items("a, , b,c.") == ["a", "b", "c"]
+
+
+def test_feedback_says_what_was_wrong() -> None:
+    note = feedback("apple, banana", 5)
+    assert "You gave 2 items" in note and "exactly 5" in note
+    assert "three words" in feedback("1. apple, banana", 2)
+    assert "three words" not in feedback("apple, banana", 5)
+
+
+def test_rollout_reward_credits_turns_saved() -> None:
+    assert rollout_reward([1.0], 2) == 1.0  # right at once
+    assert rollout_reward([0.2, 1.0], 2) == pytest.approx(0.6)  # fixed on the second turn
+    assert rollout_reward([0.2, 0.4], 2) == pytest.approx(0.3)  # never right
+    assert rollout_reward([0.5], 1) == 0.5
+
+
+def test_list_scenarios_are_seeded_and_cover_every_pair() -> None:
+    first = list(islice(list_scenarios(3), 64))
+    assert first == list(islice(list_scenarios(3), 64))
+    assert first != list(islice(list_scenarios(4), 64))
+    assert len({s["metadata"]["scenario_id"] for s in first}) == 64
+    assert all(f"exactly {s['k']} " in s["prompt"] for s in first)
+
+
+def test_tasks_by_name() -> None:
+    assert set(TASKS) == {"yes-no-maybe", "list"}
+    with pytest.raises(ValueError, match="choose one of list, yes-no-maybe"):
+        get_task("chess")
+
+
+def test_demo_task_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--task", "list", "--output-dir", str(tmp_path)]) == 2
+    assert "--task needs --model" in capsys.readouterr().err
+    assert main(["--model", "smollm2", "--task", "chess", "--output-dir", str(tmp_path)]) == 2
+    assert "unknown --task 'chess'" in capsys.readouterr().err
