@@ -16,7 +16,8 @@ import trio
 from art_trio.admission import StalenessAwareAdmission
 from art_trio.gate import PolicyGate
 from art_trio.gate_snapshot import GateSnapshot
-from art_trio.sim.simulate import SimSpec, parse_distribution, simulate
+from art_trio.sim.simulate import SimSpec, simulate
+from art_trio.testing.distributions import parse_distribution
 
 
 class Clock:
