@@ -190,6 +190,8 @@ NOT_ART_TRIO_ERRORS = {
     # The demo server's HTTP plumbing: an error response, and a model it does not serve.
     "art_trio.local_backend.server.OpenAIError",
     "art_trio.local_backend.server.UnknownModelError",
+    # The demo CLI's note to itself that a signal stopped the model load (caught in its main).
+    "art_trio.demo.interrupt.Interrupted",
 }
 
 

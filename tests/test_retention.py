@@ -32,6 +32,7 @@ from art_trio import (
     keep_recent_and_top,
 )
 from art_trio.bridge import Bridge
+from art_trio.run import CallsInFlight
 from art_trio.stages.checkpoints import apply_retention, checkpoint_infos
 from tests.doubles import scenarios, trajectory
 from tests.test_parity_0518 import LeasingBackend, new_model
@@ -198,6 +199,7 @@ def stand_in_run(
             completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
         ),
         leased_steps=leased or {},
+        calls=CallsInFlight(time.monotonic),
         seen=seen,
     )
     return run

@@ -146,18 +146,18 @@ class LLMDemoOptions:
     plot: bool = True
 
 
-async def run_llm_demo(options: LLMDemoOptions) -> Any:
-    """Run the real-model demo; returns the numpy demo's ``DemoResult`` shape."""
+async def run_llm_demo(options: LLMDemoOptions, task: Any) -> Any:
+    """Run the real-model demo of ``task`` (an ``art_trio.cpu.tasks.LLMTask``, which builds
+    on this module's yes/no/maybe task: handed in, so the two import in one direction);
+    returns the numpy demo's ``DemoResult`` shape."""
     from art_trio import PipelineTrainer, StepTrained
 
     from ..demo.cli import DemoResult
     from ..demo.interrupt import run_interruptibly
     from ..demo.plot import plot_rewards, read_rewards
     from .backend import CPUBackend
-    from .tasks import get_task
 
     started = time.monotonic()
-    task = get_task(options.task)
     group_size = options.group_size or task.group_size
     name = options.name or f"smollm2-{task.name}-{datetime.now():%Y%m%d-%H%M%S}"
     model = trainable_model(

@@ -197,7 +197,7 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        result = trio.run(run_llm_demo, options)
+        result = trio.run(run_llm_demo, options, TASKS[options.task])
     except ModelSourceError as exc:
         print(f"art-trio demo: {exc}", file=sys.stderr)
         return 2
