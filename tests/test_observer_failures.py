@@ -22,6 +22,12 @@ from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajecto
 
 MAX_STEPS = 4
 
+# The workload returns empty groups on purpose (to reach EmptyGroupReceived).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:rollout_fn returned an art.TrajectoryGroup with no trajectories:RuntimeWarning",
+    "ignore:no step was trained:RuntimeWarning",
+)
+
 
 class Boom(Exception):
     pass
