@@ -97,16 +97,19 @@ async def open_run(
 
 
 def _settle_with_backend(state: PipelineState, start_step: int) -> None:
-    """Settle a pending batch against the backend's step; the backend's step wins."""
+    """Settle a pending batch, and the steps trained without a checkpoint, against the
+    backend's step; the backend's step wins."""
     pending = state.ledger.pending
     if state.ledger.settle_pending(start_step) and pending is not None:
         state.training_step = pending.step
+    lost = state.ledger.roll_back_unsaved(start_step)
     if state.training_step is not None and state.training_step != start_step:
         logger.warning(
-            "the pipeline state was saved at step %d but the backend is at step %d; "
-            "continuing from the backend's step.",
+            "the pipeline state was saved at step %d but the backend is at step %d "
+            "(its last checkpoint); continuing from the backend's step.%s",
             state.training_step,
             start_step,
+            f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
         )
     state.training_step = start_step
 

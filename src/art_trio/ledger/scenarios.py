@@ -34,6 +34,10 @@ def scenario_digest(scenario: object) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: The most unsaved steps the ledger remembers (see `ScenarioLedger.note_checkpoint`).
+MAX_UNSAVED_STEPS = 64
+
+
 @dataclass(slots=True)
 class PendingBatch:
     """A batch handed to `backend.train` whose outcome was not yet recorded."""
@@ -49,6 +53,10 @@ class ScenarioLedger:
     watermark: int = 0
     resolved_above: set[int] = field(default_factory=set)
     pending: PendingBatch | None = None
+    #: Batches trained at steps the backend was not asked to checkpoint (ART's trainers ask
+    #: only at eval steps), newest last. A backend that honours that and restarts comes back
+    #: at its last checkpoint: on resume, these batches' scenarios are rolled again.
+    unsaved: list[PendingBatch] = field(default_factory=list)
     #: Indices resolved since the last journal record (what the next record must carry).
     unjournaled: list[int] = field(default_factory=list)
 
@@ -77,6 +85,38 @@ class ScenarioLedger:
         if self.pending is not None:
             self.resolve_all(self.pending.scenario_indices)
             self.pending = None
+
+    def note_checkpoint(self, step: int, indices: Iterable[int], *, saved: bool) -> None:
+        """Step `step` trained `indices`; `saved`: the backend was asked to checkpoint it,
+        which covers every step before it too."""
+        if saved:
+            self.unsaved.clear()
+            return
+        self.unsaved.append(PendingBatch(step=step, scenario_indices=sorted(indices)))
+        # Past the cap the oldest are taken as kept: without an eval (and so a checkpoint)
+        # for this many steps, the run has said it keeps none (`eval_every_n_steps=0`).
+        del self.unsaved[:-MAX_UNSAVED_STEPS]
+
+    def roll_back_unsaved(self, backend_step: int) -> list[int]:
+        """On resume: the scenarios of the unsaved steps after `backend_step` (the backend
+        came back without them) are no longer resolved; returns them."""
+        lost = sorted(
+            i for batch in self.unsaved if batch.step > backend_step
+            for i in batch.scenario_indices
+        )
+        self.unsaved.clear()
+        if not lost:
+            return lost
+        low = lost[0]
+        if low < self.watermark:
+            # Bounded: the state's checks keep unsaved indices near the watermark.
+            self.resolved_above.update(range(low, self.watermark))
+            self.watermark = low
+        self.resolved_above.difference_update(lost)
+        while self.watermark in self.resolved_above:
+            self.resolved_above.remove(self.watermark)
+            self.watermark += 1
+        return lost
 
     def settle_pending(self, backend_step: int) -> bool:
         """On resume: a pending batch the backend already trained counts as trained.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ForeignStateError, StateFileError
-from .scenarios import PendingBatch, ScenarioLedger
+from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
 """Key of the pipeline state inside ART's `state.json` (the reference's, so ART can read it)."""
@@ -78,7 +78,19 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
+            **self._unsaved(),
             **self._tallies(),
+        }
+
+    def _unsaved(self) -> dict[str, Any]:
+        # Left out when empty (most records: every step checkpointed, or none since the last).
+        unsaved = self.ledger.unsaved
+        if not unsaved:
+            return {}
+        return {
+            "unsaved_batches": [
+                {"step": b.step, "scenario_indices": b.scenario_indices} for b in unsaved
+            ]
         }
 
     def _pending_evals(self) -> list[int]:
@@ -145,6 +157,7 @@ class PipelineState:
         self.ledger.resolve_all(resolved)
         self.ledger.unjournaled.clear()
         self.ledger.pending = newer.ledger.pending
+        self.ledger.unsaved = newer.ledger.unsaved
         self.total_scenarios_consumed = newer.total_scenarios_consumed
         self.training_step = newer.training_step
         self.last_eval_step = newer.last_eval_step
@@ -193,6 +206,7 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
+            **self._unsaved(),
             **self._tallies(),
             "scenario_digests": list(self.scenario_digests),
             "format": STATE_FORMAT,
@@ -235,6 +249,7 @@ class PipelineState:
                 i for i in _index_list(data, "resolved_scenarios", where) if i >= offset
             },
             pending=pending,
+            unsaved=_unsaved_batches(data, offset, where),
         )
         stored_step = data.get("training_step")
         digests = data.get("scenario_digests")
@@ -267,6 +282,37 @@ class PipelineState:
             discarded_stale_groups=_count(data, TALLY_FIELDS[1], where, default=0),
             discarded_zero_variance_groups=_count(data, TALLY_FIELDS[2], where, default=0),
         )
+
+
+#: How far below the watermark an unsaved batch's scenario may lie: rolling it back re-opens
+#: that range, so a hand-edited file cannot make it a huge one.
+MAX_UNSAVED_SPAN = 1_000_000
+
+
+def _unsaved_batches(data: Mapping[str, Any], offset: int, where: str) -> list[PendingBatch]:
+    raw = data.get("unsaved_batches", [])
+    if not isinstance(raw, list) or len(raw) > MAX_UNSAVED_STEPS or not all(
+        isinstance(b, Mapping) and "step" in b and "scenario_indices" in b for b in raw
+    ):
+        raise StateFileError(
+            f"{where}: `unsaved_batches` must be a list of at most {MAX_UNSAVED_STEPS} objects "
+            f"with `step` and `scenario_indices`, found {raw!r:.80}"
+        )
+    batches = [
+        PendingBatch(
+            step=_count(b, "step", f"{where} unsaved_batches", default=None),
+            scenario_indices=_index_list(b, "scenario_indices", f"{where} unsaved_batches"),
+        )
+        for b in raw
+    ]
+    low = min((i for b in batches for i in b.scenario_indices), default=offset)
+    if offset - low > MAX_UNSAVED_SPAN:
+        raise StateFileError(
+            f"{where}: `unsaved_batches` holds scenario {low}, {offset - low} below the "
+            f"watermark {offset} (at most {MAX_UNSAVED_SPAN}): the file was edited or is not "
+            "art_trio's; delete it to start over"
+        )
+    return batches
 
 
 def _is_count(value: object) -> bool:

@@ -368,7 +368,10 @@ class TrainingStage:
             new_step = int(result.step)
             await self._log_held_zero_variance(new_step)
             settled = True
-            self._settle_trained(batch, new_step, step_started, train_s)
+            # Checkpointed: what ART's trainers ask for (eval steps), unless the run asks for
+            # none at all (then nothing is tracked: the user keeps no checkpoints).
+            saved = eval_this_step or not run.settings.persistence.save_checkpoint
+            self._settle_trained(batch, new_step, step_started, train_s, saved=saved)
         except BaseException as exc:
             if not settled:
                 run.note_failure(exc)
@@ -386,10 +389,19 @@ class TrainingStage:
         return new_step
 
     def _settle_trained(
-        self, batch: CollectedBatch, new_step: int, step_started: float, train_s: float
+        self,
+        batch: CollectedBatch,
+        new_step: int,
+        step_started: float,
+        train_s: float,
+        *,
+        saved: bool,
     ) -> None:
         run = self.run
         run.state.ledger.commit_batch()
+        run.state.ledger.note_checkpoint(
+            new_step, (item.scenario_index for item in batch.items), saved=saved
+        )
         run.state.training_step = new_step
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
