@@ -249,17 +249,10 @@ class FateRecord:
     def settle_many(
         self, fate: Fate, entries: Iterable[tuple[int, float]], *, queued: bool = False
     ) -> None:
-        """Settle each (scenario index, rollout seconds) as `fate`, every one of them even if
-        an observer raises on one (its first error is raised after the last is settled):
-        otherwise the rest of a batch would end in no fate at all."""
-        first: Exception | None = None
+        """Settle each (scenario index, rollout seconds) as `fate` (a user observer raising
+        on one never stops the rest: `Observers.emit` keeps its error for the end of the run)."""
         for index, seconds in entries:
-            try:
-                self.settle(fate, index, rollout_s=seconds, queued=queued)
-            except Exception as exc:  # an observer's: counted and recorded already
-                first = first or exc
-        if first is not None:
-            raise first
+            self.settle(fate, index, rollout_s=seconds, queued=queued)
 
     def settle_trained(self, indices: Iterable[int], rollout_seconds: Iterable[float]) -> None:
         """A batch was trained (its scenarios are resolved with its step by the ledger)."""
