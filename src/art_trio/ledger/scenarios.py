@@ -69,6 +69,10 @@ class ScenarioLedger:
             return
         self.unjournaled.append(index)
         self.resolved_above.add(index)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Raise the watermark over the resolved indices just above it."""
         while self.watermark in self.resolved_above:
             self.resolved_above.remove(self.watermark)
             self.watermark += 1
@@ -113,9 +117,7 @@ class ScenarioLedger:
             self.resolved_above.update(range(low, self.watermark))
             self.watermark = low
         self.resolved_above.difference_update(lost)
-        while self.watermark in self.resolved_above:
-            self.resolved_above.remove(self.watermark)
-            self.watermark += 1
+        self._compact()
         return lost
 
     def settle_pending(self, backend_step: int) -> bool:
