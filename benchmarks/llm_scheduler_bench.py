@@ -41,7 +41,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,13 +50,95 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import trio
 
 from art_trio import PipelineTrainer, trainable_model
+from art_trio.admission import StalenessAwareAdmission
 from art_trio.cpu import CPUBackend
 from art_trio.cpu.tasks import LLMTask, get_task
 from art_trio.sim.measures import measure
 from art_trio.sim.recorder import Outcome, Recorder
 from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 
-KINDS = ("art", "art_trio")
+
+@dataclass(frozen=True)
+class Arm:
+    """One trainer the benchmark compares: how to build it and which event loop runs it."""
+
+    name: str
+    label: str
+    #: "trio" or "asyncio": the loop `train()` runs under.
+    loop: str
+    #: (args, setting) -> a trainer with ``await trainer.train(handle_signals=False)``.
+    build: Callable[[tuple[Any, ...], Setting], Any]
+
+
+def _build_art(args: tuple[Any, ...], setting: Setting) -> Any:
+    return art_pipeline_trainer()(*args, **art_trainer_kwargs(**setting.trainer_kwargs()))
+
+
+def _build_art_trio(args: tuple[Any, ...], setting: Setting) -> Any:
+    return PipelineTrainer(*args, **setting.trainer_kwargs())
+
+
+#: The arms, in the order they run for an even seed (reversed for an odd one). A new arm
+#: (another trainer or setting) is one more entry.
+ARMS: list[Arm] = [
+    Arm("art", "ART", "asyncio", _build_art),
+    Arm("art_trio", "art_trio", "trio", _build_art_trio),
+]
+
+
+def get_arm(name: str) -> Arm:
+    for arm in ARMS:
+        if arm.name == name:
+            return arm
+    raise ValueError(f"unknown arm {name!r}: choose from {', '.join(a.name for a in ARMS)}")
+
+
+class AdmissionProbe:
+    """What art_trio's admission saw on the real model: how often the shared server's load
+    model (`GateSnapshot.load_cap`) was measured, and how often it was what held a rollout
+    back. Installed around `StalenessAwareAdmission.headroom` for one run."""
+
+    def __init__(self) -> None:
+        self.decisions = 0
+        self.capped = 0  # the load model was measured (a cap existed)
+        self.bound = 0  # the cap was below what the window allowed: it held rollouts back
+        self.caps: list[int] = []
+        self.throughputs: list[float] = []
+
+    def __enter__(self) -> AdmissionProbe:
+        real = StalenessAwareAdmission.headroom
+        probe = self
+
+        def headroom(policy: StalenessAwareAdmission, s: Any) -> float:
+            result = real(policy, s)
+            probe.decisions += 1
+            cap = s.load_cap
+            if cap is not None:
+                probe.capped += 1
+                probe.caps.append(cap)
+                if s.server_throughput is not None:
+                    probe.throughputs.append(s.server_throughput)
+                if result == 0 and cap - s.load <= 0 < policy._window_headroom(s):
+                    probe.bound += 1
+            return result
+
+        self._real = real
+        StalenessAwareAdmission.headroom = headroom  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        StalenessAwareAdmission.headroom = self._real  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "admission_decisions": self.decisions,
+            "load_model_measured": self.capped,
+            "held_back_by_load_cap": self.bound,
+            "load_cap_range": [min(self.caps), max(self.caps)] if self.caps else None,
+            "server_rollouts_per_s": round(statistics.median(self.throughputs), 4)
+            if self.throughputs
+            else None,
+        }
 
 
 def union_seconds(intervals: list[tuple[float, float]], start: float, end: float) -> float:
@@ -157,12 +239,12 @@ class Setting:
         return task.config(group_size=self.group_size, seed=seed, **extra)
 
 
-async def _run(kind: str, backend: CPUBackend, setting: Setting, seed: int, probe: Probe) -> None:
+async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe: Probe) -> None:
     task = get_task(setting.task)
     base = tempfile.mkdtemp(prefix="llm-sched-bench-")
     async with backend:
         model = trainable_model(
-            name=f"{kind}-m{setting.max_steps_off_policy}-s{seed}",
+            name=f"{arm.name}-m{setting.max_steps_off_policy}-s{seed}",
             project="bench",
             base_model="smollm2",
             base_path=base,
@@ -176,31 +258,28 @@ async def _run(kind: str, backend: CPUBackend, setting: Setting, seed: int, prob
             setting.config(task, seed),
             None,
         )
-        if kind == "art_trio":
-            trainer = PipelineTrainer(*args, **setting.trainer_kwargs())
-        else:
-            kwargs = art_trainer_kwargs(**setting.trainer_kwargs())
-            trainer = art_pipeline_trainer()(*args, **kwargs)
+        trainer = arm.build(args, setting)
         probe.recorder.train_called_at = time.monotonic()
         await trainer.train(handle_signals=False)
         probe.recorder.train_returned_at = time.monotonic()
 
 
-def run_one(backend: CPUBackend, kind: str, setting: Setting, seed: int) -> dict[str, Any]:
+def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[str, Any]:
     probe = Probe()
     backend.busy.clear()
     backend.train = recorded_train(backend, probe)  # type: ignore[method-assign]
     try:
-        start = time.monotonic()
-        if kind == "art_trio":
-            trio.run(_run, kind, backend, setting, seed, probe)
-        else:
-            loop = asyncio.SelectorEventLoop()
-            try:
-                loop.run_until_complete(_run(kind, backend, setting, seed, probe))
-            finally:
-                loop.close()
-        end = time.monotonic()
+        with AdmissionProbe() as admission:
+            start = time.monotonic()
+            if arm.loop == "trio":
+                trio.run(_run, arm, backend, setting, seed, probe)
+            else:
+                loop = asyncio.SelectorEventLoop()
+                try:
+                    loop.run_until_complete(_run(arm, backend, setting, seed, probe))
+                finally:
+                    loop.close()
+            end = time.monotonic()
     finally:
         del backend.train
     report = measure(probe.recorder)
@@ -215,7 +294,7 @@ def run_one(backend: CPUBackend, kind: str, setting: Setting, seed: int) -> dict
             reached = probe.step_rewards[i][0] - start
             break
     return {
-        "kind": kind,
+        "kind": arm.name,
         "seed": seed,
         "max_steps_off_policy": setting.max_steps_off_policy,
         "wall_s": end - start,
@@ -234,6 +313,7 @@ def run_one(backend: CPUBackend, kind: str, setting: Setting, seed: int) -> dict
         "trainer_utilization": report.utilization,
         "step_rewards": [round(r, 3) for _, r in probe.step_rewards],
         "time_to_target_s": reached,
+        **admission.summary(),
     }
 
 
@@ -253,7 +333,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {r['max_steps_off_policy']} | {r['seed']} | "
-            f"{'art_trio' if r['kind'] == 'art_trio' else 'ART'} | {_fmt(r['wall_s'], '.0f')} | "
+            f"{get_arm(r['kind']).label} | {_fmt(r['wall_s'], '.0f')} | "
             f"{r['steps']} | {_fmt(r['inference_s_per_trained_group'])} | "
             f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
             f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {_fmt(r['trainer_utilization'])} | "
@@ -264,12 +344,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def ratios(rows: list[dict[str, Any]]) -> str:
-    """art_trio / ART per max_steps_off_policy: means over seeds (None where unreached)."""
+    """Each arm against ART (the first arm) per max_steps_off_policy: means over seeds
+    (None where unreached)."""
     out = [
-        "| M | inference-s per trained group (art_trio / ART) | time to target (art_trio / "
-        "ART) | targets: <= 0.6 and <= 0.85 |",
-        "|---|---|---|---|",
+        "| M | arm | inference-s per trained group (arm / ART) | time to target (arm / ART) "
+        "| targets: <= 0.6 and <= 0.85 |",
+        "|---|---|---|---|---|",
     ]
+    base = ARMS[0].name
+    others = [a for a in ARMS[1:] if any(r["kind"] == a.name for r in rows)]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
         def mean(kind: str, key: str, m: int = m) -> float | None:
@@ -283,17 +366,19 @@ def ratios(rows: list[dict[str, Any]]) -> str:
             ]
             return statistics.fmean(values) if values else None
 
-        def ratio(key: str) -> float | None:
-            a, b = mean("art_trio", key), mean("art", key)
-            return a / b if a is not None and b else None
+        for arm in others:
 
-        inf, ttt = ratio("inference_s_per_trained_group"), ratio("time_to_target_s")
-        met = (
-            "-"
-            if inf is None or ttt is None
-            else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
-        )
-        out.append(f"| {m} | {_fmt(inf)} | {_fmt(ttt)} | {met} |")
+            def ratio(key: str, name: str = arm.name) -> float | None:
+                a, b = mean(name, key), mean(base, key)
+                return a / b if a is not None and b else None
+
+            inf, ttt = ratio("inference_s_per_trained_group"), ratio("time_to_target_s")
+            met = (
+                "-"
+                if inf is None or ttt is None
+                else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
+            )
+            out.append(f"| {m} | {arm.label} | {_fmt(inf)} | {_fmt(ttt)} | {met} |")
     return "\n".join(out)
 
 
@@ -306,17 +391,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=None, help="default: the task's")
     parser.add_argument("--max-steps-off-policy", default="0,1")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--kinds", default=",".join(a.name for a in ARMS), help="arms to run")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the task's")
     parser.add_argument("--turns", type=int, default=None, help="list task: model turns")
     parser.add_argument("--json", default=None, help="also write every row to this file")
     args = parser.parse_args(argv)
     task = get_task(args.task)
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = set(kinds) - set(KINDS)
-    if unknown:
-        parser.error(f"unknown --kinds {sorted(unknown)}: choose from {', '.join(KINDS)}")
+    try:
+        arms = [get_arm(k) for k in args.kinds.split(",") if k]
+    except ValueError as e:
+        parser.error(str(e))
     backend = CPUBackend()
     backend._load()
     rows: list[dict[str, Any]] = []
@@ -338,8 +423,8 @@ def main(argv: list[str] | None = None) -> None:
                 max_tokens=args.max_tokens,
                 turns=args.turns,
             )
-            for kind in kinds if seed % 2 == 0 else kinds[::-1]:
-                row = run_one(backend, kind, setting, seed)
+            for arm in arms if seed % 2 == 0 else arms[::-1]:
+                row = run_one(backend, arm, setting, seed)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print()
