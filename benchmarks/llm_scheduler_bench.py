@@ -23,7 +23,12 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
 - **trainer utilization**: time inside ``backend.train`` over the train window;
 - **time to target**: seconds from ``train()`` until the mean reward of the groups trained in
   a step and the step before first reaches the task's ``reward_target`` (stated before
-  measuring: ``art_trio.cpu.tasks``), or "-" if it never does within ``--steps``.
+  measuring: ``art_trio.cpu.tasks``), or "-" if it never does within ``--steps``;
+- **train s per step**: ``backend.train``'s seconds per step, the same work in every run: on
+  a shared machine, the gauge of how loaded it was while that run's seconds were measured;
+- **load cap measured / held back**: art_trio's admission decisions where the shared server's
+  load model (``GateSnapshot.load_cap``) was measured, and those where the cap was what kept a
+  rollout from starting (``AdmissionProbe``; 0 for ART, which has no such model).
 
 Then the ratios art_trio / ART per ``max_steps_off_policy`` (means over seeds). Targets
 (issue 33): art_trio <= 0.6x ART's inference-seconds per trained group and <= 0.85x its time
@@ -302,6 +307,9 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "groups": groups,
         "inference_s": inference,
         "training_s": training,
+        # The same work every step (one LoRA step on a batch of the task's groups): how loaded
+        # the machine was during this run, to read the run's seconds against.
+        "training_s_per_step": training / report.steps if report.steps else math.nan,
         "inference_share_of_serial": inference / (inference + training)
         if inference + training
         else math.nan,
@@ -327,9 +335,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| M | seed | trainer | wall s | steps | inference-s per trained group | rollout-s per "
         "trained group | started | wasted | cancelled | trainer utilization | inference share "
-        "| time to target s | step rewards |"
+        "| time to target s | train s per step (load gauge) | load cap measured / held back "
+        "| step rewards |"
     )
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 16]
     for r in rows:
         lines.append(
             f"| {r['max_steps_off_policy']} | {r['seed']} | "
@@ -338,6 +347,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
             f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {_fmt(r['trainer_utilization'])} | "
             f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
+            f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
+            f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} | "
             f"{' '.join(str(x) for x in r['step_rewards'])} |"
         )
     return "\n".join(lines)
