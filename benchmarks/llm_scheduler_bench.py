@@ -54,8 +54,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import trio
 
-from art_trio import PipelineTrainer, trainable_model
-from art_trio.admission import StalenessAwareAdmission
+from art_trio import PipelineTrainer, StalenessAwareAdmission, trainable_model
 from art_trio.cpu import CPUBackend
 from art_trio.cpu.tasks import LLMTask, get_task
 from art_trio.sim.measures import measure
