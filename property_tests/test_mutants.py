@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import art_trio.config.settings
 import art_trio.facade.trainer
-import art_trio.plumbing.ledger
+import art_trio.plumbing.ledger.scenarios
 import art_trio.policy.admission
 import art_trio.policy.gate
 import art_trio.stages.checkpoints
@@ -421,10 +421,11 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
 def test_resume_catches_ledger_forgetting_trained_scenarios(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def forgetting(self: art_trio.plumbing.ledger.ScenarioLedger) -> None:
+    def forgetting(self: art_trio.plumbing.ledger.scenarios.ScenarioLedger) -> None:
         self.pending = None  # the batch trained, but its scenarios are never resolved
 
-    monkeypatch.setattr(art_trio.plumbing.ledger.ScenarioLedger, "commit_batch", forgetting)
+    ledger = art_trio.plumbing.ledger.scenarios.ScenarioLedger
+    monkeypatch.setattr(ledger, "commit_batch", forgetting)
     counterexample(
         prop_resume,
         # Stops that wait for in-flight rollouts, so the known in-flight bug cannot fire.

@@ -24,11 +24,12 @@ from .messages.stall_report import CallInFlight
 from .messages.values import Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
-from .plumbing.bridge import Bridge
+from .plumbing.bridge.calls import Bridge
 from .plumbing.compat import eval_lease, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
-from .plumbing.ledger import PipelineState, StateStore
+from .plumbing.ledger.state import PipelineState
+from .plumbing.ledger.store import StateStore
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
 from .policy.admission import admission_policy

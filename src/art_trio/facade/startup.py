@@ -19,9 +19,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..config.settings import PipelineSettings
 from ..messages.events import Observers
 from ..observation.status import StatusReporter
-from ..plumbing.bridge import Bridge
+from ..plumbing.bridge.calls import Bridge
 from ..plumbing.executor import RolloutExecutor
-from ..plumbing.ledger import PipelineState, StateStore
+from ..plumbing.ledger.state import PipelineState
+from ..plumbing.ledger.store import StateStore
 from ..plumbing.lock import RunLock
 from ..plumbing.source import ScenarioSource
 from ..run import PipelineRun

@@ -39,14 +39,14 @@ from ..messages.errors import LoopUnresponsive, _LoopClosed
 from ..messages.events import Observer, Observers, Resized, RunStatistics
 from ..messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT
 from ..observation.fates import CounterFold, RunCounters
-from ..plumbing.bridge import Bridge, is_native, open_bridge
+from ..plumbing.bridge.calls import Bridge, is_native, open_bridge
 from ..plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.executor import RolloutExecutor
 from ..plumbing.group_queue import GroupQueue
 from ..plumbing.hooks import backend_hook
 from ..plumbing.lock import RunLock
 from ..plumbing.threads import DEFAULT_TIMEOUT_S, LoopHandle
-from ..policy.autotune import policy_for, profile_path
+from ..policy.autotune.profile import policy_for, profile_path
 from ..run import Delivered, PipelineRun, compose_statistics
 from ..stages import Stage
 from ..stages.autotune import AutotuneStage

@@ -41,7 +41,7 @@ from ..messages.events import (
 from ..messages.values import RESOLVED_AT_ONCE, Fate
 
 if TYPE_CHECKING:
-    from ..plumbing.ledger import ScenarioLedger
+    from ..plumbing.ledger.scenarios import ScenarioLedger
 
 
 class _Discards(Protocol):

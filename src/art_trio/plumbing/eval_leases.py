@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .bridge import Bridge
+from .bridge.calls import Bridge
 from .hooks import backend_hook
 
 

@@ -9,9 +9,10 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..messages.errors import _BaseExceptionEscaped
-from .bridge import Bridge, is_native, trio_native
-from .ledger import SCENARIO_DIGESTS, ForeignStateError, PipelineState, scenario_digest
+from ..messages.errors import ForeignStateError, _BaseExceptionEscaped
+from .bridge.calls import Bridge, is_native, trio_native
+from .ledger.scenarios import scenario_digest
+from .ledger.state import SCENARIO_DIGESTS, PipelineState
 
 T = TypeVar("T")
 logger = logging.getLogger("art_trio")

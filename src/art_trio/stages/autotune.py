@@ -20,15 +20,9 @@ from typing import Any
 import anyio
 
 from ..messages.events import RunEvent, RunStatistics, StepTrained
-from ..policy.autotune import (
-    AutotunePolicy,
-    Decision,
-    InferenceLoad,
-    config_field,
-    parse_vllm_metrics,
-    profile_document,
-    save_profile,
-)
+from ..policy.autotune.policy import AutotunePolicy
+from ..policy.autotune.profile import config_field, profile_document, save_profile
+from ..policy.autotune.window import Decision, InferenceLoad, parse_vllm_metrics
 from ..run import PipelineRun
 from .checkpoints import append_metrics_row
 
