@@ -317,7 +317,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             WatchdogStage(
                 run,
                 rollouts_in_flight=rollouts.in_flight,
-                workers_running=lambda: rollouts.statistics().workers_running,
+                workers_running=lambda: rollouts.workers_running,
                 ready=lambda: len(training.ready),
                 queue=groups.statistics,
             ),
@@ -388,7 +388,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             rollouts = self._rollouts
             return self._run.statistics(
                 running=True,
-                workers_running=rollouts.statistics().workers_running if rollouts else 0,
+                workers_running=rollouts.workers_running if rollouts else 0,
             )
         if self._last_statistics is not None and not self._starting:
             return self._last_statistics

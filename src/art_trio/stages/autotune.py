@@ -68,10 +68,6 @@ class AutotuneStage:
         logger.info("autotune: the user resized the run; left alone from now on: %s",
                     ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
 
-    def statistics(self) -> None:
-        """The stage owns no run figures (its policy's decisions go out as `Resized`)."""
-        return None
-
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, StepTrained):
             self._wake.set()

@@ -37,36 +37,25 @@ class ControlStage:
         self.handle_signals = handle_signals
 
     async def __call__(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await control_stage(self.run, handle_signals=self.handle_signals, task_status=task_status)
-
-    def statistics(self) -> None:
-        """The stage owns no figures."""
-        return None
-
-
-async def control_stage(
-    run: PipelineRun,
-    *,
-    handle_signals: bool,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Reports started once the signals are taken over (the trainer starts the other stages
-    only then: a Ctrl-C as the first status line appears must be a stop, not a traceback)."""
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_enforce_grace, run)
-        if handle_signals:
-            if threading.current_thread() is threading.main_thread():
-                await tg.start(_receive_signals, run)
-            else:
-                warnings.warn(
-                    "handle_signals=True is ignored: signal handlers can only be installed "
-                    "from the main thread. Call trainer.request_stop() to stop this run.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        task_status.started()
-        await run.stop.finished.wait()
-        tg.cancel_scope.cancel()
+        """Reports started once the signals are taken over (the trainer starts the other
+        stages only then: a Ctrl-C as the first status line appears must be a stop, not a
+        traceback)."""
+        run = self.run
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_enforce_grace, run)
+            if self.handle_signals:
+                if threading.current_thread() is threading.main_thread():
+                    await tg.start(_receive_signals, run)
+                else:
+                    warnings.warn(
+                        "handle_signals=True is ignored: signal handlers can only be installed "
+                        "from the main thread. Call trainer.request_stop() to stop this run.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            task_status.started()
+            await run.stop.finished.wait()
+            tg.cancel_scope.cancel()
 
 
 async def _enforce_grace(run: PipelineRun) -> None:
@@ -112,4 +101,4 @@ async def _receive_signals(
                 signal.signal(sig, handler)
 
 
-__all__ = ["STOP_SIGNALS", "ControlStage", "control_stage"]
+__all__ = ["STOP_SIGNALS", "ControlStage"]

@@ -37,38 +37,31 @@ class EvalStage:
         self._receive = receive
 
     async def __call__(self) -> None:
-        await eval_stage(self.run, self._receive)
-
-    def statistics(self) -> None:
-        """The stage owns no figures (evals are counted from their events)."""
-        return None
-
-
-async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
-    stop = run.stop
-    # Decided once, the model registered: whether the backend's served choices carry spans.
-    strict = policy_spans_reported(run.context.model)
-    logger.info(describe_mode(strict))
-    try:
-        async with receive:
-            async for step in receive:
-                if run.stopping:
-                    # Not started before the stop: resume evaluates it (it stays scheduled).
-                    continue
-                try:
-                    with stop.eval_begins():
-                        # Held since the step was scheduled (or from now, for the start
-                        # step and resumed evals) until the eval has ended.
-                        with run.calls.track("eval", f"the eval lease of step {step}"):
-                            await run.eval_leases.take(step)
-                        await run_eval(run, step, strict_provenance=strict)
-                finally:
-                    await run.eval_leases.release(step)
-                    stop.eval_ended()
-    finally:
-        # Evals that will not run now (a stop, the end): their steps need no holding.
-        await run.eval_leases.release_all()
-        stop.stage_done("eval")
+        run, receive = self.run, self._receive
+        stop = run.stop
+        # Decided once, the model registered: whether the backend's served choices carry spans.
+        strict = policy_spans_reported(run.context.model)
+        logger.info(describe_mode(strict))
+        try:
+            async with receive:
+                async for step in receive:
+                    if run.stopping:
+                        # Not started before the stop: resume evaluates it (it stays scheduled).
+                        continue
+                    try:
+                        with stop.eval_begins():
+                            # Held since the step was scheduled (or from now, for the start
+                            # step and resumed evals) until the eval has ended.
+                            with run.calls.track("eval", f"the eval lease of step {step}"):
+                                await run.eval_leases.take(step)
+                            await run_eval(run, step, strict_provenance=strict)
+                    finally:
+                        await run.eval_leases.release(step)
+                        stop.eval_ended()
+        finally:
+            # Evals that will not run now (a stop, the end): their steps need no holding.
+            await run.eval_leases.release_all()
+            stop.stage_done("eval")
 
 
 async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = False) -> None:
@@ -133,4 +126,4 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
             run.persist()
 
 
-__all__ = ["EvalStage", "eval_stage", "run_eval"]
+__all__ = ["EvalStage", "run_eval"]

@@ -33,14 +33,5 @@ class StatusStage:
             status.flush()
             status.close()
 
-    def statistics(self) -> None:
-        """The stage owns no figures (the reporter's are the events')."""
-        return None
 
-
-async def status_stage(run: PipelineRun) -> None:
-    """The status stage as a function (kept for callers of the old shape)."""
-    await StatusStage(run)()
-
-
-__all__ = ["StatusStage", "status_stage"]
+__all__ = ["StatusStage"]

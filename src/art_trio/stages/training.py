@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -71,16 +70,6 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
-@dataclass(frozen=True, slots=True)
-class TrainingStatistics:
-    """The training stage at one instant."""
-
-    #: Usable groups received and waiting for a batch.
-    ready: int
-    #: Zero-variance groups held since the last step (logged with the next).
-    held_zero_variance: int
-
-
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
 
@@ -104,12 +93,6 @@ class TrainingStage:
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
         self._preparation = batch_preparation(run.context.backend, run.context.model)
-
-    def statistics(self) -> TrainingStatistics:
-        """The stage's own figures now."""
-        return TrainingStatistics(
-            ready=len(self.ready), held_zero_variance=len(self.held_zero_variance)
-        )
 
     async def __call__(self) -> None:
         run = self.run
@@ -482,7 +465,6 @@ __all__ = [
     "BackendStepError",
     "CollectedBatch",
     "TrainingStage",
-    "TrainingStatistics",
     "batch_preparation",
     "checked_step",
     "train_kwargs",
