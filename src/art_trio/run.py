@@ -239,8 +239,7 @@ class PipelineRun:
         """The run's sizes change to `settings` (validated); the trainer has the rollout
         stage start or retire workers, and the groups channel change its capacity."""
         self.settings = settings
-        self.gate.max_batch_size = settings.sizes.max_batch_size
-        self.gate.admissions_changed()
+        self.gate.resize(settings.sizes.max_batch_size)
 
     # -- stopping ------------------------------------------------------------------------
 
