@@ -32,7 +32,8 @@ from art_trio.policy.batching import (
     is_zero_variance,
     stamp_policy_versions,
 )
-from art_trio.policy.gate import GateSnapshot, PolicyGate
+from art_trio.policy.gate import PolicyGate
+from art_trio.policy.gate_snapshot import GateSnapshot
 from art_trio.testing.checks import expect
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"

@@ -263,33 +263,17 @@ def test_every_public_error_is_exported_and_documented() -> None:
     assert all(n.startswith("_") for n in private), f"internal errors must be private: {private}"
 
 
-def test_old_import_locations_of_public_errors_still_work() -> None:
-    from art_trio.messages.errors import (
-        AsyncioTaskCancelled,
+def test_public_errors_keep_the_builtin_bases_callers_catch() -> None:
+    from art_trio import (
         CallbackNotAwaitable,
-        ExecutorUnavailable,
-        ForeignStateError,
-        FuturePolicyError,
+        LoopUnresponsive,
         ModelDirectoryLostError,
         ProfileError,
-        RolloutLost,
+        RunLockedError,
         StateFileError,
-        StateWriteError,
     )
-    from art_trio.plumbing.lock import ModelDirectoryError, RunLockedError
-    from art_trio.plumbing.threads import LoopUnresponsive
-    from art_trio.policy.provenance import EvalProvenanceError
-    from art_trio.stages.rollout import RolloutRejected, RolloutsKeepFailing
-    from art_trio.stages.training import BackendStepError
     from art_trio.testing.pipeline import PipelineCheckFailed
 
-    old = [ProfileError, FuturePolicyError, AsyncioTaskCancelled, CallbackNotAwaitable,
-           ExecutorUnavailable, RolloutLost, ForeignStateError, ModelDirectoryLostError,
-           StateFileError, StateWriteError, ModelDirectoryError, RunLockedError,
-           EvalProvenanceError, RolloutRejected, RolloutsKeepFailing, BackendStepError,
-           LoopUnresponsive]
-    assert all(getattr(art_trio, cls.__name__) is cls for cls in old)
-    # The builtin bases callers catch are kept.
     assert issubclass(StateFileError, ValueError) and issubclass(RunLockedError, RuntimeError)
     assert issubclass(LoopUnresponsive, TimeoutError)
     assert issubclass(ModelDirectoryLostError, OSError)

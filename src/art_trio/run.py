@@ -377,11 +377,4 @@ def compose_statistics(
     )
 
 
-__all__ = [
-    "CallsInFlight",
-    "Delivered",
-    "PipelineRun",
-    "RunCounters",
-    "ScenarioSource",
-    "compose_statistics",
-]
+__all__ = ["CallsInFlight", "PipelineRun", "compose_statistics"]

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypedDict, cast, get_type_hints
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
+from ..policy.admission import Admission
 from ..policy.autotune.profile import initial_runtime, load_profile_settings, profile_path
 from ..policy.retention import CheckpointRetentionStrategy
 from .settings import (
@@ -30,7 +31,6 @@ from .settings import (
     FIELDS,
     GROUP_TYPES,
     GROUPS,
-    Admission,
     Evaluation,
     FreshnessSettings,
     Persistence,

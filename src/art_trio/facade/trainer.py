@@ -34,10 +34,11 @@ from ..config.keywords import (
     spell_out_settings,
 )
 from ..config.keywords import fit_executor as _fit_executor
-from ..config.settings import FIELDS, PipelineSettings, count_error
+from ..config.settings import FIELDS, PipelineSettings
 from ..messages.errors import LoopUnresponsive, _LoopClosed
 from ..messages.events import Observer, Observers, Resized, RunStatistics
 from ..messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT
+from ..messages.values import Delivered
 from ..observation.fates import CounterFold, RunCounters
 from ..plumbing.bridge.calls import Bridge, is_native, open_bridge
 from ..plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
@@ -47,7 +48,8 @@ from ..plumbing.hooks import backend_hook
 from ..plumbing.lock import RunLock
 from ..plumbing.threads import DEFAULT_TIMEOUT_S, LoopHandle
 from ..policy.autotune.profile import policy_for, profile_path
-from ..run import Delivered, PipelineRun, compose_statistics
+from ..policy.rules import count_error
+from ..run import PipelineRun, compose_statistics
 from ..stages import Stage
 from ..stages.autotune import AutotuneStage
 from ..stages.control import ControlStage

@@ -413,6 +413,5 @@ class PolicyGate:
 
 
 __all__ = [
-    "GateSnapshot",
     "PolicyGate",
 ]

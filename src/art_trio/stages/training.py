@@ -35,15 +35,7 @@ from ..policy.batching import all_failed_error, is_zero_variance
 from ..run import PipelineRun
 from .checkpoints import after_step
 from .metrics import TrainMetrics
-from .train_call import (  # noqa: F401  (BackendStepError, checked_step, train_kwargs: importable here)
-    BackendStepError,
-    CollectedBatch,
-    TrainClock,
-    batch_preparation,
-    checked_step,
-    train_and_log,
-    train_kwargs,
-)
+from .train_call import CollectedBatch, TrainClock, batch_preparation, train_and_log
 
 logger = logging.getLogger("art_trio")
 
@@ -462,10 +454,7 @@ def should_eval(run: PipelineRun, step: int) -> bool:
 
 __all__ = [
     "COLLAPSE_MESSAGE",
-    "BackendStepError",
     "CollectedBatch",
     "TrainingStage",
     "batch_preparation",
-    "checked_step",
-    "train_kwargs",
 ]

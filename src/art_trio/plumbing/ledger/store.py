@@ -18,8 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...messages.errors import ForeignStateError, RunLockLostError, StateFileError, StateWriteError
-from ..lock import RunLock, RunLockedError
+from ...messages.errors import (
+    ForeignStateError,
+    RunLockedError,
+    RunLockLostError,
+    StateFileError,
+    StateWriteError,
+)
+from ..lock import RunLock
 from . import files
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
 from .state import PIPELINE_STATE_KEY, PipelineState, _count
