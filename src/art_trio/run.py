@@ -375,6 +375,3 @@ def compose_statistics(
         staleness=MappingProxyType(dict(c.staleness)),
         stalls=c.stalls,
     )
-
-
-__all__ = ["CallsInFlight", "PipelineRun", "compose_statistics"]

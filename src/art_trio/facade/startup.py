@@ -130,6 +130,3 @@ def _queue_first_evals(
         state.pending_eval_steps.add(start_step)
         state.last_eval_step = start_step
         eval_send.send_nowait(start_step)
-
-
-__all__ = ["open_run"]

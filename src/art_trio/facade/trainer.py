@@ -638,6 +638,3 @@ def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> 
             "scenarios must be an iterable (a list, a generator) or an async iterator of "
             f"scenarios, got {type(scenarios).__name__}"
         )
-
-
-__all__ = ["PipelineTrainer"]

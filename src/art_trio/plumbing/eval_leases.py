@@ -84,6 +84,3 @@ class EvalRetentionLeases:
     async def release_all(self) -> None:
         for step in sorted(self._held):
             await self.release(step)
-
-
-__all__ = ["EvalRetentionLeases"]

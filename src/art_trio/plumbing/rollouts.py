@@ -73,6 +73,3 @@ def _raise_fatal(results: list[Any]) -> None:
     for result in results:
         if isinstance(result, FATAL_ROLLOUT_ERRORS):
             raise result
-
-
-__all__ = ["make_group_rollout_fn"]

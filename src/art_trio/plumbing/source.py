@@ -194,6 +194,3 @@ class ScenarioSource(Generic[T]):
         self.closed = True
         if self._pull_scope is not None:
             self._pull_scope.cancel()
-
-
-__all__ = ["ScenarioSource"]

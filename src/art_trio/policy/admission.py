@@ -176,14 +176,3 @@ if set(ADMISSION_POLICIES) != set(get_args(Admission)):
 def admission_policy(admission: str, beyond_bound: int = 0) -> AdmissionPolicy:
     """The policy for an `admission=` mode (validated by the settings)."""
     return ADMISSION_POLICIES[admission](beyond_bound)
-
-
-__all__ = [
-    "ADMISSION_POLICIES",
-    "AdmissionPolicy",
-    "EagerAdmission",
-    "StalenessAwareAdmission",
-    "admission_mode",
-    "admission_policy",
-    "reference_gate_allows",
-]

@@ -410,8 +410,3 @@ class PolicyGate:
             del self._in_flight[version]
         else:
             self._in_flight[version] = left  # (negative only after a bug: left for checks)
-
-
-__all__ = [
-    "PolicyGate",
-]

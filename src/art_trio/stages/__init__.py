@@ -18,6 +18,3 @@ class Stage(Protocol):
 
     async def __call__(self) -> None:
         """Run until the run ends (or the stage's own work is done)."""
-
-
-__all__ = ["Stage"]

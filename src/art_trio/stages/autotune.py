@@ -184,6 +184,3 @@ class AutotuneStage:
                                        "tuning from the trainer's own measurements", url, exc)
                         warned = True
                 await anyio.sleep(interval)
-
-
-__all__ = ["AutotuneStage"]

@@ -99,6 +99,3 @@ async def _receive_signals(
         for sig, handler in previous.items():
             if handler is not None and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
-
-
-__all__ = ["STOP_SIGNALS", "ControlStage"]

@@ -124,6 +124,3 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
             # Persisted now, as ART does, so a run killed before its next step does not
             # evaluate this step again on resume.
             run.persist()
-
-
-__all__ = ["EvalStage", "run_eval"]

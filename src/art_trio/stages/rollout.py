@@ -474,8 +474,3 @@ def _check_rollout_result(group: object) -> None:
     )
     if problem is not None:
         raise RolloutRejected(problem)
-
-
-__all__ = [
-    "MAX_LOSSES", "RolloutRejected", "RolloutStage", "RolloutsKeepFailing",
-]

@@ -32,6 +32,3 @@ class StatusStage:
         finally:
             status.flush()
             status.close()
-
-
-__all__ = ["StatusStage"]

@@ -450,11 +450,3 @@ def should_eval(run: PipelineRun, step: int) -> bool:
     if run.context.eval_fn is None or every <= 0:
         return False
     return step - run.state.last_eval_step >= every
-
-
-__all__ = [
-    "COLLAPSE_MESSAGE",
-    "CollectedBatch",
-    "TrainingStage",
-    "batch_preparation",
-]

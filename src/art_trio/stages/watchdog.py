@@ -369,6 +369,3 @@ def _scheduler() -> Callable[[Callable[[], None]], object]:
     import asyncio
 
     return asyncio.get_running_loop().call_soon_threadsafe
-
-
-__all__ = ["PING_INTERVAL_S", "WatchdogStage"]

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages.errors import ForeignStateError, StateFileError
+from ...messages.errors import StateFileError
 from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -392,15 +392,3 @@ def _expand_runs(data: Mapping[str, Any], key: str, where: str) -> list[int]:
         f"{where}: `{key}` must be a list of [first, stride, count] runs of non-negative "
         f"integers (stride >= 1, 1 <= count <= {_MAX_RUN}), found {value!r:.80}"
     )
-
-
-__all__ = [
-    "PIPELINE_STATE_KEY",
-    "SCENARIO_DIGESTS",
-    "STATE_FORMAT",
-    "TALLY_FIELDS",
-    "ForeignStateError",
-    "PipelineState",
-    "StateFileError",
-    "eval_runs",
-]

@@ -455,6 +455,3 @@ _MIRROR_ADVICE = (
     "Fix or delete the `_pipeline_trainer` key of state.json (the run then starts at "
     "scenario 0), or train with resume=False to start over."
 )
-
-
-__all__ = ["SNAPSHOT_EVERY", "StateStore"]

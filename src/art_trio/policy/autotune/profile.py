@@ -203,17 +203,3 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return repr(value)
-
-
-
-__all__ = [
-    "HONOURED_FIELDS",
-    "AutotuneConfig",
-    "config_field",
-    "initial_runtime",
-    "load_profile_settings",
-    "policy_for",
-    "profile_document",
-    "profile_path",
-    "save_profile",
-]
