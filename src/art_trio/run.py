@@ -9,8 +9,8 @@ the stop protocol, the run's live sizes, and the leases on checkpoints in use.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -95,21 +95,18 @@ class CallsInFlight:
         #: The longest call (not phase) that ended so far, in seconds.
         self.longest_s = 0.0
 
-    def track(self, stage: str, call: str, *, phase: bool = False) -> _Tracked:
+    @contextmanager
+    def track(self, stage: str, call: str, *, phase: bool = False) -> Iterator[None]:
         """`with run.calls.track("training", "backend.train"):` around the awaited call."""
-        return _Tracked(self, stage, call, phase)
-
-    def begin(self, stage: str, call: str) -> float:
         since = self._clock()
-        self._calls.setdefault(stage, []).append((call, since))
-        return since
-
-    def end(self, stage: str, call: str, since: float, *, phase: bool = False) -> None:
-        stack = self._calls.get(stage)
-        if stack and (call, since) in stack:
+        stack = self._calls.setdefault(stage, [])
+        stack.append((call, since))
+        try:
+            yield
+        finally:
             stack.remove((call, since))
-        if not phase:
-            self.longest_s = max(self.longest_s, self._clock() - since)
+            if not phase:
+                self.longest_s = max(self.longest_s, self._clock() - since)
 
     def in_flight(self, now: float) -> tuple[CallInFlight, ...]:
         """Every call in flight, each stage's outermost first."""
@@ -123,20 +120,6 @@ class CallsInFlight:
         """What `stage` awaits now (its innermost call) and since when, or None."""
         stack = self._calls.get(stage)
         return stack[-1] if stack else None
-
-
-class _Tracked:
-    __slots__ = ("_call", "_calls", "_phase", "_since", "_stage")
-
-    def __init__(self, calls: CallsInFlight, stage: str, call: str, phase: bool) -> None:
-        self._calls, self._stage, self._call, self._phase = calls, stage, call, phase
-        self._since = 0.0
-
-    def __enter__(self) -> None:
-        self._since = self._calls.begin(self._stage, self._call)
-
-    def __exit__(self, *exc: object) -> None:
-        self._calls.end(self._stage, self._call, self._since, phase=self._phase)
 
 
 class PipelineRun:
