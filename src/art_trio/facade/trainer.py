@@ -309,13 +309,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._resize_queue = groups.resize
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
-        control = ControlStage(run, handle_signals=handle_signals)
+        control = ControlStage(run.stop, handle_signals=handle_signals)
         training = TrainingStage(run, receive, eval_send)
         stages: list[Stage] = [
             rollouts,
             training,
             EvalStage(run, eval_receive),
-            StatusStage(run),
+            StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
                 run,
                 rollouts_in_flight=rollouts.in_flight,
