@@ -295,9 +295,11 @@ class PipelineRun:
     def sync_tallies(self) -> None:
         """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""
         base, counters, state = self.tally_base, self.counters, self.state
-        state.accepted_trainable_groups = base.accepted + counters.trained
-        state.discarded_stale_groups = base.stale + counters.stale - counters.stale_cancelled
-        state.discarded_zero_variance_groups = base.zero_variance + counters.zero_variance
+        state.set_tallies(
+            base.accepted + counters.trained,
+            base.stale + counters.stale - counters.stale_cancelled,
+            base.zero_variance + counters.zero_variance,
+        )
 
     def persist(self) -> None:
         """Record the state's changes in the journal (cheap: one append; see ledger.py)."""

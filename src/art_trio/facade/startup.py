@@ -102,7 +102,7 @@ def _settle_with_backend(state: PipelineState, start_step: int) -> None:
     backend's step; the backend's step wins."""
     pending = state.ledger.pending
     if state.ledger.settle_pending(start_step) and pending is not None:
-        state.training_step = pending.step
+        state.at_step(pending.step)
     lost = state.ledger.roll_back_unsaved(start_step)
     if state.training_step is not None and state.training_step != start_step:
         logger.warning(
@@ -112,7 +112,7 @@ def _settle_with_backend(state: PipelineState, start_step: int) -> None:
             start_step,
             f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
         )
-    state.training_step = start_step
+    state.at_step(start_step)
 
 
 def _queue_first_evals(
@@ -127,6 +127,5 @@ def _queue_first_evals(
     # interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead evaluates
     # whatever step it resumes at, and restarts the schedule from there).
     if at_start and start_step not in state.pending_eval_steps | state.completed_eval_steps:
-        state.pending_eval_steps.add(start_step)
-        state.last_eval_step = start_step
+        state.schedule_eval(start_step)
         eval_send.send_nowait(start_step)

@@ -115,11 +115,10 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         logger.warning("eval at step %d failed (%s): %s; training goes on.", step, kind, exc)
         # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
-        run.state.pending_eval_steps.discard(step)
+        run.state.drop_eval(step)
     finally:
         run.emit(EvalEnded(step, completed, reward))
         if completed:
-            run.state.pending_eval_steps.discard(step)
             run.state.complete_eval(step)
             # Persisted now, as ART does, so a run killed before its next step does not
             # evaluate this step again on resume.

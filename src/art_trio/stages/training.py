@@ -319,7 +319,7 @@ class TrainingStage:
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.
         run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-        run.state.training_step = current_step
+        run.state.at_step(current_step)
         run.persist()
 
         settled = False
@@ -353,8 +353,7 @@ class TrainingStage:
                 self._settle_unfinished(batch)
             raise
         if eval_this_step:
-            run.state.pending_eval_steps.add(new_step)
-            run.state.last_eval_step = new_step
+            run.state.schedule_eval(new_step)
             with run.calls.track("training", f"the eval lease of step {new_step}"):
                 await run.eval_leases.take(new_step)
             self._eval_send.send_nowait(new_step)
@@ -377,7 +376,7 @@ class TrainingStage:
         run.state.ledger.note_checkpoint(
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
-        run.state.training_step = new_step
+        run.state.at_step(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items

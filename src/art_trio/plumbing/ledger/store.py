@@ -390,11 +390,7 @@ class StateStore:
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
         self._has_sidecar = True
-        state.ledger.unjournaled.clear()
-        state.digests_unjournaled = False
-        state.evals_unjournaled.clear()
-        state.evals_journaled = len(state.completed_eval_steps)
-        state.pending_journaled = set(state._pending_evals())
+        state.snapshot_written()
         self._records_since_snapshot = 0
         # The mirror keeps ART's trainer and tools able to read the reference's fields (the
         # whole `completed_eval_steps` list: ART reads no other form). It need not be
