@@ -510,7 +510,7 @@ def test_gate_machine_catches_hand_over_leaking_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def leaking(self: PolicyGate, version: int) -> None:
-        self.queued += 1  # the in-flight slot is never given back
+        self._queued += 1  # the in-flight slot is never given back
 
     monkeypatch.setattr(PolicyGate, "hand_over", leaking)
     from .test_gate import IN_FLIGHT
@@ -522,7 +522,7 @@ def test_gate_machine_catches_discard_counted_twice(monkeypatch: pytest.MonkeyPa
     real = PolicyGate.group_discarded
 
     def twice(self: PolicyGate) -> None:
-        self.queued -= 1
+        self._queued -= 1
         real(self)
 
     monkeypatch.setattr(PolicyGate, "group_discarded", twice)
@@ -549,7 +549,7 @@ def test_gate_machine_catches_publish_not_ending_the_step(
 
     def stuck(self: PolicyGate, version: int) -> None:
         real(self, version)
-        self.next_training_step = version + 1  # still "training" after the publish
+        self._next_training_step = version + 1  # still "training" after the publish
 
     monkeypatch.setattr(PolicyGate, "publish", stuck)
     from .test_gate import VERSIONS

@@ -144,6 +144,10 @@ class PolicyGate:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
+    @property
+    def max_steps_off_policy(self) -> int:
+        return self._max_steps_off_policy
+
     # -- decisions -----------------------------------------------------------------------
 
     def snapshot(self) -> GateSnapshot:
