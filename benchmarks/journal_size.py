@@ -18,13 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from art_trio.plumbing import ledger
-from art_trio.plumbing.ledger import PipelineState, StateStore
+from art_trio.plumbing.ledger import files
+from art_trio.plumbing.ledger import store as ledger_store
+from art_trio.plumbing.ledger.state import PipelineState
+from art_trio.plumbing.ledger.store import StateStore
 
 
 def main(steps: int, backlog: bool = False) -> None:
-    # In ledger/store.py since the ledger became a package (ledger.py before).
-    getattr(ledger, "store", ledger).SNAPSHOT_EVERY = 10**9
+    ledger_store.SNAPSHOT_EVERY = 10**9
     directory = Path(tempfile.mkdtemp())
     store, state = StateStore(directory), PipelineState()
     store.write(state)
@@ -44,9 +45,9 @@ def main(steps: int, backlog: bool = False) -> None:
             state.completed_eval_steps.add(step)
         store.append(state)
     store.close()
-    records = (directory / ledger.JOURNAL_FILE).read_bytes().splitlines()
+    records = (directory / files.JOURNAL_FILE).read_bytes().splitlines()
     store.write(state)
-    snapshot = (directory / ledger.SIDECAR_FILE).stat().st_size
+    snapshot = (directory / files.SIDECAR_FILE).stat().st_size
     backlog_now = len(state.pending_eval_steps - state.completed_eval_steps)
     print(
         f"steps={steps} pending evals={backlog_now} evals={len(state.completed_eval_steps)} "

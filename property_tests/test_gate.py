@@ -25,14 +25,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from art_trio.policy.admission import admission_allows, admission_headroom, admission_policy
+from art_trio.policy.admission import ADMISSION_POLICIES, admission_policy
 from art_trio.policy.batching import (
     Freshness,
     group_initial_version,
     is_zero_variance,
     stamp_policy_versions,
 )
-from art_trio.policy.gate import GateSnapshot, PolicyGate
+from art_trio.policy.gate import PolicyGate
+from art_trio.policy.gate_snapshot import GateSnapshot
 from art_trio.testing.checks import expect
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
@@ -341,9 +342,9 @@ TINY_STEP_PERIOD = replace(ZERO_LATENCY, rollout_latency=1.0, step_period=5e-324
 @given(snapshots, st.integers(0, 4))
 def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
     """Every snapshot gets a yes/no in both modes (rollouts may take no time at all)."""
-    for mode in ("eager", "staleness_aware"):
+    for mode in ADMISSION_POLICIES:
         try:
-            decision = admission_allows(s, mode, beyond)
+            decision = admission_policy(mode, beyond).headroom(s) > 0
         except ArithmeticError as exc:
             raise AssertionError(f"[{TOTAL}] {mode} admission raised {exc!r} for {s}") from exc
         assert isinstance(decision, bool)
@@ -353,9 +354,9 @@ def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
 def test_admission_never_more_lenient_than_reference(s: GateSnapshot, beyond: int) -> None:
     """ "eager" is exactly the reference's gate; "staleness_aware" never admits more."""
     reference = reference_allows(s.policy_version, s.next_training_step, s.max_steps_off_policy)
-    assert admission_allows(s, "eager", beyond) == reference
+    assert (admission_policy("eager", beyond).headroom(s) > 0) == reference
     if s.rollout_latency != 0.0:  # see test_admission_decision_is_total
-        assert not admission_allows(s, "staleness_aware", beyond) or reference
+        assert not admission_policy("staleness_aware", beyond).headroom(s) > 0 or reference
 
 
 @given(snapshots, st.integers(0, 4), st.integers(0, 80))
@@ -365,14 +366,15 @@ def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: 
     After `k` more admissions (each one more fresh rollout in flight, and one more on the
     server) another is allowed exactly when `k` is below the headroom, in both modes.
     """
-    for mode in ("eager", "staleness_aware"):
-        headroom = admission_headroom(s, mode, beyond)
+    for mode in ADMISSION_POLICIES:
+        policy = admission_policy(mode, beyond)
+        headroom = policy.headroom(s)
         later = replace(
             s,
             fresh_in_flight=s.fresh_in_flight + k,
             in_flight=None if s.in_flight is None else s.in_flight + k,
         )
-        assert admission_allows(later, mode, beyond) == (k < headroom), (mode, headroom, later)
+        assert (policy.headroom(later) > 0) == (k < headroom), (mode, headroom, later)
 
 
 def _saturated_throughput(s: GateSnapshot) -> float | None:
@@ -408,7 +410,7 @@ def test_admitted_rollouts_can_finish_inside_the_window(s: GateSnapshot, beyond:
     takes the rollouts in flight past what the server, at its measured throughput, finishes
     inside the window (one may always run when none is in flight)."""
     throughput = _saturated_throughput(s)
-    headroom = admission_headroom(s, "staleness_aware", beyond)
+    headroom = admission_policy("staleness_aware", beyond).headroom(s)
     if throughput is None or not s.step_period or headroom == 0:
         return
     window = (s.max_steps_off_policy + (0 if s.training else 1)) * s.step_period

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import art_trio.config.settings
 import art_trio.facade.trainer
-import art_trio.plumbing.ledger
+import art_trio.plumbing.ledger.scenarios
 import art_trio.policy.admission
 import art_trio.policy.gate
 import art_trio.stages.checkpoints
@@ -421,10 +421,11 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
 def test_resume_catches_ledger_forgetting_trained_scenarios(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def forgetting(self: art_trio.plumbing.ledger.ScenarioLedger) -> None:
+    def forgetting(self: art_trio.plumbing.ledger.scenarios.ScenarioLedger) -> None:
         self.pending = None  # the batch trained, but its scenarios are never resolved
 
-    monkeypatch.setattr(art_trio.plumbing.ledger.ScenarioLedger, "commit_batch", forgetting)
+    ledger = art_trio.plumbing.ledger.scenarios.ScenarioLedger
+    monkeypatch.setattr(ledger, "commit_batch", forgetting)
     counterexample(
         prop_resume,
         # Stops that wait for in-flight rollouts, so the known in-flight bug cannot fire.
@@ -509,7 +510,7 @@ def test_gate_machine_catches_hand_over_leaking_in_flight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def leaking(self: PolicyGate, version: int) -> None:
-        self.queued += 1  # the in-flight slot is never given back
+        self._queued += 1  # the in-flight slot is never given back
 
     monkeypatch.setattr(PolicyGate, "hand_over", leaking)
     from .test_gate import IN_FLIGHT
@@ -521,7 +522,7 @@ def test_gate_machine_catches_discard_counted_twice(monkeypatch: pytest.MonkeyPa
     real = PolicyGate.group_discarded
 
     def twice(self: PolicyGate) -> None:
-        self.queued -= 1
+        self._queued -= 1
         real(self)
 
     monkeypatch.setattr(PolicyGate, "group_discarded", twice)
@@ -548,7 +549,7 @@ def test_gate_machine_catches_publish_not_ending_the_step(
 
     def stuck(self: PolicyGate, version: int) -> None:
         real(self, version)
-        self.next_training_step = version + 1  # still "training" after the publish
+        self._next_training_step = version + 1  # still "training" after the publish
 
     monkeypatch.setattr(PolicyGate, "publish", stuck)
     from .test_gate import VERSIONS

@@ -117,7 +117,7 @@ def install(moment: Moments, out: Path) -> None:
         target = Path(dst)
         if target.parent.name == "checkpoints":
             moment("checkpoint-renamed")
-        elif target.name in (art_trio.plumbing.ledger.SIDECAR_FILE, "state.json"):
+        elif target.name in (art_trio.plumbing.ledger.files.SIDECAR_FILE, "state.json"):
             moment("state-file-replaced")
 
     os.replace = replace_hooked

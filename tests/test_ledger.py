@@ -27,14 +27,10 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger import (
-    PIPELINE_STATE_KEY,
-    SIDECAR_FILE,
-    PendingBatch,
-    PipelineState,
-    ScenarioLedger,
-    StateStore,
-)
+from art_trio.plumbing.ledger.files import SIDECAR_FILE
+from art_trio.plumbing.ledger.scenarios import PendingBatch, ScenarioLedger
+from art_trio.plumbing.ledger.state import PIPELINE_STATE_KEY, PipelineState
+from art_trio.plumbing.ledger.store import StateStore
 from tests.crash_harness import Child, Harness, expected_ledger
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 

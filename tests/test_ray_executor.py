@@ -253,7 +253,7 @@ async def test_cancelling_from_trio_through_the_bridge_cancels_remotely(
     executor, model, tmp_path
 ) -> None:
     """The trainer's path: a trio cancel scope, trio-asyncio, then run() in an asyncio task."""
-    from art_trio.plumbing.bridge import open_bridge
+    from art_trio.plumbing.bridge.calls import open_bridge
 
     scenario = _hour_scenario(tmp_path)
     marks = Path(scenario["marks"])
@@ -554,7 +554,7 @@ def test_kill_9_of_the_trainer_then_resume_trains_each_scenario_once(
 ) -> None:
     """The trainer process itself dies mid-run (its Ray rollouts with it); a new process
     resumes from the directory with a new executor. Nothing trained twice, nothing skipped."""
-    from art_trio.plumbing.ledger import PipelineState
+    from art_trio.plumbing.ledger.state import PipelineState
     from tests.crash_harness import TRAINED_LOG, read_trained
 
     repo = Path(__file__).resolve().parents[1]

@@ -54,7 +54,7 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.plumbing.ledger import StateStore
+from art_trio.plumbing.ledger.store import StateStore
 from art_trio.policy.batching import Freshness
 from art_trio.policy.freshness import mean_policy_version, token_count_error
 from tests.doubles import (

@@ -37,7 +37,8 @@ import trio_asyncio
 
 from art_trio import PipelineTrainer
 from art_trio.messages.types import EvalResult
-from art_trio.plumbing.ledger import SIDECAR_FILE, StateStore
+from art_trio.plumbing.ledger.files import SIDECAR_FILE
+from art_trio.plumbing.ledger.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
 

@@ -45,17 +45,17 @@ import trio.testing
 from art.types import TrainResult
 
 from art_trio import PipelineTrainer
-from art_trio.messages.types import EvalResult
-from art_trio.plumbing.bridge import AsyncioTaskCancelled
-from art_trio.plumbing.ledger import (
-    JOURNAL_FILE,
-    SIDECAR_FILE,
-    PipelineState,
-    StateStore,
+from art_trio.messages.errors import (
+    AsyncioTaskCancelled,
+    BackendStepError,
+    RunLockedError,
     StateWriteError,
 )
-from art_trio.plumbing.lock import LOCK_FILE, RunLock, RunLockedError
-from art_trio.stages.training import BackendStepError
+from art_trio.messages.types import EvalResult
+from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.plumbing.ledger.state import PipelineState
+from art_trio.plumbing.ledger.store import StateStore
+from art_trio.plumbing.lock import LOCK_FILE, RunLock
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import (
     RecordingBackend,

@@ -42,23 +42,22 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
+from art_trio.messages.errors import (
+    ForeignStateError,
+    ModelDirectoryError,
+    ModelDirectoryLostError,
+    RunLockedError,
+    StateWriteError,
+)
 from art_trio.plumbing import lock as lock_module
 from art_trio.plumbing.compat import trainable_model
-from art_trio.plumbing.ledger import (
-    JOURNAL_FILE,
-    SIDECAR_FILE,
-    TALLY_FIELDS,
-    ForeignStateError,
-    ModelDirectoryLostError,
-    PipelineState,
-    StateStore,
-    StateWriteError,
-    eval_runs,
-    scenario_digest,
-)
 from art_trio.plumbing.ledger import files as ledger_files
 from art_trio.plumbing.ledger import store as ledger_store
-from art_trio.plumbing.lock import LOCK_ENV, LOCK_FILE, ModelDirectoryError, RunLock, RunLockedError
+from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.plumbing.ledger.scenarios import scenario_digest
+from art_trio.plumbing.ledger.state import TALLY_FIELDS, PipelineState, eval_runs
+from art_trio.plumbing.ledger.store import StateStore
+from art_trio.plumbing.lock import LOCK_ENV, LOCK_FILE, RunLock
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf

@@ -30,7 +30,9 @@ import trio
 from art_trio import PipelineTrainer
 from art_trio.config.settings import Evaluation, PipelineSettings, Shutdown, Sizes
 from art_trio.messages import errors as art_errors
-from art_trio.plumbing.ledger import PipelineState, StateStore, StateWriteError
+from art_trio.messages.errors import StateWriteError
+from art_trio.plumbing.ledger.state import PipelineState
+from art_trio.plumbing.ledger.store import StateStore
 from art_trio.plumbing.lock import RunLock
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 from tests.errors import find_leaf
@@ -421,7 +423,8 @@ def test_an_exporter_on_a_taken_port_names_it_and_leaves_nothing_attached(
 def test_a_small_state_file_expanding_to_a_hundred_million_evals_is_refused(
     tmp_path: Path,
 ) -> None:
-    from art_trio.plumbing.ledger import SIDECAR_FILE, StateFileError
+    from art_trio.messages.errors import StateFileError
+    from art_trio.plumbing.ledger.files import SIDECAR_FILE
 
     directory = tmp_path / "m"
     directory.mkdir()
@@ -444,8 +447,8 @@ def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exact
 ) -> None:
     """An eval every step, evals slower than steps: the backlog of pending evals grows to
     hundreds. Each record carries what changed, and a read replays the exact sets."""
-    from art_trio.plumbing.ledger import JOURNAL_FILE
     from art_trio.plumbing.ledger import store as ledger_store
+    from art_trio.plumbing.ledger.files import JOURNAL_FILE
 
     monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
     directory = tmp_path / "m"

@@ -34,7 +34,8 @@ import trio
 import trio.testing
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger import SIDECAR_FILE, StateStore
+from art_trio.plumbing.ledger.files import SIDECAR_FILE
+from art_trio.plumbing.ledger.store import StateStore
 from tests.doubles import (
     RecordingBackend,
     announce_training,

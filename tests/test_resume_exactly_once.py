@@ -25,7 +25,9 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger import PIPELINE_STATE_KEY, SIDECAR_FILE, StateStore
+from art_trio.plumbing.ledger.files import SIDECAR_FILE
+from art_trio.plumbing.ledger.state import PIPELINE_STATE_KEY
+from art_trio.plumbing.ledger.store import StateStore
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 

@@ -31,7 +31,7 @@ from art_trio import (
     PipelineTrainer,
     keep_recent_and_top,
 )
-from art_trio.plumbing.bridge import Bridge
+from art_trio.plumbing.bridge.calls import Bridge
 from art_trio.run import CallsInFlight
 from art_trio.stages.checkpoints import apply_retention, checkpoint_infos
 from tests.doubles import scenarios, trajectory

@@ -19,15 +19,10 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger import (
-    JOURNAL_FILE,
-    PIPELINE_STATE_KEY,
-    SIDECAR_FILE,
-    ForeignStateError,
-    PipelineState,
-    StateFileError,
-    StateStore,
-)
+from art_trio.messages.errors import ForeignStateError, StateFileError
+from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.plumbing.ledger.state import PIPELINE_STATE_KEY, PipelineState
+from art_trio.plumbing.ledger.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 
 

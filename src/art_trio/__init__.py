@@ -64,12 +64,12 @@ from .messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRollout
 from .messages.values import Fate
 from .observation.fates import RunCounters
 from .observation.status import StatusReporter
-from .plumbing.bridge import trio_native
+from .plumbing.bridge.calls import trio_native
 from .plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
 from .plumbing.executor import InProcessExecutor, RolloutExecutor
 from .plumbing.rollouts import make_group_rollout_fn
 from .policy.admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
-from .policy.autotune import AutotuneConfig
+from .policy.autotune.profile import AutotuneConfig
 from .policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,

@@ -9,8 +9,8 @@ the stop protocol, the run's live sizes, and the leases on checkpoints in use.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -24,11 +24,12 @@ from .messages.stall_report import CallInFlight
 from .messages.values import Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
-from .plumbing.bridge import Bridge
+from .plumbing.bridge.calls import Bridge
 from .plumbing.compat import eval_lease, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
-from .plumbing.ledger import PipelineState, StateStore
+from .plumbing.ledger.state import PipelineState
+from .plumbing.ledger.store import StateStore
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
 from .policy.admission import admission_policy
@@ -94,21 +95,18 @@ class CallsInFlight:
         #: The longest call (not phase) that ended so far, in seconds.
         self.longest_s = 0.0
 
-    def track(self, stage: str, call: str, *, phase: bool = False) -> _Tracked:
+    @contextmanager
+    def track(self, stage: str, call: str, *, phase: bool = False) -> Iterator[None]:
         """`with run.calls.track("training", "backend.train"):` around the awaited call."""
-        return _Tracked(self, stage, call, phase)
-
-    def begin(self, stage: str, call: str) -> float:
         since = self._clock()
-        self._calls.setdefault(stage, []).append((call, since))
-        return since
-
-    def end(self, stage: str, call: str, since: float, *, phase: bool = False) -> None:
-        stack = self._calls.get(stage)
-        if stack and (call, since) in stack:
+        stack = self._calls.setdefault(stage, [])
+        stack.append((call, since))
+        try:
+            yield
+        finally:
             stack.remove((call, since))
-        if not phase:
-            self.longest_s = max(self.longest_s, self._clock() - since)
+            if not phase:
+                self.longest_s = max(self.longest_s, self._clock() - since)
 
     def in_flight(self, now: float) -> tuple[CallInFlight, ...]:
         """Every call in flight, each stage's outermost first."""
@@ -122,20 +120,6 @@ class CallsInFlight:
         """What `stage` awaits now (its innermost call) and since when, or None."""
         stack = self._calls.get(stage)
         return stack[-1] if stack else None
-
-
-class _Tracked:
-    __slots__ = ("_call", "_calls", "_phase", "_since", "_stage")
-
-    def __init__(self, calls: CallsInFlight, stage: str, call: str, phase: bool) -> None:
-        self._calls, self._stage, self._call, self._phase = calls, stage, call, phase
-        self._since = 0.0
-
-    def __enter__(self) -> None:
-        self._since = self._calls.begin(self._stage, self._call)
-
-    def __exit__(self, *exc: object) -> None:
-        self._calls.end(self._stage, self._call, self._since, phase=self._phase)
 
 
 class PipelineRun:
@@ -238,8 +222,7 @@ class PipelineRun:
         """The run's sizes change to `settings` (validated); the trainer has the rollout
         stage start or retire workers, and the groups channel change its capacity."""
         self.settings = settings
-        self.gate.max_batch_size = settings.sizes.max_batch_size
-        self.gate.admissions_changed()
+        self.gate.resize(settings.sizes.max_batch_size)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -312,9 +295,11 @@ class PipelineRun:
     def sync_tallies(self) -> None:
         """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""
         base, counters, state = self.tally_base, self.counters, self.state
-        state.accepted_trainable_groups = base.accepted + counters.trained
-        state.discarded_stale_groups = base.stale + counters.stale - counters.stale_cancelled
-        state.discarded_zero_variance_groups = base.zero_variance + counters.zero_variance
+        state.set_tallies(
+            base.accepted + counters.trained,
+            base.stale + counters.stale - counters.stale_cancelled,
+            base.zero_variance + counters.zero_variance,
+        )
 
     def persist(self) -> None:
         """Record the state's changes in the journal (cheap: one append; see ledger.py)."""
@@ -375,13 +360,3 @@ def compose_statistics(
         staleness=MappingProxyType(dict(c.staleness)),
         stalls=c.stalls,
     )
-
-
-__all__ = [
-    "CallsInFlight",
-    "Delivered",
-    "PipelineRun",
-    "RunCounters",
-    "ScenarioSource",
-    "compose_statistics",
-]

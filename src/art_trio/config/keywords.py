@@ -23,14 +23,14 @@ from typing import Any, Literal, TypedDict, cast, get_type_hints
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
-from ..policy.autotune import initial_runtime, load_profile_settings, profile_path
+from ..policy.admission import Admission
+from ..policy.autotune.profile import initial_runtime, load_profile_settings, profile_path
 from ..policy.retention import CheckpointRetentionStrategy
 from .settings import (
     DECLARATIONS,
     FIELDS,
     GROUP_TYPES,
     GROUPS,
-    Admission,
     Evaluation,
     FreshnessSettings,
     Persistence,

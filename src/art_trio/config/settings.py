@@ -22,12 +22,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ..plumbing.compat import check_line_supports
-from ..policy.admission import Admission
+from ..policy.admission import ADMISSION_POLICIES, Admission
 from ..policy.batching import Freshness
 from ..policy.retention import CheckpointRetentionStrategy
 from ..policy.rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
-
-ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
 
 StallAction = Literal["log", "raise", "stop"]
 STALL_ACTIONS: tuple[StallAction, ...] = ("log", "raise", "stop")
@@ -136,7 +134,8 @@ class FreshnessSettings:
         rule=at_least(0), number="finite")
     admission: Admission = setting(
         "staleness_aware", "'staleness_aware' starts a rollout only if a batch still to come "
-        "can train it; 'eager' is the reference's gate exactly.", rule=one_of(ADMISSION_MODES))
+        "can train it; 'eager' is the reference's gate exactly.",
+        rule=one_of(tuple(ADMISSION_POLICIES)))
     max_rollouts_beyond_bound: int | None = setting(
         None, "Rollouts 'staleness_aware' admits past its bound, trading wasted rollouts for "
         "trainer utilization (None: max_batch_size / 8).",

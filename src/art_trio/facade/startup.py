@@ -19,9 +19,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..config.settings import PipelineSettings
 from ..messages.events import Observers
 from ..observation.status import StatusReporter
-from ..plumbing.bridge import Bridge
+from ..plumbing.bridge.calls import Bridge
 from ..plumbing.executor import RolloutExecutor
-from ..plumbing.ledger import PipelineState, StateStore
+from ..plumbing.ledger.state import PipelineState
+from ..plumbing.ledger.store import StateStore
 from ..plumbing.lock import RunLock
 from ..plumbing.source import ScenarioSource
 from ..run import PipelineRun
@@ -101,7 +102,7 @@ def _settle_with_backend(state: PipelineState, start_step: int) -> None:
     backend's step; the backend's step wins."""
     pending = state.ledger.pending
     if state.ledger.settle_pending(start_step) and pending is not None:
-        state.training_step = pending.step
+        state.at_step(pending.step)
     lost = state.ledger.roll_back_unsaved(start_step)
     if state.training_step is not None and state.training_step != start_step:
         logger.warning(
@@ -111,7 +112,7 @@ def _settle_with_backend(state: PipelineState, start_step: int) -> None:
             start_step,
             f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
         )
-    state.training_step = start_step
+    state.at_step(start_step)
 
 
 def _queue_first_evals(
@@ -126,9 +127,5 @@ def _queue_first_evals(
     # interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead evaluates
     # whatever step it resumes at, and restarts the schedule from there).
     if at_start and start_step not in state.pending_eval_steps | state.completed_eval_steps:
-        state.pending_eval_steps.add(start_step)
-        state.last_eval_step = start_step
+        state.schedule_eval(start_step)
         eval_send.send_nowait(start_step)
-
-
-__all__ = ["open_run"]

@@ -117,6 +117,3 @@ def close_run(run: PipelineRun, failure: BaseException | None) -> None:
         )
     finally:
         run.store.close()
-
-
-__all__ = ["close_run", "leaves", "raise_failure", "run_stage", "unwrap_escaped"]

@@ -34,20 +34,22 @@ from ..config.keywords import (
     spell_out_settings,
 )
 from ..config.keywords import fit_executor as _fit_executor
-from ..config.settings import FIELDS, PipelineSettings, count_error
+from ..config.settings import FIELDS, PipelineSettings
 from ..messages.errors import LoopUnresponsive, _LoopClosed
 from ..messages.events import Observer, Observers, Resized, RunStatistics
 from ..messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT
+from ..messages.values import Delivered
 from ..observation.fates import CounterFold, RunCounters
-from ..plumbing.bridge import Bridge, is_native, open_bridge
+from ..plumbing.bridge.calls import Bridge, is_native, open_bridge
 from ..plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.executor import RolloutExecutor
 from ..plumbing.group_queue import GroupQueue
 from ..plumbing.hooks import backend_hook
 from ..plumbing.lock import RunLock
 from ..plumbing.threads import DEFAULT_TIMEOUT_S, LoopHandle
-from ..policy.autotune import policy_for, profile_path
-from ..run import Delivered, PipelineRun, compose_statistics
+from ..policy.autotune.profile import policy_for, profile_path
+from ..policy.rules import count_error
+from ..run import PipelineRun, compose_statistics
 from ..stages import Stage
 from ..stages.autotune import AutotuneStage
 from ..stages.control import ControlStage
@@ -307,17 +309,17 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._resize_queue = groups.resize
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
-        control = ControlStage(run, handle_signals=handle_signals)
+        control = ControlStage(run.stop, handle_signals=handle_signals)
         training = TrainingStage(run, receive, eval_send)
         stages: list[Stage] = [
             rollouts,
             training,
             EvalStage(run, eval_receive),
-            StatusStage(run),
+            StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
                 run,
                 rollouts_in_flight=rollouts.in_flight,
-                workers_running=lambda: rollouts.statistics().workers_running,
+                workers_running=lambda: rollouts.workers_running,
                 ready=lambda: len(training.ready),
                 queue=groups.statistics,
             ),
@@ -388,7 +390,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             rollouts = self._rollouts
             return self._run.statistics(
                 running=True,
-                workers_running=rollouts.statistics().workers_running if rollouts else 0,
+                workers_running=rollouts.workers_running if rollouts else 0,
             )
         if self._last_statistics is not None and not self._starting:
             return self._last_statistics
@@ -636,6 +638,3 @@ def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> 
             "scenarios must be an iterable (a list, a generator) or an async iterator of "
             f"scenarios, got {type(scenarios).__name__}"
         )
-
-
-__all__ = ["PipelineTrainer"]

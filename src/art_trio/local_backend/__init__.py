@@ -10,16 +10,3 @@
 Used by ``art_trio.demo.CpuBackend`` (a numpy policy) and ``art_trio.cpu.CPUBackend`` (a real
 language model on transformers + peft).
 """
-
-from .server import OpenAIError, ServedBackend, UnknownModelError
-from .versions import LocalBackend, ModelVersions, parse_model_name, saved_steps
-
-__all__ = [
-    "LocalBackend",
-    "ModelVersions",
-    "OpenAIError",
-    "ServedBackend",
-    "UnknownModelError",
-    "parse_model_name",
-    "saved_steps",
-]

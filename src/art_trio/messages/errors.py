@@ -3,8 +3,7 @@
 `except art_trio.ArtTrioError` catches whatever the trainer itself raises; each error also
 keeps the builtin base callers already catch (`StateFileError` is a `ValueError`,
 `RunLockedError` a `RuntimeError`, `LoopUnresponsive` a `TimeoutError`, ...). Every public
-one is exported from `art_trio`; the modules that raised them before still export them too
-(`art_trio.plumbing.ledger.StateFileError` is this class).
+one is exported from `art_trio`.
 
 Not here, on purpose:
 - the extras' errors live with their extra and share the base: `art_trio.testing`'s

@@ -462,31 +462,3 @@ class RunStatistics:
     def rollout_s_per_trained_group(self) -> float | None:
         """What a trained group cost in rollout time (None before any is trained)."""
         return self.rollout_s_spent / self.trained if self.trained else None
-
-
-__all__ = [
-    "BatchTaken",
-    "ChannelClosed",
-    "Collapsed",
-    "EmptyGroupReceived",
-    "EvalEnded",
-    "EvalStarted",
-    "GroupQueued",
-    "GroupReceived",
-    "HandOverBlocked",
-    "Observer",
-    "Observers",
-    "PolicyPublished",
-    "Resized",
-    "RolloutEnded",
-    "RolloutGivenBack",
-    "RolloutStarted",
-    "RunEvent",
-    "Routes",
-    "RunStatistics",
-    "ScenarioSettled",
-    "Stalled",
-    "StepTrained",
-    "TrainCallEnded",
-    "TrainCallStarted",
-]

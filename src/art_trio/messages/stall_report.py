@@ -140,6 +140,3 @@ class StallReport:
 
     def __str__(self) -> str:
         return self.text()
-
-
-__all__ = ["CallInFlight", "RolloutInFlight", "StageWait", "StallReport", "TaskFrame"]

@@ -22,5 +22,3 @@ EvalResult: TypeAlias = (
 )
 EvalFn: TypeAlias = Callable[[art.TrainableModel, int, Any], Awaitable[EvalResult]]
 """`async (model, step, config) -> list | {split: list}`: a list is logged as split "val"."""
-
-__all__ = ["ConfigT", "EvalFn", "EvalResult", "RolloutFn", "ScenarioT", "SingleRolloutFn"]

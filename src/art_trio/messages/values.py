@@ -62,6 +62,3 @@ class TallyBase(NamedTuple):
     accepted: int
     stale: int
     zero_variance: int
-
-
-__all__ = ["Delivered", "Fate", "RESOLVED_AT_ONCE", "TallyBase"]

@@ -41,7 +41,7 @@ from ..messages.events import (
 from ..messages.values import RESOLVED_AT_ONCE, Fate
 
 if TYPE_CHECKING:
-    from ..plumbing.ledger import ScenarioLedger
+    from ..plumbing.ledger.scenarios import ScenarioLedger
 
 
 class _Discards(Protocol):
@@ -257,6 +257,3 @@ class FateRecord:
     def settle_trained(self, indices: Iterable[int], rollout_seconds: Iterable[float]) -> None:
         """A batch was trained (its scenarios are resolved with its step by the ledger)."""
         self.settle_many(Fate.TRAINED, zip(indices, rollout_seconds, strict=True))
-
-
-__all__ = ["CounterFold", "FateRecord", "RunCounters"]

@@ -397,6 +397,3 @@ class StatusReporter:
             return
         self._last_refresh = now
         self._bar.set_description_str(self.condensed_line())
-
-
-__all__ = ["StatusReporter", "reward_summary"]

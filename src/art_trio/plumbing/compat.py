@@ -280,27 +280,3 @@ def art_pipeline_trainer() -> type[Any]:
     from art.pipeline_trainer import PipelineTrainer
 
     return PipelineTrainer
-
-
-__all__ = [
-    "ART_0520",
-    "ART_VERSION",
-    "CHECKPOINT_ROW_WALL_CLOCK",
-    "FATAL_ROLLOUT_ERRORS",
-    "POLICY_TOKEN_SPAN",
-    "RUNTIME_FIELDS",
-    "PipelineAutotuneConfig",
-    "PipelineRuntimeConfig",
-    "art_pipeline_trainer",
-    "art_trainer_kwargs",
-    "check_line_supports",
-    "deprecate_direct_runtime",
-    "eval_lease",
-    "line_train_kwargs",
-    "local_backend_is_dedicated",
-    "policy_spans_reported",
-    "record_completion_tokens",
-    "rollout_lease",
-    "TRAIN_METRIC_NAMES",
-    "trainable_model",
-]

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .bridge import Bridge
+from .bridge.calls import Bridge
 from .hooks import backend_hook
 
 
@@ -84,6 +84,3 @@ class EvalRetentionLeases:
     async def release_all(self) -> None:
         for step in sorted(self._held):
             await self.release(step)
-
-
-__all__ = ["EvalRetentionLeases"]

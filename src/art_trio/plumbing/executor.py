@@ -159,6 +159,3 @@ def _get(obj: Any, key: str) -> Any | None:
         return getattr(obj, key, None)
     except Exception:
         return None
-
-
-__all__ = ["InProcessExecutor", "ModelView", "RolloutExecutor", "scenario_id"]

@@ -46,8 +46,6 @@ from anyio.lowlevel import checkpoint
 
 T = TypeVar("T")
 
-__all__ = ["GroupQueue", "GroupQueueStatistics", "GroupReceiveEnd", "GroupSendEnd"]
-
 
 class _Event(Protocol):
     def set(self) -> object: ...

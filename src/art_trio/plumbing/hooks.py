@@ -21,6 +21,3 @@ def backend_hook(backend: object, name: str) -> Any | None:
         return getattr(backend, name)
     value = getattr(backend, "__dict__", {}).get(name)
     return value if value is not None else None
-
-
-__all__ = ["backend_hook"]

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..messages.errors import ModelDirectoryError, RunLockedError, RunLockLostError
+from ..messages.errors import ModelDirectoryError, RunLockedError
 
 try:
     import fcntl
@@ -396,9 +396,3 @@ def _describe(raw: bytes) -> str:
         )
     command = " ".join(str(a) for a in argv) if isinstance(argv, list) else "?"
     return f"held by {who}, since {started}, command: {command}"
-
-
-__all__ = [
-    "LOCK_ENV", "LOCK_FILE", "ModelDirectoryError", "RunLock", "RunLockLostError",
-    "RunLockedError",
-]

@@ -411,6 +411,3 @@ class RayRolloutExecutor:
         else:
             self._models.move_to_end(fingerprint)
         return entry
-
-
-__all__ = ["RayActorsNotPlaced", "RayRolloutExecutor"]

@@ -93,12 +93,3 @@ def actors_the_cluster_holds(options: Mapping[str, Any], *, asked: Mapping[str, 
         logger.info("RayRolloutExecutor: %d actors, each asking for %s (%s)",
                     num_actors, describe_options(options), describe_cluster())
     return num_actors
-
-
-__all__ = [
-    "actor_demand",
-    "actors_the_cluster_holds",
-    "actors_that_fit",
-    "describe_cluster",
-    "describe_options",
-]

@@ -105,6 +105,3 @@ def with_context(error: rex.RayTaskError, scenario: Any) -> BaseException:
     annotated = rex.RayTaskError("rollout", f"{header}\n{error}", cause, proctitle="rollout")
     result: BaseException = annotated.as_instanceof_cause()
     return result
-
-
-__all__ = ["LOST_ERRORS", "MISSING", "RolloutActor", "scenario_text", "with_context"]

@@ -9,8 +9,9 @@ import anyio
 import art
 from art import Trajectory, TrajectoryGroup
 
+from ..messages.errors import CallbackNotAwaitable
 from ..messages.types import RolloutFn, SingleRolloutFn
-from .bridge import CallbackNotAwaitable, await_callback, is_native, trio_native
+from .bridge.calls import await_callback, is_native, trio_native
 from .compat import FATAL_ROLLOUT_ERRORS
 
 
@@ -72,6 +73,3 @@ def _raise_fatal(results: list[Any]) -> None:
     for result in results:
         if isinstance(result, FATAL_ROLLOUT_ERRORS):
             raise result
-
-
-__all__ = ["make_group_rollout_fn"]

@@ -9,9 +9,10 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..messages.errors import _BaseExceptionEscaped
-from .bridge import Bridge, is_native, trio_native
-from .ledger import SCENARIO_DIGESTS, ForeignStateError, PipelineState, scenario_digest
+from ..messages.errors import ForeignStateError, _BaseExceptionEscaped
+from .bridge.calls import Bridge, is_native, trio_native
+from .ledger.scenarios import scenario_digest
+from .ledger.state import SCENARIO_DIGESTS, PipelineState
 
 T = TypeVar("T")
 logger = logging.getLogger("art_trio")
@@ -92,13 +93,13 @@ class ScenarioSource(Generic[T]):
     def give_back(self, index: int, scenario: T) -> None:
         """Return a taken scenario whose rollout was lost: the next `take` hands it out again."""
         self._returned.append((index, scenario))
-        self._state.total_scenarios_consumed -= 1
+        self._state.scenario_taken(-1)
 
     async def take(self) -> tuple[int, T] | None:
         """The next unresolved scenario and its index, or None once exhausted or closed."""
         if self._returned and not self.closed:
             index, scenario = self._returned.popleft()
-            self._state.total_scenarios_consumed += 1
+            self._state.scenario_taken()
             return index, scenario
         if self._sync is not None:
             # Reading a plain iterable never awaits, so takers cannot interleave: no lock
@@ -148,7 +149,7 @@ class ScenarioSource(Generic[T]):
         self._next_index += 1
         if self._state.ledger.is_resolved(index):
             return None
-        self._state.total_scenarios_consumed += 1
+        self._state.scenario_taken()
         return index, item
 
     def _digest(self, item: T) -> str | None:
@@ -179,10 +180,8 @@ class ScenarioSource(Generic[T]):
                     "`scenario_digests` key from that file)."
                 )
             return
-        digests = self._state.scenario_digests
-        if index == len(digests):
-            digests.append(digest)
-            self._state.digests_unjournaled = True
+        if index == len(self._state.scenario_digests):
+            self._state.digest_noted(digest)
 
     @property
     def position(self) -> int:
@@ -193,6 +192,3 @@ class ScenarioSource(Generic[T]):
         self.closed = True
         if self._pull_scope is not None:
             self._pull_scope.cancel()
-
-
-__all__ = ["ScenarioSource"]

@@ -95,6 +95,3 @@ class StopControl:
         self._stages_left.discard(name)
         if not self._stages_left:
             self.finished.set()
-
-
-__all__ = ["StopControl"]

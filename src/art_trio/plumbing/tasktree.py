@@ -147,6 +147,3 @@ def thread_stack(thread_id: int, limit: int = 12) -> tuple[tuple[str, ...], str]
             blocking = f"{f.filename}:{f.lineno} in {f.name}"
             break
     return lines, blocking or (lines[-1] if lines else "")
-
-
-__all__ = ["MAX_TASKS", "asyncio_tasks", "task_tree", "thread_stack", "trio_tasks", "waiting_line"]

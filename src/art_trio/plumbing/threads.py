@@ -78,6 +78,3 @@ class LoopHandle:
                 "Something running on it is blocking it without yielding (a rollout_fn, "
                 "eval_fn or observer doing blocking work?)"
             ) from None
-
-
-__all__ = ["DEFAULT_TIMEOUT_S", "LoopHandle", "LoopUnresponsive"]

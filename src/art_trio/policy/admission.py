@@ -3,7 +3,9 @@
 One class per `admission=` mode, chosen once when the run is built (`admission_policy`);
 the gate asks the policy how many rollouts may start, the training stage asks it which ready
 groups to take and how far to look ahead, the rollout stage and the gate ask it what to evict.
-A new policy is one new class here and its name in `settings.Admission`.
+A new policy is one class here, registered with `@admission_mode("name")`; its name also goes
+into `Admission`, the type a user's checker reads `admission=` against (importing this module
+fails if the two disagree). The settings accept exactly the registered names.
 
 Every decision is a pure function of a `GateSnapshot`, so property tests can hammer them.
 """
@@ -11,15 +13,32 @@ Every decision is a pure function of a `GateSnapshot`, so property tests can ham
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args
 
 if TYPE_CHECKING:
     from ..messages.values import Delivered
     from .gate_snapshot import GateSnapshot
 
 
-#: The `admission=` modes (`PipelineSettings.admission`), one policy class each.
+#: The `admission=` modes (`PipelineSettings.admission`), one registered policy class each.
 Admission = Literal["staleness_aware", "eager"]
+
+#: Each `admission=` mode's policy class, built with the run's `max_rollouts_beyond_bound`.
+ADMISSION_POLICIES: dict[str, Callable[[int], AdmissionPolicy]] = {}
+
+P = TypeVar("P")
+
+
+def admission_mode(name: Admission) -> Callable[[P], P]:
+    """Register the decorated class as the policy of `admission=name`."""
+
+    def register(cls: P) -> P:
+        ADMISSION_POLICIES[name] = cls  # type: ignore[assignment]
+        cls.name = name  # type: ignore[attr-defined]
+        return cls
+
+    return register
 
 
 class AdmissionPolicy(Protocol):
@@ -50,13 +69,17 @@ def reference_gate_allows(s: GateSnapshot) -> bool:
     return s.policy_version >= s.next_training_step - s.max_steps_off_policy
 
 
+@admission_mode("eager")
 class EagerAdmission:
     """The reference as a whole, for comparison: its gate, batches in arrival order, and stale
     groups that run to completion and queue until the trainer discards them."""
 
-    name: Admission = "eager"
+    name: Admission
     cancels_doomed_rollouts = False
     drops_stale_early = False
+
+    def __init__(self, beyond_bound: int = 0) -> None:
+        pass  # the reference admits nothing past its bound
 
     def headroom(self, s: GateSnapshot) -> float:
         return math.inf if reference_gate_allows(s) else 0
@@ -70,6 +93,7 @@ class EagerAdmission:
         return batch
 
 
+@admission_mode("staleness_aware")
 class StalenessAwareAdmission:
     """Start a rollout only if a batch still to be taken can train it (plus `beyond_bound`);
     take the oldest ready groups first; cancel rollouts no batch can train any more.
@@ -91,10 +115,10 @@ class StalenessAwareAdmission:
     race at `max_steps_off_policy == 0` stops where more runners only slow the winners.
 
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
-    other is the same as asking `admission_allows` `n` times; the gate asks this once.
+    other is the same as asking `headroom() > 0` `n` times; the gate asks this once.
     """
 
-    name: Admission = "staleness_aware"
+    name: Admission
     cancels_doomed_rollouts = True
     drops_stale_early = True
 
@@ -144,29 +168,11 @@ def _deadline(item: Delivered) -> tuple[float, int]:
     return (math.inf if item.version is None else item.version, item.scenario_index)
 
 
-def admission_policy(admission: Admission, beyond_bound: int = 0) -> AdmissionPolicy:
+if set(ADMISSION_POLICIES) != set(get_args(Admission)):
+    raise ImportError(f"admission modes registered {sorted(ADMISSION_POLICIES)} differ from "
+                      f"the names in Admission {sorted(get_args(Admission))}")
+
+
+def admission_policy(admission: str, beyond_bound: int = 0) -> AdmissionPolicy:
     """The policy for an `admission=` mode (validated by the settings)."""
-    if admission == "eager":
-        return EagerAdmission()
-    return StalenessAwareAdmission(beyond_bound)
-
-
-def admission_headroom(s: GateSnapshot, admission: Admission, beyond_bound: int) -> float:
-    """How many more rollouts mode `admission` lets start now."""
-    return admission_policy(admission, beyond_bound).headroom(s)
-
-
-def admission_allows(s: GateSnapshot, admission: Admission, beyond_bound: int) -> bool:
-    """The admission decision for a configured mode (see `PipelineSettings.admission`)."""
-    return admission_headroom(s, admission, beyond_bound) > 0
-
-
-__all__ = [
-    "AdmissionPolicy",
-    "EagerAdmission",
-    "StalenessAwareAdmission",
-    "admission_allows",
-    "admission_headroom",
-    "admission_policy",
-    "reference_gate_allows",
-]
+    return ADMISSION_POLICIES[admission](beyond_bound)

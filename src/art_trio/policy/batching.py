@@ -250,21 +250,3 @@ def eval_splits(result: Any) -> dict[str, list[Trajectory | TrajectoryGroup]]:
     if isinstance(result, Mapping):
         return {str(k): list(v) for k, v in result.items()}
     return {"val": list(result)}
-
-
-__all__ = [
-    "all_failed_error",
-    "average_steps_off_policy",
-    "copy_scenario_metadata",
-    "eval_splits",
-    "future_policy_error",
-    "group_initial_version",
-    "is_zero_variance",
-    "newest_version",
-    "version_type_error",
-    "non_finite_reward_error",
-    "reward_stats",
-    "scenario_context",
-    "split_eval_items",
-    "stamp_policy_versions",
-]

@@ -172,12 +172,3 @@ def newest_token_version(group: Any) -> int | None:
             if newest is None or version > newest:
                 newest = version
     return newest
-
-
-__all__ = [
-    "completion_weight",
-    "mean_policy_version",
-    "newest_token_version",
-    "token_count_error",
-    "version_tokens",
-]

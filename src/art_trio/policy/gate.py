@@ -81,12 +81,14 @@ class PolicyGate:
         clock: Callable[[], float] = anyio.current_time,
         new_event: Callable[[], LoopEvent] = anyio.Event,
     ) -> None:
-        self.policy_version = start_step
-        self.next_training_step = start_step
-        self.max_steps_off_policy = max_steps_off_policy
-        self.max_batch_size = max_batch_size
-        self.policy: AdmissionPolicy = policy or StalenessAwareAdmission()
-        self.queued = 0
+        # The gate's state changes only through its methods; the stages read it through the
+        # properties below.
+        self._policy_version = start_step
+        self._next_training_step = start_step
+        self._max_steps_off_policy = max_steps_off_policy
+        self._max_batch_size = max_batch_size
+        self._policy: AdmissionPolicy = policy or StalenessAwareAdmission()
+        self._queued = 0
         self._in_flight: Counter[int] = Counter()
         self._waiters: deque[_Waiter] = deque()
         self._closed = False
@@ -116,16 +118,46 @@ class PolicyGate:
         self._load_samples = 0
         self._load_latency: tuple[tuple[int, float, float], ...] = ()
 
+    # -- what the stages read -----------------------------------------------------------
+
+    @property
+    def policy(self) -> AdmissionPolicy:
+        return self._policy
+
+    @property
+    def policy_version(self) -> int:
+        """The step of the weights rollouts sample from now."""
+        return self._policy_version
+
+    @property
+    def next_training_step(self) -> int:
+        """The step the trainer produces: `policy_version` while it collects a batch, one
+        more while `backend.train` runs."""
+        return self._next_training_step
+
+    @property
+    def queued(self) -> int:
+        """Groups handed over and not yet taken into a batch or discarded."""
+        return self._queued
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def max_steps_off_policy(self) -> int:
+        return self._max_steps_off_policy
+
     # -- decisions -----------------------------------------------------------------------
 
     def snapshot(self) -> GateSnapshot:
-        floor = self.next_training_step - self.max_steps_off_policy
+        floor = self._next_training_step - self._max_steps_off_policy
         return GateSnapshot(
-            policy_version=self.policy_version,
-            next_training_step=self.next_training_step,
-            max_steps_off_policy=self.max_steps_off_policy,
-            max_batch_size=self.max_batch_size,
-            queued=self.queued,
+            policy_version=self._policy_version,
+            next_training_step=self._next_training_step,
+            max_steps_off_policy=self._max_steps_off_policy,
+            max_batch_size=self._max_batch_size,
+            queued=self._queued,
             fresh_in_flight=sum(n for v, n in self._in_flight.items() if v >= floor),
             rollout_latency=self.rollout_latency,
             step_period=self._step_period_ewa,
@@ -221,10 +253,10 @@ class PolicyGate:
     @property
     def min_fresh_version(self) -> int:
         """Groups older than this can no longer be trained by any batch not yet taken."""
-        return self.next_training_step - self.max_steps_off_policy
+        return self._next_training_step - self._max_steps_off_policy
 
     def may_start(self) -> bool:
-        return not self._closed and self.policy.headroom(self.snapshot()) > 0
+        return not self._closed and self._policy.headroom(self.snapshot()) > 0
 
     @property
     def in_flight(self) -> int:
@@ -276,14 +308,14 @@ class PolicyGate:
     def hand_over(self, version: int) -> None:
         """A rollout admitted at `version` is handing its group to the channel."""
         self._release(version)
-        self.queued += 1
+        self._queued += 1
 
     # -- the training side ---------------------------------------------------------------
 
     def group_discarded(self) -> None:
         """A handed-over group left the queue untrained: discarded by the trainer (stale, zero
         variance), or dropped at stop (a cancelled hand-over, or left in the channel)."""
-        self.queued -= 1
+        self._queued -= 1
         self._pump()
 
     def begin_training(self, step: int, batch_size: int) -> None:
@@ -292,13 +324,13 @@ class PolicyGate:
         Taking the batch and starting the step are one change, so admission never sees the
         groups gone while the window still counts the batch being collected.
         """
-        self.queued -= batch_size
+        self._queued -= batch_size
         now = self._clock()
         if self._last_step_began is not None:
             self._step_period_ewa = _ewa(self._step_period_ewa, now - self._last_step_began)
         self._last_step_began = now
-        self.next_training_step = step
-        if self.policy.cancels_doomed_rollouts:
+        self._next_training_step = step
+        if self._policy.cancels_doomed_rollouts:
             floor = self.min_fresh_version
             for version in [v for v in self._rollout_scopes if v < floor]:
                 for scope in self._rollout_scopes.pop(version):
@@ -307,7 +339,7 @@ class PolicyGate:
 
     def track(self, version: int, scope: anyio.CancelScope) -> None:
         """Register a running rollout's scope: it is cancelled once no batch can train it."""
-        if self.policy.cancels_doomed_rollouts and version < self.min_fresh_version:
+        if self._policy.cancels_doomed_rollouts and version < self.min_fresh_version:
             scope.cancel()
             return
         self._rollout_scopes.setdefault(version, {})[scope] = None
@@ -321,12 +353,13 @@ class PolicyGate:
 
     def publish(self, version: int) -> None:
         """Weights for `version` are in place: rollouts may sample them from now on."""
-        self.policy_version = version
-        self.next_training_step = version
+        self._policy_version = version
+        self._next_training_step = version
         self._pump()
 
-    def admissions_changed(self) -> None:
-        """Something admission depends on changed outside the gate (a resize): re-decide."""
+    def resize(self, max_batch_size: int) -> None:
+        """The run's batches hold up to `max_batch_size` groups from now on: re-decide."""
+        self._max_batch_size = max_batch_size
         self._pump()
 
     def dismiss(self, count: int) -> int:
@@ -352,14 +385,14 @@ class PolicyGate:
     def _take_slot(self) -> int:
         self._mark_load(self._clock())
         self._load += 1
-        self._in_flight[self.policy_version] += 1
-        return self.policy_version
+        self._in_flight[self._policy_version] += 1
+        return self._policy_version
 
     def _pump(self) -> None:
         if not self._waiters or self._closed:
             return
         # One decision for the whole wake-up, not one per waiter (each needs a snapshot).
-        headroom = self.policy.headroom(self.snapshot())
+        headroom = self._policy.headroom(self.snapshot())
         while self._waiters and headroom >= 1:
             headroom -= 1
             waiter = self._waiters.popleft()
@@ -381,9 +414,3 @@ class PolicyGate:
             del self._in_flight[version]
         else:
             self._in_flight[version] = left  # (negative only after a bug: left for checks)
-
-
-__all__ = [
-    "GateSnapshot",
-    "PolicyGate",
-]

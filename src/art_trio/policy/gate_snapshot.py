@@ -216,12 +216,3 @@ class GateSnapshot:
         if not math.isfinite(room):
             return None
         return max(1, math.floor(room))
-
-
-__all__ = [
-    "MIN_LOAD_COMPLETIONS",
-    "MIN_ON_TIME_PROBABILITY",
-    "MIN_TIME_SAMPLES",
-    "STRAGGLER_QUANTILE",
-    "GateSnapshot",
-]

@@ -114,6 +114,3 @@ def _validated_spans(item: Any, *, required: bool) -> list[Any] | None:
             )
         cursor = span.end_token
     return spans
-
-
-__all__ = ["EvalProvenanceError", "check_eval_provenance", "describe_mode"]

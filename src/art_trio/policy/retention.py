@@ -60,14 +60,3 @@ def keep_recent_and_top(
         return keep
 
     return strategy
-
-
-__all__ = [
-    "CHECKPOINT_CREATED_AT_METRIC",
-    "CHECKPOINT_EVAL_COMPLETED_METRIC",
-    "CHECKPOINT_SAVED_METRIC",
-    "CheckpointInfo",
-    "CheckpointRetentionContext",
-    "CheckpointRetentionStrategy",
-    "keep_recent_and_top",
-]

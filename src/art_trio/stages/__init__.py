@@ -1,9 +1,8 @@
 """The pipeline's stages, all of one shape: a `Stage`.
 
 A stage is an object built from the run before it starts, whose `__call__` runs its loop and
-owns its end of a stream; `name` labels its errors (supervision.py) and `statistics()`
-returns a frozen view of the figures only it changes. The trainer starts each in the run's
-task group.
+owns its end of a stream; `name` labels its errors (supervision.py). What a stage counts goes
+out as events (the counters fold them). The trainer starts each in the run's task group.
 """
 
 from __future__ import annotations
@@ -19,9 +18,3 @@ class Stage(Protocol):
 
     async def __call__(self) -> None:
         """Run until the run ends (or the stage's own work is done)."""
-
-    def statistics(self) -> object:
-        """A frozen view of the stage's own figures."""
-
-
-__all__ = ["Stage"]

@@ -20,15 +20,9 @@ from typing import Any
 import anyio
 
 from ..messages.events import RunEvent, RunStatistics, StepTrained
-from ..policy.autotune import (
-    AutotunePolicy,
-    Decision,
-    InferenceLoad,
-    config_field,
-    parse_vllm_metrics,
-    profile_document,
-    save_profile,
-)
+from ..policy.autotune.policy import AutotunePolicy
+from ..policy.autotune.profile import config_field, profile_document, save_profile
+from ..policy.autotune.window import Decision, InferenceLoad, parse_vllm_metrics
 from ..run import PipelineRun
 from .checkpoints import append_metrics_row
 
@@ -73,10 +67,6 @@ class AutotuneStage:
                                  min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         logger.info("autotune: the user resized the run; left alone from now on: %s",
                     ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
-
-    def statistics(self) -> None:
-        """The stage owns no run figures (its policy's decisions go out as `Resized`)."""
-        return None
 
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, StepTrained):
@@ -194,6 +184,3 @@ class AutotuneStage:
                                        "tuning from the trainer's own measurements", url, exc)
                         warned = True
                 await anyio.sleep(interval)
-
-
-__all__ = ["AutotuneStage"]

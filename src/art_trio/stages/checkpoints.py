@@ -205,12 +205,3 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
     ctx = run.context
     with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
         await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)
-
-
-__all__ = [
-    "after_step",
-    "apply_retention",
-    "checkpoint_infos",
-    "kl_reference_steps",
-    "note_eval_completed",
-]

@@ -14,6 +14,7 @@ Signal handlers are installed only from the main thread and restored afterwards.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import warnings
@@ -21,7 +22,7 @@ import warnings
 import anyio
 from anyio.abc import TaskStatus
 
-from ..run import PipelineRun
+from ..plumbing.stop import StopControl
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 logger = logging.getLogger("art_trio")
@@ -32,45 +33,33 @@ class ControlStage:
 
     name = "control"
 
-    def __init__(self, run: PipelineRun, *, handle_signals: bool) -> None:
-        self.run = run
+    def __init__(self, stop: StopControl, *, handle_signals: bool) -> None:
+        self.stop = stop
         self.handle_signals = handle_signals
 
     async def __call__(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await control_stage(self.run, handle_signals=self.handle_signals, task_status=task_status)
-
-    def statistics(self) -> None:
-        """The stage owns no figures."""
-        return None
-
-
-async def control_stage(
-    run: PipelineRun,
-    *,
-    handle_signals: bool,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Reports started once the signals are taken over (the trainer starts the other stages
-    only then: a Ctrl-C as the first status line appears must be a stop, not a traceback)."""
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_enforce_grace, run)
-        if handle_signals:
-            if threading.current_thread() is threading.main_thread():
-                await tg.start(_receive_signals, run)
-            else:
-                warnings.warn(
-                    "handle_signals=True is ignored: signal handlers can only be installed "
-                    "from the main thread. Call trainer.request_stop() to stop this run.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        task_status.started()
-        await run.stop.finished.wait()
-        tg.cancel_scope.cancel()
+        """Reports started once the signals are taken over (the trainer starts the other
+        stages only then: a Ctrl-C as the first status line appears must be a stop, not a
+        traceback)."""
+        stop = self.stop
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_enforce_grace, stop)
+            if self.handle_signals:
+                if threading.current_thread() is threading.main_thread():
+                    await tg.start(_receive_signals, stop)
+                else:
+                    warnings.warn(
+                        "handle_signals=True is ignored: signal handlers can only be installed "
+                        "from the main thread. Call trainer.request_stop() to stop this run.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            task_status.started()
+            await stop.finished.wait()
+            tg.cancel_scope.cancel()
 
 
-async def _enforce_grace(run: PipelineRun) -> None:
-    stop = run.stop
+async def _enforce_grace(stop: StopControl) -> None:
     await stop.requested.wait()
     with anyio.move_on_after(stop.grace_seconds):
         await stop.rollouts_done.wait()
@@ -81,7 +70,7 @@ async def _enforce_grace(run: PipelineRun) -> None:
 
 
 async def _receive_signals(
-    run: PipelineRun, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    stop: StopControl, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
@@ -89,27 +78,24 @@ async def _receive_signals(
             task_status.started()
             async for signum in received:
                 name = signal.Signals(signum).name
-                if not run.stopping:
-                    grace = run.settings.shutdown.shutdown_grace_seconds
-                    within = "as long as it takes" if grace is None else f"up to {grace:g}s"
+                if not stop.stopping:
+                    grace = stop.grace_seconds
+                    within = "as long as it takes" if math.isinf(grace) else f"up to {grace:g}s"
                     logger.warning(
                         "Shutdown requested (%s): finishing in-flight work (%s); send %s "
                         "again to stop at once.", name, within, name,
                     )
-                    run.stop.signal = signum
-                    run.request_stop()
+                    stop.signal = signum
+                    stop.request()
                 else:
                     logger.warning(
                         "Second %s: cancelling everything now (a third %s gets the program's "
                         "own handler).", name, name,
                     )
-                    run.cancel_everything()
+                    stop.cancel_everything()
                     return  # leaving restores the host's handlers (see the docstring)
     finally:
         # Put back exactly what the host had, not the loop's default handlers.
         for sig, handler in previous.items():
             if handler is not None and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
-
-
-__all__ = ["STOP_SIGNALS", "ControlStage", "control_stage"]

@@ -37,38 +37,31 @@ class EvalStage:
         self._receive = receive
 
     async def __call__(self) -> None:
-        await eval_stage(self.run, self._receive)
-
-    def statistics(self) -> None:
-        """The stage owns no figures (evals are counted from their events)."""
-        return None
-
-
-async def eval_stage(run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
-    stop = run.stop
-    # Decided once, the model registered: whether the backend's served choices carry spans.
-    strict = policy_spans_reported(run.context.model)
-    logger.info(describe_mode(strict))
-    try:
-        async with receive:
-            async for step in receive:
-                if run.stopping:
-                    # Not started before the stop: resume evaluates it (it stays scheduled).
-                    continue
-                try:
-                    with stop.eval_begins():
-                        # Held since the step was scheduled (or from now, for the start
-                        # step and resumed evals) until the eval has ended.
-                        with run.calls.track("eval", f"the eval lease of step {step}"):
-                            await run.eval_leases.take(step)
-                        await run_eval(run, step, strict_provenance=strict)
-                finally:
-                    await run.eval_leases.release(step)
-                    stop.eval_ended()
-    finally:
-        # Evals that will not run now (a stop, the end): their steps need no holding.
-        await run.eval_leases.release_all()
-        stop.stage_done("eval")
+        run, receive = self.run, self._receive
+        stop = run.stop
+        # Decided once, the model registered: whether the backend's served choices carry spans.
+        strict = policy_spans_reported(run.context.model)
+        logger.info(describe_mode(strict))
+        try:
+            async with receive:
+                async for step in receive:
+                    if run.stopping:
+                        # Not started before the stop: resume evaluates it (it stays scheduled).
+                        continue
+                    try:
+                        with stop.eval_begins():
+                            # Held since the step was scheduled (or from now, for the start
+                            # step and resumed evals) until the eval has ended.
+                            with run.calls.track("eval", f"the eval lease of step {step}"):
+                                await run.eval_leases.take(step)
+                            await run_eval(run, step, strict_provenance=strict)
+                    finally:
+                        await run.eval_leases.release(step)
+                        stop.eval_ended()
+        finally:
+            # Evals that will not run now (a stop, the end): their steps need no holding.
+            await run.eval_leases.release_all()
+            stop.stage_done("eval")
 
 
 async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = False) -> None:
@@ -122,15 +115,11 @@ async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = Fal
         kind = f"{type(exc).__module__}.{type(exc).__name__}"
         logger.warning("eval at step %d failed (%s): %s; training goes on.", step, kind, exc)
         # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
-        run.state.pending_eval_steps.discard(step)
+        run.state.drop_eval(step)
     finally:
         run.emit(EvalEnded(step, completed, reward))
         if completed:
-            run.state.pending_eval_steps.discard(step)
             run.state.complete_eval(step)
             # Persisted now, as ART does, so a run killed before its next step does not
             # evaluate this step again on resume.
             run.persist()
-
-
-__all__ = ["EvalStage", "eval_stage", "run_eval"]

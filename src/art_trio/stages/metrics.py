@@ -354,13 +354,3 @@ class _Totals(NamedTuple):
 
     def minus(self, before: _Totals) -> _Totals:
         return _Totals._make(now - then for now, then in zip(self, before, strict=True))
-
-
-__all__ = [
-    "HISTORY_KEYS",
-    "StepTimes",
-    "TrainMetrics",
-    "batch_factor",
-    "policy_age_metrics",
-    "weighted_percentile",
-]

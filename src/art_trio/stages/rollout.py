@@ -15,7 +15,6 @@ its scenario is never lost or trained twice.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -84,16 +83,6 @@ class _Rolling:
         self.started = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutStatistics:
-    """The rollout stage at one instant."""
-
-    #: Workers running now (0 once the stage ended).
-    workers_running: int
-    #: Workers the stage is asked to run.
-    target: int
-
-
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
 
@@ -155,9 +144,10 @@ class RolloutStage:
             executor.set_target(workers)
             executor.set_workers(tuple(sorted(self._live)))
 
-    def statistics(self) -> RolloutStatistics:
-        """The stage's own figures now."""
-        return RolloutStatistics(workers_running=len(self._live), target=self._target)
+    @property
+    def workers_running(self) -> int:
+        """Workers running now (0 once the stage ended)."""
+        return len(self._live)
 
     def in_flight(self, now: float) -> tuple[RolloutInFlight, ...]:
         """The rollouts running now, oldest first: scenario index, age, worker."""
@@ -484,8 +474,3 @@ def _check_rollout_result(group: object) -> None:
     )
     if problem is not None:
         raise RolloutRejected(problem)
-
-
-__all__ = [
-    "MAX_LOSSES", "RolloutRejected", "RolloutStage", "RolloutStatistics", "RolloutsKeepFailing",
-]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import anyio
 
-from ..run import PipelineRun
+from ..observation.status import StatusReporter
 
 
 class StatusStage:
@@ -17,30 +17,19 @@ class StatusStage:
 
     name = "status"
 
-    def __init__(self, run: PipelineRun) -> None:
-        self.run = run
+    def __init__(self, status: StatusReporter, *, start_step: int, finished: anyio.Event) -> None:
+        self.status = status
+        self.start_step = start_step
+        self.finished = finished
 
     async def __call__(self) -> None:
-        run = self.run
-        status = run.status
-        status.start(initial_step=run.context.start_step)
+        status, finished = self.status, self.finished
+        status.start(initial_step=self.start_step)
         try:
-            while not run.stop.finished.is_set():
+            while not finished.is_set():
                 status.log_if_due()
                 with anyio.move_on_after(status.seconds_until_log()):
-                    await run.stop.finished.wait()
+                    await finished.wait()
         finally:
             status.flush()
             status.close()
-
-    def statistics(self) -> None:
-        """The stage owns no figures (the reporter's are the events')."""
-        return None
-
-
-async def status_stage(run: PipelineRun) -> None:
-    """The status stage as a function (kept for callers of the old shape)."""
-    await StatusStage(run)()
-
-
-__all__ = ["StatusStage", "status_stage"]

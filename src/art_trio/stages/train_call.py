@@ -148,14 +148,3 @@ def checked_step(result: Any, expected: int) -> int:
             "resume; fix the backend's step accounting (TrainResult.step / get_step) first."
         )
     return step
-
-
-__all__ = [
-    "BackendStepError",
-    "CollectedBatch",
-    "TrainClock",
-    "batch_preparation",
-    "checked_step",
-    "train_and_log",
-    "train_kwargs",
-]

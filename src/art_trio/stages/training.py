@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -36,15 +35,7 @@ from ..policy.batching import all_failed_error, is_zero_variance
 from ..run import PipelineRun
 from .checkpoints import after_step
 from .metrics import TrainMetrics
-from .train_call import (  # noqa: F401  (BackendStepError, checked_step, train_kwargs: importable here)
-    BackendStepError,
-    CollectedBatch,
-    TrainClock,
-    batch_preparation,
-    checked_step,
-    train_and_log,
-    train_kwargs,
-)
+from .train_call import CollectedBatch, TrainClock, batch_preparation, train_and_log
 
 logger = logging.getLogger("art_trio")
 
@@ -71,16 +62,6 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
-@dataclass(frozen=True, slots=True)
-class TrainingStatistics:
-    """The training stage at one instant."""
-
-    #: Usable groups received and waiting for a batch.
-    ready: int
-    #: Zero-variance groups held since the last step (logged with the next).
-    held_zero_variance: int
-
-
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
 
@@ -104,12 +85,6 @@ class TrainingStage:
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
         self._preparation = batch_preparation(run.context.backend, run.context.model)
-
-    def statistics(self) -> TrainingStatistics:
-        """The stage's own figures now."""
-        return TrainingStatistics(
-            ready=len(self.ready), held_zero_variance=len(self.held_zero_variance)
-        )
 
     async def __call__(self) -> None:
         run = self.run
@@ -344,7 +319,7 @@ class TrainingStage:
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.
         run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-        run.state.training_step = current_step
+        run.state.at_step(current_step)
         run.persist()
 
         settled = False
@@ -378,8 +353,7 @@ class TrainingStage:
                 self._settle_unfinished(batch)
             raise
         if eval_this_step:
-            run.state.pending_eval_steps.add(new_step)
-            run.state.last_eval_step = new_step
+            run.state.schedule_eval(new_step)
             with run.calls.track("training", f"the eval lease of step {new_step}"):
                 await run.eval_leases.take(new_step)
             self._eval_send.send_nowait(new_step)
@@ -402,7 +376,7 @@ class TrainingStage:
         run.state.ledger.note_checkpoint(
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
-        run.state.training_step = new_step
+        run.state.at_step(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
@@ -475,15 +449,3 @@ def should_eval(run: PipelineRun, step: int) -> bool:
     if run.context.eval_fn is None or every <= 0:
         return False
     return step - run.state.last_eval_step >= every
-
-
-__all__ = [
-    "COLLAPSE_MESSAGE",
-    "BackendStepError",
-    "CollectedBatch",
-    "TrainingStage",
-    "TrainingStatistics",
-    "batch_preparation",
-    "checked_step",
-    "train_kwargs",
-]

@@ -77,10 +77,6 @@ class WatchdogStage:
         self._wake = anyio.Event()
         self._stopped = False
 
-    def statistics(self) -> None:
-        """The stage owns no figures (stalls are counted from their events)."""
-        return None
-
     async def __call__(self) -> None:
         run = self.run
         if run.settings.status.stall_seconds is None:
@@ -373,6 +369,3 @@ def _scheduler() -> Callable[[Callable[[], None]], object]:
     import asyncio
 
     return asyncio.get_running_loop().call_soon_threadsafe
-
-
-__all__ = ["PING_INTERVAL_S", "WatchdogStage"]

@@ -3,26 +3,3 @@ the only package that knows trio-asyncio. `calls.py` is the bridge itself (what 
 cancellation and errors come back; its docstring tells), `loop.py` tunes the trio-asyncio
 loop it opens.
 """
-
-from __future__ import annotations
-
-from ...messages.errors import AsyncioTaskCancelled, CallbackNotAwaitable
-from .calls import (
-    Bridge,
-    await_callback,
-    call_asyncio_from_trio,
-    is_native,
-    open_bridge,
-    trio_native,
-)
-
-__all__ = [
-    "AsyncioTaskCancelled",
-    "Bridge",
-    "CallbackNotAwaitable",
-    "await_callback",
-    "call_asyncio_from_trio",
-    "is_native",
-    "open_bridge",
-    "trio_native",
-]

@@ -365,13 +365,3 @@ async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) ->
 
     result: R = await trio_asyncio.aio_as_trio(fn)(*args)
     return result
-
-
-__all__ = [
-    "Bridge",
-    "await_callback",
-    "call_asyncio_from_trio",
-    "is_native",
-    "open_bridge",
-    "trio_native",
-]

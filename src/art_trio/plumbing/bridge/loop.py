@@ -182,6 +182,3 @@ def can_run_in_batches(loop: Any) -> bool:
             "_closed",
         )
     ) and hasattr(sniffio, "thread_local")
-
-
-__all__ = ["can_run_in_batches", "run_ready_handles_in_batches", "see_trio_asyncio_loops"]

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...messages.errors import ModelDirectoryLostError, StateFileError, StateWriteError
+from ...messages.errors import ModelDirectoryLostError, StateFileError
 from .state import PipelineState, _is_count
 
 SIDECAR_FILE = "art_trio_state.json"
@@ -160,17 +160,3 @@ def directory_lost(
         f"The run stops: nothing more is written to deleted files. {outcome}",
         str(output_dir),
     )
-
-
-__all__ = [
-    "JOURNAL_ADVICE",
-    "JOURNAL_FILE",
-    "SIDECAR_FILE",
-    "ModelDirectoryLostError",
-    "StateWriteError",
-    "atomic_write_json",
-    "directory_lost",
-    "os_write",
-    "read_journal",
-    "read_json",
-]

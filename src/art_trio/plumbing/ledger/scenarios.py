@@ -134,6 +134,3 @@ class ScenarioLedger:
         else:
             self.pending = None
         return trained
-
-
-__all__ = ["PendingBatch", "ScenarioLedger", "scenario_digest"]

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages.errors import ForeignStateError, StateFileError
+from ...messages.errors import StateFileError
 from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger
 
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -60,12 +60,51 @@ class PipelineState:
     #: carries the change from these, not the whole backlog.
     pending_journaled: set[int] = field(default_factory=set)
 
+    # -- the changes a run makes (each persisted with the next record or snapshot) ---------
+
+    def at_step(self, step: int) -> None:
+        """The run's model is at `step` (trained, resumed or settled against the backend)."""
+        self.training_step = step
+
+    def schedule_eval(self, step: int) -> None:
+        """`step` is to be evaluated (a resumed run does it first if this one does not)."""
+        self.pending_eval_steps.add(step)
+        self.last_eval_step = step
+
+    def drop_eval(self, step: int) -> None:
+        """`step`'s eval failed: done with, as in ART (not retried on resume)."""
+        self.pending_eval_steps.discard(step)
+
     def complete_eval(self, step: int) -> None:
         """An eval finished: persisted with the next record, which carries only the new ones."""
+        self.pending_eval_steps.discard(step)
         if step in self.completed_eval_steps:
             return
         self.completed_eval_steps.add(step)
         self.evals_unjournaled.append(step)
+
+    def scenario_taken(self, count: int = 1) -> None:
+        """`count` scenarios were taken from the source (-1: one was given back)."""
+        self.total_scenarios_consumed += count
+
+    def digest_noted(self, digest: str | None) -> None:
+        """The next scenario's fingerprint, recorded once (see `ScenarioSource`)."""
+        self.scenario_digests.append(digest)
+        self.digests_unjournaled = True
+
+    def set_tallies(self, accepted: int, stale: int, zero_variance: int) -> None:
+        """ART 0.5.20's persisted tallies, carried forward from this run's counters."""
+        self.accepted_trainable_groups = accepted
+        self.discarded_stale_groups = stale
+        self.discarded_zero_variance_groups = zero_variance
+
+    def snapshot_written(self) -> None:
+        """A snapshot holds everything: the next journal record starts from it."""
+        self.ledger.unjournaled.clear()
+        self.digests_unjournaled = False
+        self.evals_unjournaled.clear()
+        self.evals_journaled = len(self.completed_eval_steps)
+        self.pending_journaled = set(self._pending_evals())
 
     def _small_fields(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -392,15 +431,3 @@ def _expand_runs(data: Mapping[str, Any], key: str, where: str) -> list[int]:
         f"{where}: `{key}` must be a list of [first, stride, count] runs of non-negative "
         f"integers (stride >= 1, 1 <= count <= {_MAX_RUN}), found {value!r:.80}"
     )
-
-
-__all__ = [
-    "PIPELINE_STATE_KEY",
-    "SCENARIO_DIGESTS",
-    "STATE_FORMAT",
-    "TALLY_FIELDS",
-    "ForeignStateError",
-    "PipelineState",
-    "StateFileError",
-    "eval_runs",
-]

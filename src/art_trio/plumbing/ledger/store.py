@@ -18,8 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...messages.errors import ForeignStateError, RunLockLostError, StateFileError, StateWriteError
-from ..lock import RunLock, RunLockedError
+from ...messages.errors import (
+    ForeignStateError,
+    RunLockedError,
+    RunLockLostError,
+    StateFileError,
+    StateWriteError,
+)
+from ..lock import RunLock
 from . import files
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
 from .state import PIPELINE_STATE_KEY, PipelineState, _count
@@ -384,11 +390,7 @@ class StateStore:
         # From here on, replay ignores records of the previous epoch: the snapshot holds them.
         self._epoch = epoch
         self._has_sidecar = True
-        state.ledger.unjournaled.clear()
-        state.digests_unjournaled = False
-        state.evals_unjournaled.clear()
-        state.evals_journaled = len(state.completed_eval_steps)
-        state.pending_journaled = set(state._pending_evals())
+        state.snapshot_written()
         self._records_since_snapshot = 0
         # The mirror keeps ART's trainer and tools able to read the reference's fields (the
         # whole `completed_eval_steps` list: ART reads no other form). It need not be
@@ -449,6 +451,3 @@ _MIRROR_ADVICE = (
     "Fix or delete the `_pipeline_trainer` key of state.json (the run then starts at "
     "scenario 0), or train with resume=False to start over."
 )
-
-
-__all__ = ["SNAPSHOT_EVERY", "StateStore"]

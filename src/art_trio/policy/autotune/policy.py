@@ -460,6 +460,3 @@ class AutotunePolicy:
 
 def _ceil(value: float) -> int:
     return max(1, math.ceil(value - 1e-9))
-
-
-__all__ = ["DEFAULT_TARGET_UTILIZATION", "AutotunePolicy"]

@@ -31,17 +31,6 @@ class AutotuneConfig(PipelineAutotuneConfig):  # type: ignore[misc,valid-type,un
     inference_metrics_url: str | None = None
 
 
-#: `PipelineAutotuneConfig` fields art_trio reads; every other field of ART's class is
-#: accepted and ignored (packing, vLLM-pressure scores, min-batch trials, target groups).
-HONOURED_FIELDS = (
-    "mode", "profile", "output_name", "window_steps", "warmup_ignore_steps",
-    "worker_load_change_windows", "max_rollout_workers",
-    "initial_model_calls_per_inference_gpu", "initial_min_groups_per_packed_sequence",
-    "initial_max_groups_per_packed_sequence", "vllm_pressure_over_ratio",
-    "vllm_metric_interval_s",
-)
-
-
 def config_field(config: Any, name: str, default: Any) -> Any:
     """A field of an autotune config: the attribute, else an extra field kept by pydantic
     (art_trio's knobs on ART's class), else `default`."""
@@ -203,17 +192,3 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return repr(value)
-
-
-
-__all__ = [
-    "HONOURED_FIELDS",
-    "AutotuneConfig",
-    "config_field",
-    "initial_runtime",
-    "load_profile_settings",
-    "policy_for",
-    "profile_document",
-    "profile_path",
-    "save_profile",
-]

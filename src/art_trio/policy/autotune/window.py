@@ -125,8 +125,3 @@ def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
         workers_needed=needed,
         stale_done_fraction=stale_done / ended if ended > 0 else 0.0,
     )
-
-
-
-
-__all__ = ["Decision", "InferenceLoad", "Window", "measure", "parse_vllm_metrics"]
