@@ -20,7 +20,7 @@ import sniffio
 
 from .admission import admission_policy
 from .bridge import Bridge
-from .compat import eval_lease, rollout_lease
+from .compat import eval_lease, in_flight_updates, rollout_lease
 from .eval_leases import EvalRetentionLeases
 from .events import Observers, RunStatistics
 from .executor import RolloutExecutor
@@ -191,6 +191,7 @@ class PipelineRun:
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
+            cancel_window=self.freshness.cancel_window(in_flight_updates(backend, model)),
             max_batch_size=settings.sizes.max_batch_size,
             policy=self.policy,
             clock=self._clock,
