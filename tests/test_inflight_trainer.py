@@ -17,6 +17,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_trio import PipelineTrainer, trio_native
 from art_trio.batching import Freshness
+from art_trio.testing.doubles import TrainBatch
 from tests.doubles import RecordingBackend, scenarios
 
 
@@ -74,6 +75,14 @@ async def test_a_rollout_past_the_start_version_window_is_trained_when_its_mix_i
     (its tokens would all be version 0: age 2). With them it goes on, ends with half its
     tokens from version 2 (mean age 1 for the batch from step 2) and is trained."""
     backend.in_flight_updates = in_flight  # type: ignore[attr-defined]
+    batches: list[TrainBatch] = []
+    record = backend.record
+
+    def keep(batch: TrainBatch) -> None:
+        batches.append(batch)
+        record(batch)
+
+    backend.record = keep  # type: ignore[method-assign]
     trainer = PipelineTrainer(
         model, backend, in_flight_rollout(backend, slow={1}), scenarios(6), None,
         num_rollout_workers=2, min_batch_size=1, max_batch_size=1,
@@ -87,6 +96,21 @@ async def test_a_rollout_past_the_start_version_window_is_trained_when_its_mix_i
         assert 1 in trained and counters.stale_cancelled == 0, (trained, counters)
     else:
         assert 1 not in trained and counters.stale_cancelled == 1, (trained, counters)
+    # Each trained token aged by the policy that produced it; no group past the mean bound.
+    ages = []
+    for batch in batches:
+        for group in batch.groups:
+            tokens = [
+                (batch.step - 1 - span["policy_version"], span["end_token"] - span["start_token"])
+                for t in group.trajectories
+                for span in t.messages_and_choices[-1].model_extra["policy_token_spans"]
+            ]
+            assert sum(a * n for a, n in tokens) / sum(n for _, n in tokens) <= 1.0
+            ages.extend(tokens)
+    statistics = trainer.statistics()
+    assert statistics.token_policy_age == pytest.approx(
+        sum(a * n for a, n in ages) / sum(n for _, n in ages)
+    )
 
 
 def test_the_cancel_window_widens_only_for_the_mean_bound_with_in_flight_updates() -> None:

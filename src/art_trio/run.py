@@ -375,6 +375,7 @@ def compose_statistics(
         step_period_s=gate.step_period if gate is not None else None,
         staleness=MappingProxyType(dict(c.staleness)),
         stalls=c.stalls,
+        token_policy_age=c.token_age_sum / c.trained_tokens if c.trained_tokens else None,
     )
 
 

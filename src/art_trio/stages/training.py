@@ -30,6 +30,7 @@ from ..events import (
     TrainCallEnded,
     TrainCallStarted,
 )
+from ..freshness import token_policy_age
 from ..group_queue import GroupReceiveEnd
 from ..messages import Delivered, Fate
 from ..metrics import TrainMetrics
@@ -423,6 +424,7 @@ class TrainingStage:
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
                 zero_variance_groups=flat,
+                token_ages=token_policy_age((item.group for item in batch.items), new_step - 1),
             )
         )
 
