@@ -181,6 +181,8 @@ class PipelineRun:
         self.status = status
         self.source = source
         self.freshness = settings.freshness.rule
+        #: The backend updates weights under running rollouts (their tokens span policies).
+        self.in_flight_updates = in_flight_updates(backend, model)
         self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
         # The loop's own clock: anyio.current_time() looks the backend up on every call, and
         # the stages read the time several times per rollout.
@@ -191,7 +193,7 @@ class PipelineRun:
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
-            cancel_window=self.freshness.cancel_window(in_flight_updates(backend, model)),
+            cancel_window=self.freshness.cancel_window(self.in_flight_updates),
             max_batch_size=settings.sizes.max_batch_size,
             policy=self.policy,
             clock=self._clock,
