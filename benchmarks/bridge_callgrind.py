@@ -3,12 +3,13 @@
     valgrind --tool=callgrind python benchmarks/bridge_callgrind.py CALLS s|c [BRIDGE]
 
 Loads the bridge alone (by path, so another revision's can be compared): the package
-directory `src/art_trio/bridge/` (the default; `git archive REV src/art_trio/bridge` for
-another revision), or a single `bridge.py` of a revision before it became a package (`git
-show REV:src/art_trio/bridge.py > old.py`). It makes CALLS calls under trio, one at a time (`s`)
-or from 64 concurrent trio tasks (`c`). Instructions per call are the difference between two
-runs (1,920 and 640 calls in benchmarks/README.md) divided by the difference in calls, which
-cancels start-up. Callgrind counts instructions, so machine load does not move the figure.
+directory `src/art_trio/plumbing/bridge/` (the default; `git archive REV
+src/art_trio/plumbing/bridge` for another revision), or a single `bridge.py` of a revision
+before it became a package (`git show REV:src/art_trio/bridge.py > old.py`). It makes CALLS
+calls under trio, one at a time (`s`) or from 64 concurrent trio tasks (`c`). Instructions
+per call are the difference between two runs (1,920 and 640 calls in benchmarks/README.md)
+divided by the difference in calls, which cancels start-up. Callgrind counts instructions, so
+machine load does not move the figure.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import trio
 
-DEFAULT_BRIDGE = Path(__file__).resolve().parents[1] / "src" / "art_trio" / "bridge"
+DEFAULT_BRIDGE = Path(__file__).resolve().parents[1] / "src" / "art_trio" / "plumbing" / "bridge"
 
 
 def load_bridge(path: Path) -> object:

@@ -15,7 +15,7 @@ import time
 
 import anyio
 
-from art_trio.bridge import open_bridge, trio_native
+from art_trio.plumbing.bridge import open_bridge, trio_native
 
 
 async def asyncio_noop() -> int:

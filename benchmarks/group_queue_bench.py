@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from art_trio.group_queue import GroupQueue
+from art_trio.plumbing.group_queue import GroupQueue
 
 Ends = tuple[Any, Any]
 

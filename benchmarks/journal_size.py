@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from art_trio import ledger
-from art_trio.ledger import PipelineState, StateStore
+from art_trio.plumbing import ledger
+from art_trio.plumbing.ledger import PipelineState, StateStore
 
 
 def main(steps: int, backlog: bool = False) -> None:

@@ -25,14 +25,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from art_trio.admission import admission_allows, admission_headroom, admission_policy
-from art_trio.batching import (
+from art_trio.policy.admission import admission_allows, admission_headroom, admission_policy
+from art_trio.policy.batching import (
     Freshness,
     group_initial_version,
     is_zero_variance,
     stamp_policy_versions,
 )
-from art_trio.gate import GateSnapshot, PolicyGate
+from art_trio.policy.gate import GateSnapshot, PolicyGate
 from art_trio.testing.checks import expect
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from art_trio.group_queue import GroupQueue
+from art_trio.plumbing.group_queue import GroupQueue
 
 # The outcomes a send or a receive can end with ("pending" while blocked).
 SENT, CANCELLED, BROKEN, CLOSED, EOS, WOULD_BLOCK = (

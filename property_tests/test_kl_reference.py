@@ -29,7 +29,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from art_trio import CheckpointRetentionContext, PipelineTrainer, trio_native  # noqa: E402
-from art_trio.compat import PipelineRuntimeConfig, trainable_model  # noqa: E402
+from art_trio.plumbing.compat import PipelineRuntimeConfig, trainable_model  # noqa: E402
 from art_trio.testing import checks  # noqa: E402
 from art_trio.testing.doubles import BackendDouble, TrainBatch, trajectory_group  # noqa: E402
 

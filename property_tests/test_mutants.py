@@ -22,20 +22,20 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import art_trio.admission
-import art_trio.gate
-import art_trio.ledger
-import art_trio.settings
+import art_trio.config.settings
+import art_trio.facade.trainer
+import art_trio.plumbing.ledger
+import art_trio.policy.admission
+import art_trio.policy.gate
 import art_trio.stages.checkpoints
 import art_trio.stages.evaluation
 import art_trio.stages.rollout
 import art_trio.stages.training
-import art_trio.trainer
-from art_trio.batching import Freshness
-from art_trio.events import GroupReceived
-from art_trio.freshness import version_tokens
-from art_trio.gate import PolicyGate
-from art_trio.settings import PipelineSettings
+from art_trio.config.settings import PipelineSettings
+from art_trio.messages.events import GroupReceived
+from art_trio.policy.batching import Freshness
+from art_trio.policy.freshness import version_tokens
+from art_trio.policy.gate import PolicyGate
 from art_trio.stages.rollout import RolloutStage
 from art_trio.stages.training import TrainingStage
 from art_trio.testing import checks
@@ -119,7 +119,9 @@ def counterexample(
 def test_off_policy_bound_catches_gate_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(art_trio.admission, "reference_gate_allows", _gate_one_version_too_old)
+    monkeypatch.setattr(
+        art_trio.policy.admission, "reference_gate_allows", _gate_one_version_too_old
+    )
     real_is_stale = Freshness.is_stale
 
     def one_version_too_old(self: Freshness, version: Any, mean: Any, step: int) -> bool:
@@ -349,14 +351,14 @@ def test_versions_catches_a_skipped_publish(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.trainer.resolve_settings
+    real = art_trio.facade.trainer.resolve_settings
 
     def one_more(*args: Any, **kwargs: Any) -> PipelineSettings:
         s = real(*args, **kwargs)
         steps = s.shutdown.max_steps
         return s if steps is None else s.replace(max_steps=steps + 1)
 
-    monkeypatch.setattr(art_trio.trainer, "resolve_settings", one_more)
+    monkeypatch.setattr(art_trio.facade.trainer, "resolve_settings", one_more)
     counterexample(
         prop_max_steps_and_termination,
         STRATEGIES[prop_max_steps_and_termination],
@@ -450,10 +452,10 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
 def test_resume_catches_ledger_forgetting_trained_scenarios(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def forgetting(self: art_trio.ledger.ScenarioLedger) -> None:
+    def forgetting(self: art_trio.plumbing.ledger.ScenarioLedger) -> None:
         self.pending = None  # the batch trained, but its scenarios are never resolved
 
-    monkeypatch.setattr(art_trio.ledger.ScenarioLedger, "commit_batch", forgetting)
+    monkeypatch.setattr(art_trio.plumbing.ledger.ScenarioLedger, "commit_batch", forgetting)
     counterexample(
         prop_resume,
         # Stops that wait for in-flight rollouts, so the known in-flight bug cannot fire.
@@ -526,7 +528,9 @@ def machine_counterexample(tag: str) -> None:
 def test_gate_machine_catches_admission_one_version_too_old(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(art_trio.admission, "reference_gate_allows", _gate_one_version_too_old)
+    monkeypatch.setattr(
+        art_trio.policy.admission, "reference_gate_allows", _gate_one_version_too_old
+    )
     from .test_gate import ADMISSION_BOUND
 
     machine_counterexample(ADMISSION_BOUND)
@@ -604,7 +608,7 @@ def test_window_promise_catches_admission_blind_to_queueing(
 ) -> None:
     """Admission that ignores the shared server's load (latency measured at today's load
     only, as before the load model) admits rollouts the server cannot finish in time."""
-    from art_trio.gate_snapshot import GateSnapshot
+    from art_trio.policy.gate_snapshot import GateSnapshot
 
     from .test_gate import test_admitted_rollouts_can_finish_inside_the_window
 

@@ -20,7 +20,8 @@ from art_trio.testing import checks
 from art_trio.testing.harness import Case, run_case
 from art_trio.testing.strategies import cases
 
-#: `stall_seconds="auto"` never goes below this (art_trio.settings.STALL_FLOOR_SECONDS, restated).
+#: `stall_seconds="auto"` never goes below this (restating
+#: art_trio.config.settings.STALL_FLOOR_SECONDS).
 AUTO_FLOOR = 600.0
 
 

@@ -15,8 +15,8 @@ import art
 import pytest
 import trio_asyncio  # noqa: F401  (patches asyncio; tests call ART through it directly too)
 
-from art_trio.bridge.loop import see_trio_asyncio_loops
-from art_trio.compat import trainable_model
+from art_trio.plumbing.bridge.loop import see_trio_asyncio_loops
+from art_trio.plumbing.compat import trainable_model
 from tests.crash_harness import Harness
 from tests.doubles import RecordingBackend
 

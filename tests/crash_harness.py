@@ -54,9 +54,9 @@ import trio
 from art.types import TrainResult
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.bridge import is_native
-from art_trio.compat import trainable_model
-from art_trio.ledger import PipelineState, ScenarioLedger, StateStore
+from art_trio.plumbing.bridge import is_native
+from art_trio.plumbing.compat import trainable_model
+from art_trio.plumbing.ledger import PipelineState, ScenarioLedger, StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 REPO = Path(__file__).resolve().parents[1]

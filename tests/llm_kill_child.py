@@ -36,14 +36,14 @@ from typing import Any
 import art
 import trio
 
-import art_trio.ledger
-import art_trio.ledger.files
+import art_trio.plumbing.ledger
+import art_trio.plumbing.ledger.files
 from art_trio import PipelineTrainer
-from art_trio.compat import trainable_model
 from art_trio.cpu import CPUBackend, training
 from art_trio.cpu import backend as cpu_backend
 from art_trio.cpu.demo import LLMTaskConfig, eval_fn, rollout, scenarios
 from art_trio.cpu.engine import Engine
+from art_trio.plumbing.compat import trainable_model
 
 MODEL_NAME = "kill"
 #: ``ART_TRIO_IN_FLIGHT=1``: the server updates weights under running rollouts, and the
@@ -120,13 +120,13 @@ def install(moment: Moments, out: Path) -> None:
         target = Path(dst)
         if target.parent.name == "checkpoints":
             moment("checkpoint-renamed")
-        elif target.name in (art_trio.ledger.SIDECAR_FILE, "state.json"):
+        elif target.name in (art_trio.plumbing.ledger.SIDECAR_FILE, "state.json"):
             moment("state-file-replaced")
 
     os.replace = replace_hooked
 
     # The journal's one write seam (ledger/files.py), as the reliability tests patch it.
-    os_write = art_trio.ledger.files.os_write
+    os_write = art_trio.plumbing.ledger.files.os_write
 
     def journal_write_hooked(fd: int, data: bytes | memoryview) -> int:
         if len(data) > 1:
@@ -139,7 +139,7 @@ def install(moment: Moments, out: Path) -> None:
         moment("journal-written")
         return written
 
-    art_trio.ledger.files.os_write = journal_write_hooked
+    art_trio.plumbing.ledger.files.os_write = journal_write_hooked
 
     log = art.TrainableModel.log
 

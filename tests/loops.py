@@ -20,6 +20,6 @@ def require_trio_asyncio_patched_anyio() -> None:
     if anyio_asyncio.get_running_loop is not asyncio.get_running_loop:
         pytest.fail(
             "anyio's asyncio backend holds the unpatched asyncio.get_running_loop: "
-            "art_trio.bridge.loop.see_trio_asyncio_loops() must run after trio_asyncio "
+            "art_trio.plumbing.bridge.loop.see_trio_asyncio_loops() must run after trio_asyncio "
             "is imported (tests/conftest.py does it)"
         )

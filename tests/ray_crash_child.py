@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 from art_trio import PipelineTrainer, RayRolloutExecutor
-from art_trio.compat import trainable_model
+from art_trio.plumbing.compat import trainable_model
 from tests import ray_rollouts
 from tests.crash_harness import TRAINED_LOG, DurableBackend, emit, trio_asyncio_call
 from tests.doubles import scenarios

@@ -13,9 +13,9 @@ from unittest import mock
 import pytest
 import trio
 
-from art_trio.admission import StalenessAwareAdmission
-from art_trio.gate import PolicyGate
-from art_trio.gate_snapshot import GateSnapshot
+from art_trio.policy.admission import StalenessAwareAdmission
+from art_trio.policy.gate import PolicyGate
+from art_trio.policy.gate_snapshot import GateSnapshot
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.testing.distributions import parse_distribution
 

@@ -17,10 +17,10 @@ from typing import Any
 import art
 import pytest
 
-import art_trio.freshness
+import art_trio.policy.freshness
 from art_trio import PipelineTrainer
-from art_trio.compat import CHECKPOINT_ROW_WALL_CLOCK, TRAIN_METRIC_NAMES
-from art_trio.metrics import HISTORY_KEYS, batch_factor, weighted_percentile
+from art_trio.plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK, TRAIN_METRIC_NAMES
+from art_trio.stages.metrics import HISTORY_KEYS, batch_factor, weighted_percentile
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 ON_0523 = pytest.mark.skipif(
@@ -186,7 +186,7 @@ async def test_every_train_row_has_art_0523s_names_and_the_doubles_numbers(model
 async def test_a_missing_completion_tokens_metric_counts_one_token_and_warns_once(
     model, autojump_clock, monkeypatch
 ):
-    monkeypatch.setattr(art_trio.freshness, "_warned_missing_tokens", False)
+    monkeypatch.setattr(art_trio.policy.freshness, "_warned_missing_tokens", False)
 
     async def untokened(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
         group = await rollout(model, scenario, config)

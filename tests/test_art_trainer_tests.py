@@ -36,7 +36,7 @@ from art_trio import (
     keep_recent_and_top,
     make_group_rollout_fn,
 )
-from art_trio.compat import ART_0520, FATAL_ROLLOUT_ERRORS
+from art_trio.plumbing.compat import ART_0520, FATAL_ROLLOUT_ERRORS
 from tests.doubles import RecordingBackend, trajectory
 
 LOOPS = pytest.mark.parametrize("loop", ["trio", "asyncio"])

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.autotune import (
+from art_trio.messages.events import RunStatistics
+from art_trio.plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
+from art_trio.policy.autotune import (
     AutotuneConfig,
     AutotunePolicy,
     InferenceLoad,
@@ -21,8 +23,6 @@ from art_trio.autotune import (
     profile_path,
     save_profile,
 )
-from art_trio.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
-from art_trio.events import RunStatistics
 from art_trio.sim.doubles import make_rollout_fn
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import PRESETS
@@ -434,7 +434,7 @@ async def test_a_users_resize_during_a_tuned_run_wins_and_the_run_goes_on(
 ):
     import trio
 
-    from art_trio.events import Resized, StepTrained
+    from art_trio.messages.events import Resized, StepTrained
 
     backend = RecordingBackend(train_seconds=0.1)
     object.__setattr__(model, "_backend", backend)
@@ -579,7 +579,7 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
     from types import SimpleNamespace
 
     from art_trio import PipelineSettings
-    from art_trio.autotune import Decision
+    from art_trio.policy.autotune import Decision
     from art_trio.stages.autotune import AutotuneStage
 
     settings = PipelineSettings.from_flat(

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.compat import trainable_model
+from art_trio.plumbing.compat import trainable_model
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "art_trio"
@@ -83,7 +83,7 @@ def test_only_the_bridge_module_knows_trio_asyncio() -> None:
         if re.search(r"^\s*(import|from) trio_asyncio\b", path.read_text(), re.MULTILINE)
     )
     # The bridge package: the calls themselves, and the tuning of the loop it opens.
-    assert users == ["bridge/calls.py", "bridge/loop.py"]
+    assert users == ["plumbing/bridge/calls.py", "plumbing/bridge/loop.py"]
 
 
 # -- a real OpenAI client against a real HTTP server on 127.0.0.1 -----------------------------

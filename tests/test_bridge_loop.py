@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from art_trio.bridge import AsyncioTaskCancelled, Bridge, open_bridge
+from art_trio.plumbing.bridge import AsyncioTaskCancelled, Bridge, open_bridge
 
 # Every test ends well inside this; a hang (a lost wake-up) fails instead of blocking CI.
 DEADLINE_S = 20

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.metrics import HISTORY_KEYS
+from art_trio.stages.metrics import HISTORY_KEYS
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.compat import TRAIN_METRIC_NAMES, line_train_kwargs
-from art_trio.metrics import HISTORY_KEYS
+from art_trio.plumbing.compat import TRAIN_METRIC_NAMES, line_train_kwargs
+from art_trio.stages.metrics import HISTORY_KEYS
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
@@ -167,7 +167,7 @@ async def test_each_step_logs_the_references_metric_keys(model, backend):
     rows = {r["step"]: r for r in history(model) if "train/reward" in r}
     assert sorted(rows) == [1, 2]
     for row in rows.values():
-        # The installed ART line's names (art_trio.metrics), and the backend's own metrics.
+        # The installed ART line's names (art_trio.stages.metrics), and the backend's own metrics.
         assert {*HISTORY_KEYS.values(), "train/loss"} <= set(row)
         if TRAIN_METRIC_NAMES == "0.5.18":
             assert "train/steps_off_policy" in row

@@ -24,8 +24,8 @@ import art
 import pytest
 import trio
 
-from art_trio.compat import trainable_model
-from art_trio.freshness import mean_policy_version, version_tokens
+from art_trio.plumbing.compat import trainable_model
+from art_trio.policy.freshness import mean_policy_version, version_tokens
 from tests.llm_marks import LLM_MARKS
 
 pytestmark = LLM_MARKS

@@ -24,7 +24,7 @@ import anyio
 import art
 import pytest
 
-from art_trio.compat import trainable_model
+from art_trio.plumbing.compat import trainable_model
 from tests.tiny_llm import TINY_MARKS, tiny_model_dir
 
 pytestmark = TINY_MARKS

@@ -25,7 +25,7 @@ import openai
 import pytest
 import trio
 
-from art_trio.compat import trainable_model
+from art_trio.plumbing.compat import trainable_model
 from tests.llm_marks import LLM_MARKS
 
 pytestmark = LLM_MARKS

@@ -20,7 +20,6 @@ from art.types import LocalTrainResult  # noqa: E402
 from openai.types.chat.chat_completion import Choice  # noqa: E402
 from openai.types.chat.chat_completion_message import ChatCompletionMessage  # noqa: E402
 
-from art_trio.compat import trainable_model
 from art_trio.demo.backend import CpuBackend  # noqa: E402
 from art_trio.demo.policy import (  # noqa: E402
     TOKEN_INDEX,
@@ -41,6 +40,7 @@ from art_trio.demo.task import (  # noqa: E402
     rollout,
     scenarios,
 )
+from art_trio.plumbing.compat import trainable_model
 from tests.loops import require_trio_asyncio_patched_anyio
 
 T = TypeVar("T")

@@ -20,9 +20,9 @@ import trio  # noqa: E402
 import trio_asyncio  # noqa: E402
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
-from art_trio.compat import trainable_model
 from art_trio.demo.backend import CpuBackend  # noqa: E402
 from art_trio.demo.policy import VOCAB  # noqa: E402
+from art_trio.plumbing.compat import trainable_model
 from tests.loops import require_trio_asyncio_patched_anyio
 
 MESSAGES: list[ChatCompletionMessageParam] = [

@@ -30,9 +30,9 @@ import trio
 from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
 
 import art_trio
-from art_trio.compat import ART_0520, art_trainer_kwargs
-from art_trio.ledger import TALLY_FIELDS
-from art_trio.metrics import HISTORY_KEYS
+from art_trio.plumbing.compat import ART_0520, art_trainer_kwargs
+from art_trio.plumbing.ledger import TALLY_FIELDS
+from art_trio.stages.metrics import HISTORY_KEYS
 from tests.doubles import served_trajectory, trajectory
 from tests.test_parity_0518 import LeasingBackend, eval_completed_steps, new_model
 

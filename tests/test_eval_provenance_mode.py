@@ -11,7 +11,7 @@ from typing import Any
 import art
 import pytest
 
-from art_trio.compat import ART_0520, policy_spans_reported
+from art_trio.plumbing.compat import ART_0520, policy_spans_reported
 from tests.doubles import RecordingBackend, trajectory
 from tests.test_art_trainer_tests import (
     LOOPS,

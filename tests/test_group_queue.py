@@ -1,4 +1,4 @@
-"""The groups queue (art_trio.group_queue) on trio and on asyncio: order, blocking, ends,
+"""The groups queue (art_trio.plumbing.group_queue) on trio and on asyncio: order, blocking, ends,
 cancellation, resizing and statistics. No sleeps: tasks are settled with
 `anyio.wait_all_tasks_blocked()`, ages are read on trio's MockClock or an injected clock."""
 
@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from art_trio.group_queue import GroupQueue, GroupQueueStatistics
+from art_trio.plumbing.group_queue import GroupQueue, GroupQueueStatistics
 
 LOOPS = pytest.mark.parametrize("loop", ["trio", "asyncio"])
 

@@ -16,7 +16,7 @@ import trio
 from openai.types.chat.chat_completion import Choice
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.batching import Freshness
+from art_trio.policy.batching import Freshness
 from art_trio.testing.doubles import TrainBatch
 from tests.doubles import RecordingBackend, scenarios
 

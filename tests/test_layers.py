@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import art_trio
-from art_trio.errors import ArtTrioError
+from art_trio.messages.errors import ArtTrioError
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -56,21 +56,32 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # (what is planted, module it goes into, the line, the contract it must break, what it names)
 PLANTED = [
     pytest.param(
-        "gate.py", "from art_trio import trainer as _upward  # noqa\n",
-        "Layers", "art_trio.gate -> art_trio.trainer", id="upward import: policy -> facade",
+        "policy/gate.py", "from art_trio.facade import trainer as _upward  # noqa\n",
+        "Layers", "art_trio.policy.gate -> art_trio.facade.trainer",
+        id="upward import: policy -> facade",
     ),
     pytest.param(
-        "events.py", "from art_trio import run as _upward  # noqa\n",
-        "Layers", "art_trio.events -> art_trio.run", id="upward import: messages -> run",
+        "messages/events.py", "from art_trio import run as _upward  # noqa\n",
+        "Layers", "art_trio.messages.events -> art_trio.run", id="upward import: messages -> run",
     ),
     pytest.param(
-        "retention.py", "from art_trio import batching as _circle  # noqa\n",
+        "observation/status.py", "from art_trio.config import settings as _beside  # noqa\n",
+        "Layers", "art_trio.observation.status -> art_trio.config.settings",
+        id="settings and observation are independent",
+    ),
+    pytest.param(
+        "policy/retention.py", "from art_trio.policy import batching as _circle  # noqa\n",
         "No circles", "retention", id="circle within a layer",
     ),
     pytest.param(
-        "sim/report.py", "from art_trio.gate import PolicyGate as _inside  # noqa\n",
-        "Tools use the public API", "art_trio.sim.report -> art_trio.gate",
+        "sim/report.py", "from art_trio.policy.gate import PolicyGate as _inside  # noqa\n",
+        "Tools use the public API", "art_trio.sim.report -> art_trio.policy.gate",
         id="a tool importing the core's internals",
+    ),
+    pytest.param(
+        "testing/doubles.py", "from art_trio.run import PipelineRun as _inside  # noqa\n",
+        "art_trio.testing reaches inside only", "art_trio.testing.doubles -> art_trio.run",
+        id="the testing tool reaching beyond what it checks",
     ),
     pytest.param(
         "stages/control.py", "from art_trio.stages import training as _sibling  # noqa\n",
@@ -90,8 +101,9 @@ def test_the_contracts_hold_on_this_tree(tree: Path) -> None:
 def test_a_planted_bad_import_breaks_its_contract(
     tree: Path, module: str, line: str, contract: str, names: str
 ) -> None:
-    if module == "retention.py":  # the other half of the circle
-        planted = {module: line, "batching.py": "from art_trio import retention as _c  # noqa\n"}
+    if module == "policy/retention.py":  # the other half of the circle
+        other_half = "from art_trio.policy import retention as _c  # noqa\n"
+        planted = {module: line, "policy/batching.py": other_half}
     else:
         planted = {module: line}
     saved = {}
@@ -121,9 +133,10 @@ TOOLS = (
 
 #: Micro-benchmarks of one internal module, which they exist to time: allowed that module.
 INTERNAL_MICROBENCHMARKS = {
-    "bridge_overhead.py": {"art_trio.bridge"},  # the per-call cost of the asyncio bridge
-    "journal_size.py": {"art_trio.ledger"},  # the resume journal's record and file sizes
-    "group_queue_bench.py": {"art_trio.group_queue"},  # the groups queue against anyio's stream
+    "bridge_overhead.py": {"art_trio.plumbing.bridge"},  # the per-call cost of the asyncio bridge
+    "journal_size.py": {"art_trio.plumbing.ledger"},  # the resume journal's record and file sizes
+    # the groups queue against anyio's stream
+    "group_queue_bench.py": {"art_trio.plumbing.group_queue"},
 }
 
 
@@ -131,15 +144,13 @@ def art_trio_imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "art_trio":
-                # `from art_trio import ledger` imports a module, not a public name.
+            if node.module == "art_trio" or node.module.startswith("art_trio."):
+                # `from art_trio.plumbing import ledger` imports a module, not a name in one.
+                folder = SRC.joinpath(*node.module.split("."))
                 found |= {
-                    f"art_trio.{a.name}" for a in node.names
-                    if (SRC / "art_trio" / f"{a.name}.py").exists()
-                    or (SRC / "art_trio" / a.name).is_dir()
-                } or {"art_trio"}
-            elif node.module.startswith("art_trio."):
-                found.add(node.module)
+                    f"{node.module}.{a.name}" for a in node.names
+                    if (folder / f"{a.name}.py").exists() or (folder / a.name).is_dir()
+                } or {node.module}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("art_trio")}
     return found
@@ -166,12 +177,13 @@ def test_benchmarks_use_the_public_api(script: str) -> None:
 def test_the_benchmark_check_sees_internal_imports(tmp_path: Path) -> None:
     script = tmp_path / "bench.py"
     script.write_text(
-        "from art_trio import PipelineTrainer, ledger\nfrom art_trio.gate import PolicyGate\n"
-        "import art_trio.sim.workloads\n"
+        "from art_trio import PipelineTrainer, plumbing\n"
+        "from art_trio.policy.gate import PolicyGate\nimport art_trio.sim.workloads\n"
     )
     found = art_trio_imports(script)
-    assert found == {"art_trio.ledger", "art_trio.gate", "art_trio.sim.workloads"}
-    assert [m for m in sorted(found) if not is_public(m)] == ["art_trio.gate", "art_trio.ledger"]
+    assert found == {"art_trio.plumbing", "art_trio.policy.gate", "art_trio.sim.workloads"}
+    inside = [m for m in sorted(found) if not is_public(m)]
+    assert inside == ["art_trio.plumbing", "art_trio.policy.gate"]
 
 
 # --- the errors -----------------------------------------------------------------------------
@@ -179,9 +191,9 @@ def test_the_benchmark_check_sees_internal_imports(tmp_path: Path) -> None:
 #: Exception classes that deliberately do not derive from ArtTrioError, and why.
 NOT_ART_TRIO_ERRORS = {
     # Signals between art_trio's own modules, never raised to a caller (private names).
-    "art_trio.errors._GateClosed",
-    "art_trio.errors._BaseExceptionEscaped",
-    "art_trio.errors._LoopClosed",
+    "art_trio.messages.errors._GateClosed",
+    "art_trio.messages.errors._BaseExceptionEscaped",
+    "art_trio.messages.errors._LoopClosed",
     # The doubles' planned failures stand for a user's rollout raising.
     "art_trio.sim.doubles.RolloutFailed",
     "art_trio.testing.harness.PlannedRolloutError",
@@ -211,7 +223,7 @@ def exception_classes() -> dict[str, list[str]]:
 
 def test_every_exception_is_an_art_trio_error_or_says_why_not() -> None:
     classes = exception_classes()
-    assert "art_trio.errors.RunLockedError" in classes  # the scan finds them
+    assert "art_trio.messages.errors.RunLockedError" in classes  # the scan finds them
     stray = []
     for qualname, bases in classes.items():
         module, name = qualname.rsplit(".", 1)
@@ -233,12 +245,12 @@ def test_the_core_defines_exceptions_only_in_errors_py() -> None:
     tools = ("art_trio.sim.", "art_trio.bench.", "art_trio.demo.", "art_trio.cpu.",
              "art_trio.testing.", "art_trio.local_backend.")
     elsewhere = [q for q in exception_classes()
-                 if not q.startswith("art_trio.errors.") and not q.startswith(tools)]
+                 if not q.startswith("art_trio.messages.errors.") and not q.startswith(tools)]
     assert not elsewhere, f"define these in art_trio/errors.py: {elsewhere}"
 
 
 def test_every_public_error_is_exported_and_documented() -> None:
-    import art_trio.errors as errors
+    import art_trio.messages.errors as errors
 
     api = (ROOT / "docs" / "api.md").read_text()
     for name in errors.__all__:
@@ -252,21 +264,21 @@ def test_every_public_error_is_exported_and_documented() -> None:
 
 
 def test_old_import_locations_of_public_errors_still_work() -> None:
-    from art_trio.autotune import ProfileError
-    from art_trio.bridge import AsyncioTaskCancelled, CallbackNotAwaitable
-    from art_trio.errors import ExecutorUnavailable, FuturePolicyError, RolloutLost
-    from art_trio.ledger import (
+    from art_trio.messages.errors import ExecutorUnavailable, FuturePolicyError, RolloutLost
+    from art_trio.plumbing.bridge import AsyncioTaskCancelled, CallbackNotAwaitable
+    from art_trio.plumbing.ledger import (
         ForeignStateError,
         ModelDirectoryLostError,
         StateFileError,
         StateWriteError,
     )
-    from art_trio.lock import ModelDirectoryError, RunLockedError
-    from art_trio.provenance import EvalProvenanceError
+    from art_trio.plumbing.lock import ModelDirectoryError, RunLockedError
+    from art_trio.plumbing.threads import LoopUnresponsive
+    from art_trio.policy.autotune import ProfileError
+    from art_trio.policy.provenance import EvalProvenanceError
     from art_trio.stages.rollout import RolloutRejected, RolloutsKeepFailing
     from art_trio.stages.training import BackendStepError
     from art_trio.testing.pipeline import PipelineCheckFailed
-    from art_trio.threads import LoopUnresponsive
 
     old = [ProfileError, FuturePolicyError, AsyncioTaskCancelled, CallbackNotAwaitable,
            ExecutorUnavailable, RolloutLost, ForeignStateError, ModelDirectoryLostError,

@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import (
+from art_trio.plumbing.ledger import (
     PIPELINE_STATE_KEY,
     SIDECAR_FILE,
     PendingBatch,

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.batching import UNBOUNDED_STEPS, Freshness
-from art_trio.freshness import mean_policy_version
+from art_trio.policy.batching import UNBOUNDED_STEPS, Freshness
+from art_trio.policy.freshness import mean_policy_version
 from tests.doubles import RecordingBackend, scenarios, served_trajectory, trajectory
 
 

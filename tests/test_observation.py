@@ -16,9 +16,9 @@ from typing import Any, get_type_hints
 import art
 import pytest
 
-import art_trio.keywords
-import art_trio.settings
-import art_trio.trainer
+import art_trio.config.keywords
+import art_trio.config.settings
+import art_trio.facade.trainer
 from art_trio import (
     BatchTaken,
     Fate,
@@ -31,8 +31,8 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.keywords import RESOLVED_LATER, SettingKeywords
-from art_trio.settings import FIELDS, GROUP_TYPES
+from art_trio.config.keywords import RESOLVED_LATER, SettingKeywords
+from art_trio.config.settings import FIELDS, GROUP_TYPES
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
@@ -144,9 +144,9 @@ def test_the_settings_have_one_source() -> None:
     for name, parameter in signature.parameters.items():
         if name in FIELDS and parameter.default is not None:
             assert parameter.default == defaults.get(name), name
-    hints = get_type_hints(SettingKeywords, vars(art_trio.keywords))
+    hints = get_type_hints(SettingKeywords, vars(art_trio.config.keywords))
     declared = {
-        name: get_type_hints(GROUP_TYPES[group], vars(art_trio.settings))[name]
+        name: get_type_hints(GROUP_TYPES[group], vars(art_trio.config.settings))[name]
         for name, group in FIELDS.items()
     }
     assert {n: hints[n] for n in declared if n not in RESOLVED_LATER} == {
@@ -183,7 +183,7 @@ async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
     own start-up freeze is not the host's: the run freezes over it and releases it too."""
     before = gc.get_freeze_count()
     # Nobody froze anything in this test process (3.12's own start-up freeze aside).
-    assert before <= art_trio.trainer._FROZEN_BY_INTERPRETER
+    assert before <= art_trio.facade.trainer._FROZEN_BY_INTERPRETER
     seen: list[int] = []
     trainer = _trainer(model, backend, max_steps=1)
     trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))

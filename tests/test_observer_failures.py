@@ -15,9 +15,9 @@ from typing import Any, get_args
 import art
 import pytest
 
-import art_trio.events
+import art_trio.messages.events
 from art_trio import PipelineTrainer, RunEvent, ScenarioSettled
-from art_trio.events import Observers, RolloutStarted
+from art_trio.messages.events import Observers, RolloutStarted
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 MAX_STEPS = 4
@@ -200,7 +200,7 @@ async def test_the_check_catches_an_observer_raising_at_the_emit_site(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
 ) -> None:
-    monkeypatch.setattr(art_trio.events.Observers, "emit", _emit_raising_at_the_site)
-    kind = getattr(art_trio.events, name)
+    monkeypatch.setattr(art_trio.messages.events.Observers, "emit", _emit_raising_at_the_site)
+    kind = getattr(art_trio.messages.events, name)
     broken = await _run_with_raising_observer(model, backend, kind, 1)
     assert broken is not None, f"the mutant raising on {name} was not caught"

@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.compat import CHECKPOINT_ROW_WALL_CLOCK, trainable_model
-from art_trio.ledger import StateStore
+from art_trio.plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK, trainable_model
+from art_trio.plumbing.ledger import StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 # -- a backend with ART 0.5.18's optional adapter hooks ------------------------------------

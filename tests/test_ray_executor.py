@@ -26,13 +26,13 @@ import art
 import pytest
 import trio
 
-from art_trio.errors import RolloutLost
-from art_trio.executor import InProcessExecutor, RolloutExecutor
+from art_trio.messages.errors import RolloutLost
+from art_trio.plumbing.executor import InProcessExecutor, RolloutExecutor
 from tests import ray_rollouts
 
 ray = pytest.importorskip("ray")
 
-from art_trio.ray_executor import RayActorsNotPlaced, RayRolloutExecutor  # noqa: E402
+from art_trio.plumbing.ray_executor import RayActorsNotPlaced, RayRolloutExecutor  # noqa: E402
 from tests.ray_cluster import AUTH_ENV, RayCluster  # noqa: E402
 
 # -- without a cluster ------------------------------------------------------------------------
@@ -42,9 +42,9 @@ def test_importing_art_trio_does_not_import_ray() -> None:
     code = (
         "import sys, art_trio\n"
         "assert 'ray' not in sys.modules, 'import art_trio imported ray'\n"
-        "assert 'art_trio.ray_executor' not in sys.modules\n"
+        "assert 'art_trio.plumbing.ray_executor' not in sys.modules\n"
         "cls = art_trio.RayRolloutExecutor\n"
-        "assert 'ray' in sys.modules and cls.__module__ == 'art_trio.ray_executor'\n"
+        "assert 'ray' in sys.modules and cls.__module__ == 'art_trio.plumbing.ray_executor'\n"
         "assert 'RayRolloutExecutor' in dir(art_trio)\n"
     )
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -253,7 +253,7 @@ async def test_cancelling_from_trio_through_the_bridge_cancels_remotely(
     executor, model, tmp_path
 ) -> None:
     """The trainer's path: a trio cancel scope, trio-asyncio, then run() in an asyncio task."""
-    from art_trio.bridge import open_bridge
+    from art_trio.plumbing.bridge import open_bridge
 
     scenario = _hour_scenario(tmp_path)
     marks = Path(scenario["marks"])
@@ -348,7 +348,7 @@ def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor)
 
 
 def test_actors_that_fit_counts_per_node() -> None:
-    from art_trio.ray_placement import actors_that_fit
+    from art_trio.plumbing.ray_placement import actors_that_fit
 
     two = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}},
            {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
@@ -554,7 +554,7 @@ def test_kill_9_of_the_trainer_then_resume_trains_each_scenario_once(
 ) -> None:
     """The trainer process itself dies mid-run (its Ray rollouts with it); a new process
     resumes from the directory with a new executor. Nothing trained twice, nothing skipped."""
-    from art_trio.ledger import PipelineState
+    from art_trio.plumbing.ledger import PipelineState
     from tests.crash_harness import TRAINED_LOG, read_trained
 
     repo = Path(__file__).resolve().parents[1]

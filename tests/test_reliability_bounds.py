@@ -54,9 +54,9 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.batching import Freshness
-from art_trio.freshness import mean_policy_version, token_count_error
-from art_trio.ledger import StateStore
+from art_trio.plumbing.ledger import StateStore
+from art_trio.policy.batching import Freshness
+from art_trio.policy.freshness import mean_policy_version, token_count_error
 from tests.doubles import (
     RecordingBackend,
     asyncio_rollout,

@@ -36,8 +36,8 @@ import trio.testing
 import trio_asyncio
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import SIDECAR_FILE, StateStore
-from art_trio.types import EvalResult
+from art_trio.messages.types import EvalResult
+from art_trio.plumbing.ledger import SIDECAR_FILE, StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
 

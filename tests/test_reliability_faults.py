@@ -45,11 +45,17 @@ import trio.testing
 from art.types import TrainResult
 
 from art_trio import PipelineTrainer
-from art_trio.bridge import AsyncioTaskCancelled
-from art_trio.ledger import JOURNAL_FILE, SIDECAR_FILE, PipelineState, StateStore, StateWriteError
-from art_trio.lock import LOCK_FILE, RunLock, RunLockedError
+from art_trio.messages.types import EvalResult
+from art_trio.plumbing.bridge import AsyncioTaskCancelled
+from art_trio.plumbing.ledger import (
+    JOURNAL_FILE,
+    SIDECAR_FILE,
+    PipelineState,
+    StateStore,
+    StateWriteError,
+)
+from art_trio.plumbing.lock import LOCK_FILE, RunLock, RunLockedError
 from art_trio.stages.training import BackendStepError
-from art_trio.types import EvalResult
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import (
     RecordingBackend,
@@ -305,7 +311,7 @@ async def test_a_journal_write_that_fails_part_way_stops_before_backend_train(
     """The fault-injection run's os.write returned 130 of 216 bytes; the batch then trained
     and on resume read as never started. Now: an error, no train call, and the journal cut
     back to the record before; with the disk still full for the final snapshot too."""
-    from art_trio.ledger import files
+    from art_trio.plumbing.ledger import files
 
     # One journal record per step (snapshots are separate files): the 4th step's fails.
     fault = _ShortWrites(fail_at=4, written=written, error=error)

@@ -42,9 +42,9 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio import lock as lock_module
-from art_trio.compat import trainable_model
-from art_trio.ledger import (
+from art_trio.plumbing import lock as lock_module
+from art_trio.plumbing.compat import trainable_model
+from art_trio.plumbing.ledger import (
     JOURNAL_FILE,
     SIDECAR_FILE,
     TALLY_FIELDS,
@@ -56,9 +56,9 @@ from art_trio.ledger import (
     eval_runs,
     scenario_digest,
 )
-from art_trio.ledger import files as ledger_files
-from art_trio.ledger import store as ledger_store
-from art_trio.lock import LOCK_ENV, LOCK_FILE, ModelDirectoryError, RunLock, RunLockedError
+from art_trio.plumbing.ledger import files as ledger_files
+from art_trio.plumbing.ledger import store as ledger_store
+from art_trio.plumbing.lock import LOCK_ENV, LOCK_FILE, ModelDirectoryError, RunLock, RunLockedError
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf

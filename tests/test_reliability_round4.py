@@ -28,10 +28,10 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio import errors as art_errors
-from art_trio.ledger import PipelineState, StateStore, StateWriteError
-from art_trio.lock import RunLock
-from art_trio.settings import Evaluation, PipelineSettings, Shutdown, Sizes
+from art_trio.config.settings import Evaluation, PipelineSettings, Shutdown, Sizes
+from art_trio.messages import errors as art_errors
+from art_trio.plumbing.ledger import PipelineState, StateStore, StateWriteError
+from art_trio.plumbing.lock import RunLock
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 from tests.errors import find_leaf
 
@@ -61,7 +61,7 @@ _SECOND_RUN = textwrap.dedent(
     import asyncio, json, sys
     import trio, trio_asyncio
     from art_trio import PipelineTrainer, RunLockedError
-    from art_trio.compat import trainable_model
+    from art_trio.plumbing.compat import trainable_model
     from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 
     base, out = sys.argv[1], sys.argv[2]
@@ -345,7 +345,7 @@ def test_sizes_derives_max_batch_size_as_the_flat_keywords_do(
 PLUGIN_USER_TESTS = """
 import pytest
 from art_trio import Sizes
-from art_trio.compat import PipelineRuntimeConfig
+from art_trio.plumbing.compat import PipelineRuntimeConfig
 
 
 def test_sizes_group(art_trio_pipeline):
@@ -421,7 +421,7 @@ def test_an_exporter_on_a_taken_port_names_it_and_leaves_nothing_attached(
 def test_a_small_state_file_expanding_to_a_hundred_million_evals_is_refused(
     tmp_path: Path,
 ) -> None:
-    from art_trio.ledger import SIDECAR_FILE, StateFileError
+    from art_trio.plumbing.ledger import SIDECAR_FILE, StateFileError
 
     directory = tmp_path / "m"
     directory.mkdir()
@@ -444,8 +444,8 @@ def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exact
 ) -> None:
     """An eval every step, evals slower than steps: the backlog of pending evals grows to
     hundreds. Each record carries what changed, and a read replays the exact sets."""
-    from art_trio.ledger import JOURNAL_FILE
-    from art_trio.ledger import store as ledger_store
+    from art_trio.plumbing.ledger import JOURNAL_FILE
+    from art_trio.plumbing.ledger import store as ledger_store
 
     monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
     directory = tmp_path / "m"
@@ -482,7 +482,7 @@ def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exact
 
 
 def _fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from art_trio.ledger import files as ledger_files
+    from art_trio.plumbing.ledger import files as ledger_files
 
     real = ledger_files.os_write
 

@@ -34,7 +34,7 @@ import trio
 import trio.testing
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import SIDECAR_FILE, StateStore
+from art_trio.plumbing.ledger import SIDECAR_FILE, StateStore
 from tests.doubles import (
     RecordingBackend,
     announce_training,

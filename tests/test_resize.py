@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.events import Resized, RunEvent, StepTrained
+from art_trio.messages.events import Resized, RunEvent, StepTrained
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 

@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import PIPELINE_STATE_KEY, SIDECAR_FILE, StateStore
+from art_trio.plumbing.ledger import PIPELINE_STATE_KEY, SIDECAR_FILE, StateStore
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 

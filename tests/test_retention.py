@@ -31,7 +31,7 @@ from art_trio import (
     PipelineTrainer,
     keep_recent_and_top,
 )
-from art_trio.bridge import Bridge
+from art_trio.plumbing.bridge import Bridge
 from art_trio.run import CallsInFlight
 from art_trio.stages.checkpoints import apply_retention, checkpoint_infos
 from tests.doubles import scenarios, trajectory
@@ -70,7 +70,7 @@ def test_the_types_have_arts_fields_and_defaults(ours: Any, theirs: Any) -> None
 
 
 def _type_name(annotation: Any) -> str:
-    # list[art_trio.retention.CheckpointInfo] and ART's list[...CheckpointInfo] read alike.
+    # list[art_trio.policy.retention.CheckpointInfo] and ART's list[...CheckpointInfo] read alike.
     return repr(annotation).replace(art_trio.CheckpointInfo.__module__ + ".", "").replace(
         art_retention.CheckpointInfo.__module__ + ".", ""
     )

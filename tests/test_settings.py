@@ -13,7 +13,8 @@ import pydantic
 import pytest
 
 from art_trio import PipelineTrainer
-from art_trio.compat import (
+from art_trio.config.keywords import RUNTIME_DEFAULTS
+from art_trio.plumbing.compat import (
     ART_0520,
     RUNTIME_FIELDS,
     PipelineAutotuneConfig,
@@ -21,7 +22,6 @@ from art_trio.compat import (
     art_pipeline_trainer,
     art_trainer_kwargs,
 )
-from art_trio.keywords import RUNTIME_DEFAULTS
 from tests.doubles import asyncio_rollout
 
 ArtPipelineTrainer = art_pipeline_trainer()
@@ -151,7 +151,7 @@ import art
 from art_trio import PipelineTrainer
 class Backend:
     pass
-from art_trio.compat import trainable_model
+from art_trio.plumbing.compat import trainable_model
 model = trainable_model(name="m", project="p", base_model="b", base_path="/tmp/unused")
 async def rollout(*args):
     return None

@@ -1,4 +1,4 @@
-"""Each setting is declared once (art_trio.settings); every other view is derived from it.
+"""Each setting is declared once (art_trio.config.settings); every other view is derived from it.
 
 The flat keywords of `PipelineTrainer(...)` (static: the SettingKeywords TypedDict; runtime:
 the signature `inspect` shows), the grouped form, the attribute proxy and `resize`'s names
@@ -18,12 +18,11 @@ from typing import Any, get_type_hints
 import pytest
 
 import art_trio
-import art_trio.keywords
-import art_trio.settings
+import art_trio.config.keywords
+import art_trio.config.settings
 from art_trio import PipelineTrainer
-from art_trio.compat import ART_0520, RUNTIME_FIELDS
-from art_trio.keywords import RESOLVED_LATER, SettingKeywords, keyword_default
-from art_trio.settings import (
+from art_trio.config.keywords import RESOLVED_LATER, SettingKeywords, keyword_default
+from art_trio.config.settings import (
     DECLARATIONS,
     FIELDS,
     GROUP_TYPES,
@@ -37,6 +36,7 @@ from art_trio.settings import (
     Status,
     Training,
 )
+from art_trio.plumbing.compat import ART_0520, RUNTIME_FIELDS
 from tests.doubles import asyncio_rollout
 
 # ART's constructor keywords (after `eval_fn`), read from each line's PipelineTrainer.
@@ -62,7 +62,7 @@ REFERENCE_KEYWORDS = ["kl_penalty_coef", "kl_penalty_reference_step", "eval_step
 
 def declared_types() -> dict[str, Any]:
     return {
-        name: get_type_hints(GROUP_TYPES[group], vars(art_trio.settings))[name]
+        name: get_type_hints(GROUP_TYPES[group], vars(art_trio.config.settings))[name]
         for name, group in FIELDS.items()
     }
 
@@ -81,7 +81,7 @@ def test_each_setting_is_declared_once_with_a_doc() -> None:
 def test_the_keyword_view_is_typed_as_declared() -> None:
     """SettingKeywords (what mypy and IDEs see) has every setting and group, typed as the
     declaration, or also None where another keyword decides (RESOLVED_LATER)."""
-    hints = get_type_hints(SettingKeywords, vars(art_trio.keywords))
+    hints = get_type_hints(SettingKeywords, vars(art_trio.config.keywords))
     assert set(hints) == set(FIELDS) | set(GROUPS)
     for name, declared in declared_types().items():
         expected = declared | None if name in RESOLVED_LATER else declared
@@ -92,7 +92,7 @@ def test_the_keyword_view_is_typed_as_declared() -> None:
 
 def test_the_signature_spells_out_every_keyword_with_its_declared_default() -> None:
     parameters = inspect.signature(PipelineTrainer).parameters
-    hints = get_type_hints(SettingKeywords, vars(art_trio.keywords))
+    hints = get_type_hints(SettingKeywords, vars(art_trio.config.keywords))
     for name in (*FIELDS, *GROUPS):
         parameter = parameters[name]
         assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
@@ -220,7 +220,7 @@ def test_a_setting_given_twice_or_a_group_of_the_wrong_type_is_refused(
     with pytest.raises(TypeError, match=r"sizes must be an art_trio.Sizes, got dict"):
         PipelineTrainer(model, backend, asyncio_rollout, [], None, sizes={"x": 1})  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match=r"either sizes=Sizes\(\.\.\.\) or pipeline="):
-        from art_trio.compat import PipelineRuntimeConfig
+        from art_trio.plumbing.compat import PipelineRuntimeConfig
 
         PipelineTrainer(
             model, backend, asyncio_rollout, [], None,

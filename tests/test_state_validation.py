@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.ledger import (
+from art_trio.plumbing.ledger import (
     JOURNAL_FILE,
     PIPELINE_STATE_KEY,
     SIDECAR_FILE,

@@ -11,7 +11,7 @@ import art
 import pytest
 
 from art_trio import PipelineTrainer, StatusReporter
-from art_trio.events import (
+from art_trio.messages.events import (
     EvalEnded,
     EvalStarted,
     GroupQueued,
@@ -20,8 +20,8 @@ from art_trio.events import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.messages import Fate
-from art_trio.status import ZERO_VARIANCE_NOTE, reward_summary
+from art_trio.messages.values import Fate
+from art_trio.observation.status import ZERO_VARIANCE_NOTE, reward_summary
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 

@@ -171,13 +171,13 @@ def test_a_broken_trainer_is_caught_through_the_users_entry_point(
     """Not only the user's own bound: the trainer's invariants are checked too. A gate and a
     batch filter one version too lenient (as in property_tests/test_mutants.py) break the
     off-policy bound of the user's own settings, and explore_pipeline says so."""
-    import art_trio.admission
-    from art_trio.batching import Freshness
-    from art_trio.gate import PolicyGate
+    import art_trio.policy.admission
+    from art_trio.policy.batching import Freshness
+    from art_trio.policy.gate import PolicyGate
 
     real_is_stale = Freshness.is_stale
     monkeypatch.setattr(
-        art_trio.admission,
+        art_trio.policy.admission,
         "reference_gate_allows",
         lambda s: s.policy_version >= s.next_training_step - s.max_steps_off_policy - 1,
     )

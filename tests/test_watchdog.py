@@ -26,8 +26,8 @@ import pytest
 import trio
 
 from art_trio import PipelineStalled, PipelineTrainer, Stalled, StallReport
-from art_trio.compat import trainable_model
-from art_trio.ledger import StateStore
+from art_trio.plumbing.compat import trainable_model
+from art_trio.plumbing.ledger import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 HERE = Path(__file__).name

@@ -13,11 +13,18 @@ from typing import Any
 # ships; a library import should not reach for the network. An explicit setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from .admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
-from .autotune import AutotuneConfig
-from .bridge import trio_native
-from .compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
-from .errors import (
+from .config.settings import (
+    Evaluation,
+    FreshnessSettings,
+    Persistence,
+    PipelineSettings,
+    Shutdown,
+    Sizes,
+    Status,
+    Training,
+)
+from .facade.trainer import PipelineTrainer
+from .messages.errors import (
     ArtTrioError,
     AsyncioTaskCancelled,
     BackendStepError,
@@ -39,7 +46,7 @@ from .errors import (
     StateFileError,
     StateWriteError,
 )
-from .events import (
+from .messages.events import (
     BatchTaken,
     ChannelClosed,
     GroupQueued,
@@ -52,10 +59,18 @@ from .events import (
     Stalled,
     StepTrained,
 )
-from .executor import InProcessExecutor, RolloutExecutor
-from .fates import RunCounters
-from .messages import Fate
-from .retention import (
+from .messages.stall_report import CallInFlight, RolloutInFlight, StageWait, StallReport, TaskFrame
+from .messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
+from .messages.values import Fate
+from .observation.fates import RunCounters
+from .observation.status import StatusReporter
+from .plumbing.bridge import trio_native
+from .plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
+from .plumbing.executor import InProcessExecutor, RolloutExecutor
+from .plumbing.rollouts import make_group_rollout_fn
+from .policy.admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
+from .policy.autotune import AutotuneConfig
+from .policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
     CHECKPOINT_SAVED_METRIC,
@@ -64,21 +79,6 @@ from .retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
-from .rollouts import make_group_rollout_fn
-from .settings import (
-    Evaluation,
-    FreshnessSettings,
-    Persistence,
-    PipelineSettings,
-    Shutdown,
-    Sizes,
-    Status,
-    Training,
-)
-from .stall_report import CallInFlight, RolloutInFlight, StageWait, StallReport, TaskFrame
-from .status import StatusReporter
-from .trainer import PipelineTrainer
-from .types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
 
 try:
     #: The installed distribution's version; pyproject.toml's `version` is the one source.
@@ -91,7 +91,7 @@ def __getattr__(name: str) -> Any:
     # Imported on first use only: `import art_trio` must not import ray (extra `art-trio[ray]`).
     # Not in __all__, so `from art_trio import *` works without ray installed.
     if name == "RayRolloutExecutor":
-        from .ray_executor import RayRolloutExecutor
+        from .plumbing.ray_executor import RayRolloutExecutor
 
         return RayRolloutExecutor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,21 +18,21 @@ from typing import Any, TypeVar
 import art
 import sniffio
 
-from .admission import admission_policy
-from .bridge import Bridge
-from .compat import eval_lease, in_flight_updates, rollout_lease
-from .eval_leases import EvalRetentionLeases
-from .events import Observers, RunStatistics
-from .executor import RolloutExecutor
-from .fates import CounterFold, FateRecord, RunCounters
-from .gate import LoopEvent, PolicyGate
-from .ledger import PipelineState, StateStore
-from .messages import Delivered, TallyBase
-from .settings import PipelineSettings
-from .source import ScenarioSource
-from .stall_report import CallInFlight
-from .status import StatusReporter
-from .stop import StopControl
+from .config.settings import PipelineSettings
+from .messages.events import Observers, RunStatistics
+from .messages.stall_report import CallInFlight
+from .messages.values import Delivered, TallyBase
+from .observation.fates import CounterFold, FateRecord, RunCounters
+from .observation.status import StatusReporter
+from .plumbing.bridge import Bridge
+from .plumbing.compat import eval_lease, in_flight_updates, rollout_lease
+from .plumbing.eval_leases import EvalRetentionLeases
+from .plumbing.executor import RolloutExecutor
+from .plumbing.ledger import PipelineState, StateStore
+from .plumbing.source import ScenarioSource
+from .plumbing.stop import StopControl
+from .policy.admission import admission_policy
+from .policy.gate import LoopEvent, PolicyGate
 
 R = TypeVar("R")
 

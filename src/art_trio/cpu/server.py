@@ -23,7 +23,7 @@ What you may rely on:
   (the step again: one update a step); and ``prompt_policy_token_spans``, the prompt's
   tokens from 1 (those with a causal logprob), under the step that prefilled it. ART's
   clients read both from the choice on every line (0.5.17-0.5.18 keep them in the choice's
-  ``model_extra``, where ``art_trio.freshness`` reads them).
+  ``model_extra``, where ``art_trio.policy.freshness`` reads them).
 * With an API key set, requests without ``Authorization: Bearer <key>`` get a 401.
 * ``GET /v1/models`` lists every servable ``name@step``.
 """

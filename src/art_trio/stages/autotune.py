@@ -19,7 +19,8 @@ from typing import Any
 
 import anyio
 
-from ..autotune import (
+from ..messages.events import RunEvent, RunStatistics, StepTrained
+from ..policy.autotune import (
     AutotunePolicy,
     Decision,
     InferenceLoad,
@@ -28,7 +29,6 @@ from ..autotune import (
     profile_document,
     save_profile,
 )
-from ..events import RunEvent, RunStatistics, StepTrained
 from ..run import PipelineRun
 from .checkpoints import append_metrics_row
 

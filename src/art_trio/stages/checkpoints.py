@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..compat import CHECKPOINT_ROW_WALL_CLOCK
-from ..hooks import backend_hook
-from ..retention import (
+from ..plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK
+from ..plumbing.hooks import backend_hook
+from ..policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
     CHECKPOINT_SAVED_METRIC,

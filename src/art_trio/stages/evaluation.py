@@ -16,11 +16,11 @@ import logging
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from ..batching import eval_splits, split_eval_items
-from ..compat import policy_spans_reported
-from ..errors import CallbackNotAwaitable, _BaseExceptionEscaped
-from ..events import EvalEnded, EvalStarted
-from ..provenance import check_eval_provenance, describe_mode
+from ..messages.errors import CallbackNotAwaitable, _BaseExceptionEscaped
+from ..messages.events import EvalEnded, EvalStarted
+from ..plumbing.compat import policy_spans_reported
+from ..policy.batching import eval_splits, split_eval_items
+from ..policy.provenance import check_eval_provenance, describe_mode
 from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 

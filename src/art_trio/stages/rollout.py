@@ -22,17 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 from art import TrajectoryGroup
 
-from ..batching import (
-    copy_scenario_metadata,
-    future_policy_error,
-    newest_version,
-    non_finite_reward_error,
-    scenario_context,
-    stamp_policy_versions,
-    version_type_error,
-)
-from ..compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
-from ..errors import (
+from ..messages.errors import (
     CallbackNotAwaitable,
     ExecutorUnavailable,
     RolloutLost,
@@ -41,18 +31,28 @@ from ..errors import (
     _BaseExceptionEscaped,
     _GateClosed,
 )
-from ..events import (
+from ..messages.events import (
     GroupQueued,
     HandOverBlocked,
     RolloutEnded,
     RolloutGivenBack,
     RolloutStarted,
 )
-from ..freshness import mean_policy_version, newest_token_version, token_count_error
-from ..group_queue import GroupSendEnd
-from ..messages import Delivered, Fate
+from ..messages.stall_report import RolloutInFlight
+from ..messages.values import Delivered, Fate
+from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
+from ..plumbing.group_queue import GroupSendEnd
+from ..policy.batching import (
+    copy_scenario_metadata,
+    future_policy_error,
+    newest_version,
+    non_finite_reward_error,
+    scenario_context,
+    stamp_policy_versions,
+    version_type_error,
+)
+from ..policy.freshness import mean_policy_version, newest_token_version, token_count_error
 from ..run import PipelineRun
-from ..stall_report import RolloutInFlight
 
 logger = logging.getLogger("art_trio")
 

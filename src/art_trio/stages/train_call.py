@@ -15,12 +15,12 @@ from typing import Any
 
 from art import TrajectoryGroup
 
-from ..compat import line_train_kwargs
-from ..errors import BackendStepError
-from ..hooks import backend_hook
-from ..messages import Delivered
-from ..metrics import StepTimes, TrainMetrics
+from ..messages.errors import BackendStepError
+from ..messages.values import Delivered
+from ..plumbing.compat import line_train_kwargs
+from ..plumbing.hooks import backend_hook
 from ..run import PipelineRun
+from .metrics import StepTimes, TrainMetrics
 
 
 @dataclass(slots=True)

@@ -18,8 +18,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
-from ..batching import all_failed_error, is_zero_variance
-from ..events import (
+from ..messages.events import (
     BatchTaken,
     ChannelClosed,
     Collapsed,
@@ -30,13 +29,14 @@ from ..events import (
     TrainCallEnded,
     TrainCallStarted,
 )
-from ..freshness import token_policy_age
-from ..group_queue import GroupReceiveEnd
-from ..messages import Delivered, Fate
-from ..metrics import TrainMetrics
+from ..messages.values import Delivered, Fate
+from ..observation.status import reward_summary
+from ..plumbing.group_queue import GroupReceiveEnd
+from ..policy.batching import all_failed_error, is_zero_variance
+from ..policy.freshness import token_policy_age
 from ..run import PipelineRun
-from ..status import reward_summary
 from .checkpoints import after_step
+from .metrics import TrainMetrics
 from .train_call import (  # noqa: F401  (BackendStepError, checked_step, train_kwargs: importable here)
     BackendStepError,
     CollectedBatch,

@@ -36,13 +36,13 @@ from typing import Any
 import anyio
 import sniffio
 
-from ..errors import PipelineStalled
-from ..events import Stalled
-from ..group_queue import GroupQueueStatistics
+from ..config.settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
+from ..messages.errors import PipelineStalled
+from ..messages.events import Stalled
+from ..messages.stall_report import RolloutInFlight, StageWait, StallReport
+from ..plumbing.group_queue import GroupQueueStatistics
+from ..plumbing.tasktree import task_tree, thread_stack
 from ..run import PipelineRun
-from ..settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
-from ..stall_report import RolloutInFlight, StageWait, StallReport
-from ..tasktree import task_tree, thread_stack
 
 logger = logging.getLogger("art_trio")
 

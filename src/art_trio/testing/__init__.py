@@ -19,10 +19,10 @@
   from ``art_trio`` so that pytest runs that do not use it never import the trainer.
 
 Only the doubles and the side-by-side helpers are imported eagerly: they import nothing from
-the rest of art_trio but ``art_trio.compat`` (ART's line differences), so the benchmark's ART
-child process, which never runs ``art_trio/__init__.py``, can load them without the trainer
-(trio-asyncio), and nothing here imports Hypothesis until a strategy is asked for. The other
-names load on first use.
+the rest of art_trio but ``art_trio.plumbing.compat`` (ART's line differences), so the
+benchmark's ART child process, which never runs ``art_trio/__init__.py``, can load them without
+the trainer (trio-asyncio), and nothing here imports Hypothesis until a strategy is asked for.
+The other names load on first use.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from art_trio.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
+from art_trio.plumbing.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
 from art_trio.testing.doubles import (
     BackendDouble,
     EvalCall,

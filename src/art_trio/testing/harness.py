@@ -63,9 +63,9 @@ from art_trio import (  # noqa: E402
     trainable_model,
     trio_native,
 )
-from art_trio.bridge import call_asyncio_from_trio, is_native  # noqa: E402
-from art_trio.keywords import resolve_settings  # noqa: E402
-from art_trio.ledger import PipelineState, StateStore  # noqa: E402
+from art_trio.config.keywords import resolve_settings  # noqa: E402
+from art_trio.plumbing.bridge import call_asyncio_from_trio, is_native  # noqa: E402
+from art_trio.plumbing.ledger import PipelineState, StateStore  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
     EvalCall,

@@ -1,0 +1,344 @@
+"""ART's constructor keywords, resolved to one `PipelineSettings`.
+
+`PipelineTrainer(...)` takes every keyword ART's trainer takes on either line, and resolves
+the aliases between them here: the runtime sizes as keyword arguments (ART 0.5.18's only
+spelling, deprecated on 0.5.20+) or as `pipeline=PipelineRuntimeConfig(...)` or from an
+`autotune=` config; `eval_step_0` (0.5.18) beside `eval_at_start`; `max_batch_size`
+defaulting to 10 x `min_batch_size`; a rollout executor's capacity. art_trio's grouped form
+(`sizes=Sizes(...)`, `shutdown=Shutdown(...)`, ...) is accepted beside the flat names.
+
+`SettingKeywords` is the flat view's static type (what mypy and an IDE see for
+`PipelineTrainer(...)`); `trainer_signature` is its runtime twin for `inspect`, built from
+the declarations in art_trio.config.settings. A test keeps the TypedDict equal to the declarations.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any, Literal, TypedDict, cast, get_type_hints
+
+from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
+from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
+from ..plumbing.executor import RolloutExecutor
+from ..policy.autotune import initial_runtime, load_profile_settings, profile_path
+from ..policy.retention import CheckpointRetentionStrategy
+from .settings import (
+    DECLARATIONS,
+    FIELDS,
+    GROUP_TYPES,
+    GROUPS,
+    Admission,
+    Evaluation,
+    FreshnessSettings,
+    Persistence,
+    PipelineSettings,
+    Shutdown,
+    Sizes,
+    StallAction,
+    Status,
+    Training,
+    default_max_batch_size,
+)
+
+#: Keywords whose default is None, meaning "as another keyword says": the runtime sizes (as
+#: `pipeline=` says, else ART's defaults below) and `eval_at_start` (as `eval_step_0` says).
+RESOLVED_LATER: tuple[str, ...] = (*RUNTIME_FIELDS, "eval_at_start")
+
+#: The runtime settings' defaults when neither `pipeline=` nor a keyword sets them (ART's;
+#: max_batch_size None: 10 x min_batch_size).
+RUNTIME_DEFAULTS: dict[str, int | None] = {
+    "num_rollout_workers": 16,
+    "min_batch_size": 4,
+    "max_batch_size": None,
+    "queue_maxsize": None,
+}
+
+
+class SettingKeywords(TypedDict, total=False):
+    """`PipelineTrainer(...)`'s settings keywords: each setting by its flat name (the types
+    art_trio.config.settings declares; None also for `RESOLVED_LATER`), and each group whole."""
+
+    num_rollout_workers: int | None
+    min_batch_size: int | None
+    max_batch_size: int | None
+    queue_maxsize: int | None
+    max_steps_off_policy: int | None
+    limit_mean_steps_off_policy: float | None
+    admission: Admission
+    max_rollouts_beyond_bound: int | None
+    learning_rate: float
+    loss_fn: str
+    loss_fn_config: dict[str, Any] | None
+    normalize_advantages: bool
+    adam_params: object | None
+    kl_penalty_coef: float
+    kl_penalty_reference_step: int | None
+    kl_penalty_step_lag: int | None
+    grad_accumulation_sequences: int | None
+    packed_sequence_length: int | None
+    optimizer_save_interval: int
+    eval_every_n_steps: int
+    eval_at_start: bool | None
+    save_checkpoint: bool
+    checkpoint_retention_strategy: CheckpointRetentionStrategy | None
+    checkpoint_retention_interval: int
+    resume: bool
+    fsync_state: bool
+    log_interval_seconds: float
+    status_ewa_alpha: float
+    total_scenarios: int | None
+    stall_seconds: float | Literal["auto"] | None
+    stall_action: StallAction
+    max_steps: int | None
+    discard_queue_multiplier: int
+    max_consecutive_rollout_failures: int | None
+    shutdown_grace_seconds: float | None
+    sizes: Sizes
+    freshness: FreshnessSettings
+    training: Training
+    evaluation: Evaluation
+    persistence: Persistence
+    status: Status
+    shutdown: Shutdown
+
+
+def keyword_default(name: str) -> Any:
+    """The default of the constructor keyword `name` (a setting or a group)."""
+    if name in GROUPS or name in RESOLVED_LATER:
+        return None
+    return DECLARATIONS[name].default
+
+
+def trainer_signature(init: Callable[..., None]) -> inspect.Signature:
+    """`init`'s signature with `**settings` spelt out, keyword by keyword, as ART's is."""
+    signature = inspect.signature(init)
+    hints = get_type_hints(SettingKeywords)
+    parameters = [
+        p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    for name in (*FIELDS, *GROUPS):
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY,
+                default=keyword_default(name),
+                annotation=hints[name] | None if name in GROUPS else hints[name],
+            )
+        )
+    return signature.replace(parameters=parameters)
+
+
+def spell_out_settings(init: Callable[..., None]) -> None:
+    """Give `init` (the trainer's constructor) its `trainer_signature` for `inspect`."""
+    init.__signature__ = trainer_signature(init)  # type: ignore[attr-defined]
+
+
+def refuse_unknown(keywords: Mapping[str, Any], owner: str) -> None:
+    """Python's TypeError for a keyword no parameter has, with the nearest name."""
+    for name in keywords:
+        if name in FIELDS or name in GROUPS:
+            continue
+        close = difflib.get_close_matches(name, [*FIELDS, *GROUPS], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _set_in(group: object) -> dict[str, Any]:
+    """The fields a group given whole sets: those not at their default (`max_batch_size`
+    at 10 x `min_batch_size`, its derived default, counts as unset)."""
+    values = {f.name: getattr(group, f.name) for f in fields(cast(Any, group))}
+    defaults = {name: DECLARATIONS[name].default for name in values}
+    if isinstance(group, Sizes):
+        defaults["max_batch_size"] = default_max_batch_size(group.min_batch_size)
+    return {name: v for name, v in values.items() if not _same(v, defaults[name])}
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001  (an odd object's __eq__: then they differ)
+        return a is b
+
+
+def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
+    """The settings given, by flat name (groups spelt out), and a `sizes=` group if any.
+
+    One rule for a group given whole beside flat keywords of the same group: the flat
+    keyword sets its field, the group the fields it sets (see `_set_in`), the defaults the
+    rest; only one field set both ways to two different values is refused.
+    """
+    flat = {name: value for name, value in keywords.items() if name in FIELDS}
+    sizes: Sizes | None = None
+    for group in GROUPS:
+        value: Any = keywords.get(group)
+        if value is None:
+            continue
+        if not isinstance(value, GROUP_TYPES[group]):
+            raise TypeError(
+                f"{group} must be an art_trio.{GROUP_TYPES[group].__name__}, got "
+                f"{type(value).__name__}"
+            )
+        given = _set_in(value)
+        for name in sorted(set(given) & set(flat)):
+            if not _same(given[name], flat[name]):
+                raise TypeError(
+                    f"{name} is given twice with different values: {flat[name]!r} as a "
+                    f"keyword and {given[name]!r} in {group}={type(value).__name__}(...); "
+                    "pass it once"
+                )
+        if isinstance(value, Sizes):
+            # One Sizes of both, resolved with pipeline= and autotune= (see resolve_runtime);
+            # an unset max_batch_size is derived from the resulting min_batch_size.
+            mine = {name: flat.pop(name) for name in list(flat) if FIELDS[name] == group}
+            sizes = Sizes(**{**given, **mine})
+        else:
+            flat.update({name: v for name, v in given.items() if name not in flat})
+    return flat, sizes
+
+
+def resolve_settings(
+    keywords: Mapping[str, Any],
+    *,
+    model: Any,
+    pipeline: PipelineRuntimeConfig | None,
+    autotune: PipelineAutotuneConfig | None,
+    rollout_executor: RolloutExecutor | None,
+    eval_step_0: bool,
+    owner: str = "PipelineTrainer.__init__",
+) -> PipelineSettings:
+    """The constructor's settings keywords, their aliases resolved, validated (ValueError
+    with ART's text; TypeError for a keyword no parameter has)."""
+    refuse_unknown(keywords, owner)
+    flat, sizes = _flat(keywords)
+    if sizes is not None and pipeline is not None:
+        raise ValueError("Use either sizes=Sizes(...) or pipeline=PipelineRuntimeConfig(...)")
+    direct = {name: flat.pop(name, None) for name in RUNTIME_FIELDS}
+    runtime = resolve_runtime(pipeline if sizes is None else sizes, autotune, direct)
+    # After resolve_runtime's ValueErrors, as ART orders them; ART 0.5.20+ only. The frames
+    # above the warning: this function, the constructor, then the user's call.
+    _deprecate_direct_runtime({k: v for k, v in direct.items() if v is not None}, stacklevel=3)
+    runtime = autotune_start(autotune, model, runtime)
+    explicit_workers = direct["num_rollout_workers"] is not None or (
+        "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
+    )
+    workers = runtime["num_rollout_workers"]
+    if workers is not None:  # (always set: a default or a validated config field)
+        runtime["num_rollout_workers"] = fit_executor(
+            rollout_executor, workers, explicit=explicit_workers
+        )
+    eval_at_start = flat.pop("eval_at_start", None)
+    min_batch_size = runtime["min_batch_size"]
+    max_batch_size = runtime["max_batch_size"]
+    settings = PipelineSettings.from_flat({
+        **flat,
+        **runtime,
+        # The reference checks a given max_batch_size before defaulting it.
+        "max_batch_size": (
+            max_batch_size if max_batch_size is not None
+            else default_max_batch_size(min_batch_size)
+        ),
+        "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start,
+    })
+    # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
+    # apart from the default: that, against eval_at_start=True, is a contradiction.
+    if eval_at_start is not None and not eval_step_0 and eval_at_start:
+        raise ValueError(
+            "eval_at_start and eval_step_0 disagree (eval_at_start is the newer name of "
+            "eval_step_0): pass only one of them"
+        )
+    return settings
+
+
+def resolve_runtime(
+    pipeline: Any | None, autotune: Any | None, direct: dict[str, int | None]
+) -> dict[str, int | None]:
+    """The four runtime settings, from `pipeline=PipelineRuntimeConfig(...)` or the direct kwargs.
+
+    ART 0.5.20 moved them into a config object and kept the keyword arguments as aliases;
+    both spellings work here on every ART line (the trainer warns about the aliases as the
+    installed ART does, see compat.deprecate_direct_runtime), and giving both is ART's
+    ValueError.
+    """
+    given = {name: value for name, value in direct.items() if value is not None}
+    mode = getattr(autotune, "mode", "off") if autotune is not None else "off"
+    if mode != "off":
+        if pipeline is not None or given:
+            raise ValueError(
+                "Pipeline runtime config cannot be provided when pipeline autotuning is "
+                "enabled. The autotuner owns the initial and online pipeline settings."
+            )
+        # The autotuner's starting point (a saved profile, if asked for: autotune_start).
+        return initial_runtime(autotune)
+    if pipeline is not None and given:
+        raise ValueError(
+            "Use either pipeline=PipelineRuntimeConfig(...) or deprecated direct pipeline "
+            "settings, not both."
+        )
+    if pipeline is not None:
+        return {name: getattr(pipeline, name) for name in direct}
+    return {**RUNTIME_DEFAULTS, **given}
+
+
+def autotune_start(
+    config: PipelineAutotuneConfig | None, model: Any, runtime: dict[str, int | None]
+) -> dict[str, int | None]:
+    """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
+    always with mode "profile", with "online" when `profile=` names one)."""
+    mode = getattr(config, "mode", "off")
+    if mode == "off" or model is None:
+        return runtime
+    name = getattr(config, "profile", None)
+    if mode == "online" and not name:
+        return runtime
+    path = profile_path(model._get_output_dir(), name)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
+            "(a run with mode='online' saves one there)"
+        )
+    loaded = load_profile_settings(
+        path, model_name=getattr(model, "name", None),
+        max_workers=getattr(config, "max_rollout_workers", None),
+    )
+    return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
+
+
+def fit_executor(executor: object | None, workers: int, *, explicit: bool) -> int:
+    """The worker count an executor can host: ART's error if asked for more, else clamped."""
+    if executor is None:
+        return workers
+    if not isinstance(executor, RolloutExecutor):
+        raise TypeError(
+            "rollout_executor must implement ART's RolloutExecutor protocol (max_workers, "
+            f"set_target, set_workers, async run), got {type(executor).__name__}"
+        )
+    capacity = executor.max_workers
+    if capacity is None:
+        return workers
+    if capacity < 1:
+        raise ValueError("rollout executor capacity must be >= 1")
+    if workers > capacity:
+        if explicit:
+            raise ValueError(
+                f"num_rollout_workers={workers} exceeds rollout executor capacity {capacity}"
+            )
+        return capacity
+    return workers
+
+
+def score_references(
+    pipeline: PipelineRuntimeConfig | None,
+    groups_per_step: float | None,
+    rollouts_per_group: float | None,
+) -> tuple[float | None, float | None]:
+    """ART 0.5.20's objective-score references, as ART resolves them for `objective/score`:
+    given > `pipeline=` > its defaults."""
+    config = pipeline if pipeline is not None else PipelineRuntimeConfig()
+    return (
+        groups_per_step if groups_per_step is not None else config.score_reference_groups_per_step,
+        rollouts_per_group
+        if rollouts_per_group is not None
+        else config.score_reference_rollouts_per_group,
+    )

@@ -1,0 +1,134 @@
+"""A run's start-up: the resume state read and settled against the backend, the run built.
+
+`open_run` is the one place a `train()` call turns its trainer's configuration into a live
+`PipelineRun`: it asks the backend for its step, settles a batch left pending by a run that
+died inside `backend.train`, queues the evals a stop interrupted (and the start-of-run eval),
+and writes the state once. Nothing is written before the run is built, so a stop during
+start-up (a cancellation of this call) leaves the state on disk as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..config.settings import PipelineSettings
+from ..messages.events import Observers
+from ..observation.status import StatusReporter
+from ..plumbing.bridge import Bridge
+from ..plumbing.executor import RolloutExecutor
+from ..plumbing.ledger import PipelineState, StateStore
+from ..plumbing.lock import RunLock
+from ..plumbing.source import ScenarioSource
+from ..run import PipelineRun
+
+logger = logging.getLogger("art_trio")
+
+
+async def open_run(
+    bridge: Bridge,
+    *,
+    model: Any,
+    backend: Any,
+    settings: PipelineSettings,
+    scenarios: Any,
+    lock: RunLock | None,
+    rollout_fn: Any,
+    eval_fn: Any,
+    config: Any,
+    executor: RolloutExecutor | None,
+    observers: Observers,
+    score_references: tuple[float | None, float | None],
+) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
+    """The run, and the eval channel with the evals it starts with already queued."""
+    start_step = int(await bridge.call(model.get_step))
+    store = StateStore(
+        model._get_output_dir(),
+        fsync=settings.persistence.fsync_state,
+        identity={"model": model.name, "project": model.project},
+        lock=lock,
+    )
+    stored = store.read() if settings.persistence.resume else None
+    state = stored or PipelineState()
+    _settle_with_backend(state, start_step)
+
+    source: ScenarioSource[Any] = ScenarioSource(
+        scenarios, state, bridge, state_file=str(store.sidecar_path)
+    )
+    status = StatusReporter(
+        get_scenario_offset=lambda: source.position,
+        log_interval_seconds=settings.status.log_interval_seconds,
+        status_ewa_alpha=settings.status.status_ewa_alpha,
+        total_scenarios=settings.status.total_scenarios,
+        num_workers=settings.sizes.num_rollout_workers,
+        clock=anyio.current_time,
+    )
+    run = PipelineRun(
+        model=model,
+        backend=backend,
+        settings=settings,
+        bridge=bridge,
+        state=state,
+        store=store,
+        status=status,
+        start_step=start_step,
+        source=source,
+        rollout_fn=rollout_fn,
+        eval_fn=eval_fn,
+        config=config,
+        executor=executor,
+        observers=observers,
+        score_references=score_references,
+    )
+    # The resolved prefix is skipped by the rollout stage's first take, where a stop
+    # reaches it (a slow source can take long to skip).
+    eval_send, eval_receive = anyio.create_memory_object_stream[int](math.inf)
+    if eval_fn is not None:
+        _queue_first_evals(
+            state, eval_send, start_step,
+            at_start=settings.evaluation.eval_at_start and (stored is None or start_step == 0),
+        )
+    run.snapshot()
+    return run, eval_send, eval_receive
+
+
+def _settle_with_backend(state: PipelineState, start_step: int) -> None:
+    """Settle a pending batch, and the steps trained without a checkpoint, against the
+    backend's step; the backend's step wins."""
+    pending = state.ledger.pending
+    if state.ledger.settle_pending(start_step) and pending is not None:
+        state.training_step = pending.step
+    lost = state.ledger.roll_back_unsaved(start_step)
+    if state.training_step is not None and state.training_step != start_step:
+        logger.warning(
+            "the pipeline state was saved at step %d but the backend is at step %d "
+            "(its last checkpoint); continuing from the backend's step.%s",
+            state.training_step,
+            start_step,
+            f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
+        )
+    state.training_step = start_step
+
+
+def _queue_first_evals(
+    state: PipelineState, eval_send: MemoryObjectSendStream[int], start_step: int,
+    *, at_start: bool,
+) -> None:
+    """Evals a stop interrupted, then the start-of-run eval."""
+    for step in sorted(state.pending_eval_steps - state.completed_eval_steps):
+        if step <= start_step:
+            eval_send.send_nowait(step)
+    # The start step of a fresh run (or a run at step 0), once: a resumed run re-ran its
+    # interrupted evals above and keeps its every-n schedule (ART 0.5.18 instead evaluates
+    # whatever step it resumes at, and restarts the schedule from there).
+    if at_start and start_step not in state.pending_eval_steps | state.completed_eval_steps:
+        state.pending_eval_steps.add(start_step)
+        state.last_eval_step = start_step
+        eval_send.send_nowait(start_step)
+
+
+__all__ = ["open_run"]

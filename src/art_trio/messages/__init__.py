@@ -1,0 +1,1 @@
+"""Layer 1, messages: plain values and errors that every layer may use; imports no other layer."""

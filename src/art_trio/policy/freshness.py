@@ -1,0 +1,198 @@
+"""The freshness rule: which policy versions a group's tokens came from, and their mean.
+
+Policy, not bookkeeping: a group's token-weighted mean policy version is what ART 0.5.20's
+`limit_mean_steps_off_policy` bounds (`batching.Freshness.is_stale` compares it), and the
+per-token versions are what the train metrics weigh ages with. The rollout stage stamps a
+group's versions with these functions before it hands the group over; the metrics read the
+same ones. Knows no run and no stage: it reads trajectories only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from art import Trajectory
+
+from ..plumbing.compat import record_completion_tokens
+
+_warned_missing_tokens = False
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def completion_weight(trajectory: Trajectory) -> float:
+    """The trajectory's `completion_tokens` metric, or 1.0 (warned once) if it has none.
+
+    NaN for a count no weight can stand for (infinite, NaN, negative): such a trajectory is
+    rejected by the rollout stage (`token_count_error`) before any bound sees it, and a
+    non-finite weight makes `mean_policy_version` fall back to the oldest version.
+    """
+    value = trajectory.metrics.get("completion_tokens")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value > 0 and math.isfinite(value):
+            return float(value)
+        if not math.isfinite(value) or value < 0:
+            return math.nan
+    return _missing_tokens(value)
+
+
+def token_count_error(group: Any) -> str | None:
+    """Why a group's token counts cannot weigh its policy age, else None.
+
+    A `completion_tokens` metric (or a per-token version count) that is infinite, NaN or
+    negative would turn the token-weighted mean age into NaN, or pull it outside the versions
+    the tokens came from, and let an old group through `limit_mean_steps_off_policy`. Such a
+    group is rejected as errored, as a NaN reward is. (A missing or zero count is one token,
+    warned about once: ART 0.5.18 trajectories often have none.)
+    """
+    for i, trajectory in enumerate(group.trajectories):
+        value = trajectory.metrics.get("completion_tokens")
+        if _is_number(value) and (not math.isfinite(value) or value < 0):
+            return (
+                f"trajectory {i} has completion_tokens={value!r}: the token-weighted policy "
+                "age cannot weigh it. Record a finite, non-negative count (the serving "
+                "response's usage.completion_tokens), or leave the metric out"
+            )
+        counts = getattr(trajectory, "_policy_token_counts", None) or {}
+        for version, count in counts.items():
+            if _is_number(count) and (not math.isfinite(count) or count < 0):
+                return (
+                    f"trajectory {i} says {count!r} tokens came from policy version "
+                    f"{version} (_policy_token_counts): token counts must be finite and "
+                    "non-negative"
+                )
+    return None
+
+
+def _missing_tokens(value: object) -> float:
+    global _warned_missing_tokens
+    if not _warned_missing_tokens:
+        _warned_missing_tokens = True
+        warnings.warn(
+            "a trajectory has no positive `completion_tokens` metric (got "
+            f"{value!r}); the token-weighted policy age counts it as one token. ART's "
+            "trainer stops the run here; record it from the serving response's usage.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return 1.0
+
+
+def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
+    """Which policy versions produced a trajectory's tokens, and how many, as ART counts them.
+
+    Per-token versions where the trajectory carries them (ART 0.5.20+'s `_policy_token_counts`,
+    or `policy_token_spans` on its served choices: weights updated under a running rollout);
+    otherwise its `initial_policy_version`, weighted by its `completion_tokens` (one unit and
+    a one-time warning where that is missing). Empty when no version is known.
+    """
+    counts = getattr(trajectory, "_policy_token_counts", None)
+    if counts:
+        return [
+            (int(v), float(n) if math.isfinite(n) else math.nan)
+            for v, n in counts.items()
+            if not n <= 0
+        ]
+    spans = [span for item in _served_items(trajectory) for span in _spans(item)]
+    if spans:
+        return spans
+    version = trajectory.initial_policy_version
+    if version is None:
+        return []
+    metrics = trajectory.metrics
+    if "completion_tokens" not in metrics:
+        record_completion_tokens(trajectory)
+    return [(version, completion_weight(trajectory))]
+
+
+def _served_items(trajectory: Trajectory) -> Iterable[Any]:
+    exchanges = getattr(getattr(trajectory, "exchanges", None), "chat_completions", None) or ()
+    for exchange in exchanges:
+        yield from exchange.response.choices
+    yield from trajectory.messages_and_choices
+    for history in getattr(trajectory, "additional_histories", None) or ():
+        yield from history.messages_and_choices
+
+
+def _spans(item: Any) -> list[tuple[int, float]]:
+    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None)
+    raw = extra.get("policy_token_spans") if isinstance(extra, Mapping) else None
+    if not isinstance(raw, list):
+        return []
+    found = []
+    for span in raw:
+        try:
+            tokens = float(span["end_token"]) - float(span["start_token"])
+            found.append((int(span["policy_version"]), tokens))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            continue  # a malformed span says nothing about the version
+    # A non-finite span is kept (as NaN): the group's mean then falls back to its oldest
+    # version rather than silently losing the span's tokens.
+    return [(v, n if math.isfinite(n) else math.nan) for v, n in found if not n <= 0]
+
+
+def mean_policy_version(group: Any) -> float | None:
+    """The token-weighted mean policy version of a group's tokens (None if none is known).
+
+    A group's token-weighted mean policy age at step s is `s - mean_policy_version(group)`:
+    ART 0.5.20's `limit_mean_steps_off_policy` bounds that. If some token count is not a
+    usable weight (NaN from `completion_weight`), the oldest version known stands for the
+    group: the bound is then at its strictest, never weaker (such groups are rejected before
+    this anyway, see `token_count_error`).
+    """
+    total = weight = 0.0
+    oldest: int | None = None
+    usable = True
+    for trajectory in group.trajectories:
+        for version, tokens in version_tokens(trajectory):
+            oldest = version if oldest is None else min(oldest, version)
+            if not math.isfinite(tokens):
+                usable = False
+                continue
+            total += version * tokens
+            weight += tokens
+    if not usable:
+        return None if oldest is None else float(oldest)
+    return total / weight if weight > 0 else None
+
+
+def token_policy_age(groups: Iterable[Any], step: int) -> tuple[float, float]:
+    """``(sum of token x policy age, tokens)`` over the groups' trajectories, trained from
+    policy ``step``: each token aged by the version that produced it (``version_tokens``);
+    counts that are not finite are left out."""
+    age_sum = tokens = 0.0
+    for group in groups:
+        for trajectory in group.trajectories:
+            for version, count in version_tokens(trajectory):
+                if math.isfinite(count):
+                    age_sum += (step - version) * count
+                    tokens += count
+    return age_sum, tokens
+
+
+def newest_token_version(group: Any) -> int | None:
+    """The newest policy version any of a group's tokens (or trajectories) came from."""
+    newest: int | None = None
+    for trajectory in group.trajectories:
+        versions = [v for v, _ in version_tokens(trajectory)]
+        if trajectory.initial_policy_version is not None:
+            versions.append(trajectory.initial_policy_version)
+        for version in versions:
+            if newest is None or version > newest:
+                newest = version
+    return newest
+
+
+__all__ = [
+    "completion_weight",
+    "mean_policy_version",
+    "newest_token_version",
+    "token_count_error",
+    "token_policy_age",
+    "version_tokens",
+]

@@ -1,0 +1,395 @@
+"""Policy versions and admission: the one place that decides whether a rollout may start.
+
+Vocabulary (the reference's):
+- `policy_version` is the step of the weights rollouts sample from now;
+- `next_training_step` is the step the trainer is producing: equal to `policy_version` while
+  it collects a batch, one more while `backend.train` runs;
+- the batch that produces step s+1 accepts a group only if its `initial_policy_version` is
+  at least `s - max_steps_off_policy`, so a rollout that starts at version v can still be
+  trained by the batches for steps v+1 .. v+max_steps_off_policy+1: its freshness window.
+
+Admission and freshness are decided here and nowhere else, so the rollout side (may a
+rollout start?) and the training side (is this group still fresh?) can never drift apart.
+Whether a rollout may start is the admission policy's decision (see admission.py), a pure
+function of the `GateSnapshot` (gate_snapshot.py) the gate takes; the gate keeps the counts
+it is made from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+import anyio.lowlevel
+
+from ..messages.errors import _GateClosed
+from .admission import AdmissionPolicy, StalenessAwareAdmission
+from .gate_snapshot import MIN_LOAD_COMPLETIONS, GateSnapshot
+
+#: Weight of the newest sample in the step-period average.
+EWA_ALPHA = 0.2
+#: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
+LATENCY_DECAY = 0.99
+#: Recent rollout times the gate keeps (re-sorted every TIME_REFRESH rollouts); the snapshot
+#: trusts them over the exponential model from `MIN_TIME_SAMPLES` on.
+RECENT_TIMES = 256
+TIME_REFRESH = 32
+#: Changes of the in-flight count the gate remembers, to average a rollout's load over its
+#: life (a rollout that started before the oldest is averaged from there).
+LOAD_MARKS = 4096
+
+
+def _ewa(previous: float | None, value: float) -> float:
+    return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
+
+
+class LoopEvent(Protocol):
+    """What the gate needs of an event: anyio's, trio's and asyncio's all have it."""
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> Any: ...
+
+
+class _Waiter:
+    __slots__ = ("event", "version")
+
+    def __init__(self, event: LoopEvent) -> None:
+        self.event = event
+        #: The version whose slot `_pump` took for this waiter; None until admitted.
+        self.version: int | None = None
+
+
+class PolicyGate:
+    """Holds policy versions and the pipeline's occupancy; admits rollouts in FIFO order.
+
+    Waiting workers queue up and are woken one at a time as admission frees up, so a policy
+    update wakes exactly the workers that may start instead of every worker at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        start_step: int,
+        max_steps_off_policy: int,
+        max_batch_size: int,
+        policy: AdmissionPolicy | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+        new_event: Callable[[], LoopEvent] = anyio.Event,
+        cancel_window: int | None = None,
+    ) -> None:
+        self.policy_version = start_step
+        self.next_training_step = start_step
+        self.max_steps_off_policy = max_steps_off_policy
+        #: Versions behind the step being trained at which a running rollout is cancelled:
+        #: the window, or wider where in-flight updates freshen its later tokens
+        #: (`Freshness.cancel_window`).
+        self.cancel_window = max_steps_off_policy if cancel_window is None else cancel_window
+        self.max_batch_size = max_batch_size
+        self.policy: AdmissionPolicy = policy or StalenessAwareAdmission()
+        self.queued = 0
+        self._in_flight: Counter[int] = Counter()
+        self._waiters: deque[_Waiter] = deque()
+        self._closed = False
+        # Cancel scopes of running rollouts by version, so rollouts no batch can train any
+        # more are cancelled at once instead of finishing only to be thrown away.
+        # (Dicts, not sets, so cancellation order is the admission order, not memory order:
+        # runs in virtual time replay exactly.)
+        self._rollout_scopes: dict[int, dict[anyio.CancelScope, None]] = {}
+        # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
+        self._clock = clock
+        self._new_event = new_event
+        self._latency_time = 0.0
+        self._latency_completions = 0.0
+        self._step_period_ewa: float | None = None
+        self._last_step_began: float | None = None
+        self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
+        self._since_sorted = 0
+        self._sorted_times: tuple[float, ...] = ()
+        # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
+        # integral of the count at each change, and latency sums per mean count.
+        self._load = 0
+        self._load_area = 0.0
+        self._load_at: float | None = None
+        self._mark_times: list[float] = []
+        self._mark_areas: list[float] = []
+        self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
+        self._load_samples = 0
+        self._load_latency: tuple[tuple[int, float, float], ...] = ()
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def snapshot(self) -> GateSnapshot:
+        floor = self.next_training_step - self.max_steps_off_policy
+        return GateSnapshot(
+            policy_version=self.policy_version,
+            next_training_step=self.next_training_step,
+            max_steps_off_policy=self.max_steps_off_policy,
+            max_batch_size=self.max_batch_size,
+            queued=self.queued,
+            fresh_in_flight=sum(n for v, n in self._in_flight.items() if v >= floor),
+            rollout_latency=self.rollout_latency,
+            step_period=self._step_period_ewa,
+            recent_rollout_times=self._sorted_times,
+            in_flight=self._load,
+            load_latency=self._load_latency,
+        )
+
+    @property
+    def rollout_latency(self) -> float | None:
+        """Mean rollout latency, counting cancelled rollouts' time as censored samples.
+
+        Cancelled rollouts are the slow ones; leaving them out would make rollouts look
+        faster than they are. For exponential latencies this (decayed) total time over
+        completions is the maximum-likelihood mean.
+        """
+        if self._latency_completions <= 0:
+            return None
+        return self._latency_time / self._latency_completions
+
+    @property
+    def step_period(self) -> float | None:
+        """Mean time between two steps starting (exponentially weighted; None until two)."""
+        return self._step_period_ewa
+
+    def note_rollout_time(self, seconds: float, *, completed: bool) -> None:
+        """A rollout ran `seconds`, and either completed or was cancelled before it could."""
+        self._latency_time = self._latency_time * LATENCY_DECAY + seconds
+        self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
+        # A cancelled rollout missed its window: for on-time chances and stragglers it is late,
+        # however long it ran.
+        self._recent_times.append(seconds if completed else math.inf)
+        self._note_load(seconds, completed)
+        self._since_sorted += 1
+        if self._since_sorted >= TIME_REFRESH:
+            self._since_sorted = 0
+            self._sorted_times = tuple(sorted(self._recent_times))
+
+    def _note_load(self, seconds: float, completed: bool) -> None:
+        """File a rollout that ran `seconds` under the mean in-flight count over that time."""
+        now = self._clock()
+        self._mark_load(now)
+        start = now - seconds
+        if seconds > 0 and self._mark_times:
+            i = bisect.bisect_right(self._mark_times, start) - 1
+            if i < 0:
+                # Started before the oldest mark: average from the oldest.
+                i, start = 0, self._mark_times[0]
+            # The count is constant between marks: the area up to `start` is linear there.
+            area_then = self._mark_areas[i] + self._count_after(i) * (start - self._mark_times[i])
+            span = now - start
+            mean = (self._load_area - area_then) / span if span > 0 else self._load
+        else:
+            mean = self._load
+        count = max(1, round(mean))
+        self._load_samples += 1
+        entry = self._by_load.setdefault(count, [0.0, 0.0, self._load_samples])
+        decay = LATENCY_DECAY ** (self._load_samples - entry[2])
+        entry[0] = entry[0] * decay + seconds
+        entry[1] = entry[1] * decay + completed
+        entry[2] = self._load_samples
+        if self._load_samples <= TIME_REFRESH or self._since_sorted + 1 >= TIME_REFRESH:
+            self._load_latency = self._load_model()
+
+    def _count_after(self, i: int) -> float:
+        """The in-flight count between mark `i` and the next (from their areas)."""
+        if i + 1 < len(self._mark_times):
+            width = self._mark_times[i + 1] - self._mark_times[i]
+            if width > 0:
+                return (self._mark_areas[i + 1] - self._mark_areas[i]) / width
+            return 0.0
+        return self._load
+
+    def _load_model(self) -> tuple[tuple[int, float, float], ...]:
+        model = []
+        for count, (total, completions, sample) in sorted(self._by_load.items()):
+            decay = LATENCY_DECAY ** (self._load_samples - sample)
+            if completions * decay >= MIN_LOAD_COMPLETIONS:
+                model.append((count, total / completions, completions * decay))
+        return tuple(model)
+
+    def _mark_load(self, now: float) -> None:
+        """Bring the in-flight integral up to `now` (before the count changes)."""
+        if self._load_at is not None:
+            self._load_area += self._load * (now - self._load_at)
+        self._load_at = now
+        self._mark_times.append(now)
+        self._mark_areas.append(self._load_area)
+        if len(self._mark_times) > 2 * LOAD_MARKS:
+            del self._mark_times[:LOAD_MARKS]
+            del self._mark_areas[:LOAD_MARKS]
+
+    @property
+    def min_fresh_version(self) -> int:
+        """Rollouts in flight that started before this are cancelled: no batch not yet taken
+        could train their groups."""
+        return self.next_training_step - self.cancel_window
+
+    def may_start(self) -> bool:
+        return not self._closed and self.policy.headroom(self.snapshot()) > 0
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the rollout side ----------------------------------------------------------------
+
+    async def admit(self) -> int:
+        """Wait until a rollout may start; return the policy version it starts at.
+
+        The caller then owns one in-flight slot and must give it back with `rollout_done`.
+        Raises _GateClosed once the run stops admitting.
+        """
+        if self._closed:
+            raise _GateClosed
+        if not self._waiters and self.may_start():
+            # This is the worker's one yield between two rollouts (its hand-over does not wait
+            # unless the channel is full): rollouts that ended in the same instant hand their
+            # groups over first, so the decision below counts them.
+            await anyio.lowlevel.checkpoint()
+            if self._closed:
+                raise _GateClosed
+            if not self._waiters and self.may_start():
+                return self._take_slot()
+        waiter = _Waiter(self._new_event())
+        self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.version is not None:
+                # Admitted and cancelled in the same breath: hand the slot back.
+                self.rollout_done(waiter.version)
+            else:
+                self._discard_waiter(waiter)
+            raise
+        if waiter.version is None:
+            raise _GateClosed
+        return waiter.version
+
+    def rollout_done(self, version: int) -> None:
+        """A rollout admitted at `version` ended without handing a group over."""
+        self._release(version)
+        self._pump()
+
+    def hand_over(self, version: int) -> None:
+        """A rollout admitted at `version` is handing its group to the channel."""
+        self._release(version)
+        self.queued += 1
+
+    # -- the training side ---------------------------------------------------------------
+
+    def group_discarded(self) -> None:
+        """A handed-over group left the queue untrained: discarded by the trainer (stale, zero
+        variance), or dropped at stop (a cancelled hand-over, or left in the channel)."""
+        self.queued -= 1
+        self._pump()
+
+    def begin_training(self, step: int, batch_size: int) -> None:
+        """A batch of `batch_size` delivered groups goes to `backend.train` to produce `step`.
+
+        Taking the batch and starting the step are one change, so admission never sees the
+        groups gone while the window still counts the batch being collected.
+        """
+        self.queued -= batch_size
+        now = self._clock()
+        if self._last_step_began is not None:
+            self._step_period_ewa = _ewa(self._step_period_ewa, now - self._last_step_began)
+        self._last_step_began = now
+        self.next_training_step = step
+        if self.policy.cancels_doomed_rollouts:
+            floor = self.min_fresh_version
+            for version in [v for v in self._rollout_scopes if v < floor]:
+                for scope in self._rollout_scopes.pop(version):
+                    scope.cancel()
+        self._pump()
+
+    def track(self, version: int, scope: anyio.CancelScope) -> None:
+        """Register a running rollout's scope: it is cancelled once no batch can train it."""
+        if self.policy.cancels_doomed_rollouts and version < self.min_fresh_version:
+            scope.cancel()
+            return
+        self._rollout_scopes.setdefault(version, {})[scope] = None
+
+    def untrack(self, version: int, scope: anyio.CancelScope) -> None:
+        scopes = self._rollout_scopes.get(version)
+        if scopes is not None:
+            scopes.pop(scope, None)
+            if not scopes:
+                del self._rollout_scopes[version]
+
+    def publish(self, version: int) -> None:
+        """Weights for `version` are in place: rollouts may sample them from now on."""
+        self.policy_version = version
+        self.next_training_step = version
+        self._pump()
+
+    def admissions_changed(self) -> None:
+        """Something admission depends on changed outside the gate (a resize): re-decide."""
+        self._pump()
+
+    def dismiss(self, count: int) -> int:
+        """Send up to `count` waiting workers away: their `admit` raises _GateClosed (the
+        worker ends). Returns how many were waiting to be sent (a resize retires them)."""
+        dismissed = 0
+        while self._waiters and dismissed < count:
+            # The latest to arrive first: the longest-waiting keep their turn.
+            self._waiters.pop().event.set()
+            dismissed += 1
+        return dismissed
+
+    def close(self) -> None:
+        """Stop admitting: every waiting and future `admit` raises _GateClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._waiters:
+            self._waiters.popleft().event.set()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _take_slot(self) -> int:
+        self._mark_load(self._clock())
+        self._load += 1
+        self._in_flight[self.policy_version] += 1
+        return self.policy_version
+
+    def _pump(self) -> None:
+        if not self._waiters or self._closed:
+            return
+        # One decision for the whole wake-up, not one per waiter (each needs a snapshot).
+        headroom = self.policy.headroom(self.snapshot())
+        while self._waiters and headroom >= 1:
+            headroom -= 1
+            waiter = self._waiters.popleft()
+            waiter.version = self._take_slot()
+            waiter.event.set()
+
+    def _discard_waiter(self, waiter: _Waiter) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+
+    def _release(self, version: int) -> None:
+        """Give back an in-flight slot; versions with none left leave the counter."""
+        self._mark_load(self._clock())
+        self._load -= 1
+        left = self._in_flight[version] - 1
+        if left == 0:
+            del self._in_flight[version]
+        else:
+            self._in_flight[version] = left  # (negative only after a bug: left for checks)
+
+
+__all__ = [
+    "GateSnapshot",
+    "PolicyGate",
+]
