@@ -33,6 +33,19 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
 Then the ratios art_trio / ART per ``max_steps_off_policy`` (means over seeds). Targets
 (issue 33): art_trio <= 0.6x ART's inference-seconds per trained group and <= 0.85x its time
 to the target.
+
+The third arm, ``art_trio_inflight`` (issue 34): art_trio's trainer with the server's
+in-flight updates on (``CPUBackend(in_flight_updates=True)``: a rollout decoding when a step
+trains goes on under the new weights from its next token, and reports which step produced
+which tokens). Its bound is ``limit_mean_steps_off_policy=M`` (no hard bound): the same
+bound as ``max_steps_off_policy=M`` for groups of one version, judged on the tokens' own
+versions for mixed ones, and the gate cancels a rollout only once an even-paced mix could
+not meet it. Per run also: completion tokens generated, cancelled mid-decode ("aborted"),
+trained, thrown away (generated and never trained: cancelled, stale, zero-variance or left
+at the end), and the token-weighted mean policy age of the trained tokens (each token aged
+by the step that produced it: its span's, else its trajectory's start version). Then
+in-flight / cancellation (``art_trio``) per ``M``; targets: <= 0.8x the inference-seconds
+per trained group, no more than 0.5 step more mean policy age, the reward target no later.
 """
 
 from __future__ import annotations
@@ -72,6 +85,8 @@ class Arm:
     loop: str
     #: (args, setting) -> a trainer with ``await trainer.train(handle_signals=False)``.
     build: Callable[[tuple[Any, ...], Setting], Any]
+    #: Serve with `CPUBackend(in_flight_updates=True)` for this arm's run.
+    in_flight_updates: bool = False
 
 
 def _build_art(args: tuple[Any, ...], setting: Setting) -> Any:
@@ -82,11 +97,20 @@ def _build_art_trio(args: tuple[Any, ...], setting: Setting) -> Any:
     return PipelineTrainer(*args, **setting.trainer_kwargs())
 
 
+def _build_art_trio_in_flight(args: tuple[Any, ...], setting: Setting) -> Any:
+    # The mean bound at M: the same bound as max_steps_off_policy=M for groups of one
+    # version, and the one that lets a rollout's later, newer tokens count.
+    kwargs = setting.trainer_kwargs()
+    kwargs["limit_mean_steps_off_policy"] = float(kwargs.pop("max_steps_off_policy"))
+    return PipelineTrainer(*args, max_steps_off_policy=None, **kwargs)
+
+
 #: The arms, in the order they run for an even seed (reversed for an odd one). A new arm
 #: (another trainer or setting) is one more entry.
 ARMS: list[Arm] = [
     Arm("art", "ART", "asyncio", _build_art),
     Arm("art_trio", "art_trio", "trio", _build_art_trio),
+    Arm("art_trio_inflight", "art_trio in-flight", "trio", _build_art_trio_in_flight, True),
 ]
 
 
@@ -163,6 +187,11 @@ class Probe:
     recorder: Recorder = field(default_factory=Recorder)
     #: (train step end, mean reward of the step's trajectories), in step order.
     step_rewards: list[tuple[float, float]] = field(default_factory=list)
+    #: Trained completion tokens x their policy age, and trained completion tokens.
+    token_age_sum: float = 0.0
+    tokens_trained: int = 0
+    #: The serving engine's counters at the end of the run.
+    engine: dict[str, float] = field(default_factory=dict)
     rollout_ids: Iterator[int] = field(default_factory=lambda: itertools.count())
 
 
@@ -194,6 +223,29 @@ def recorded_rollout(task: LLMTask, probe: Probe) -> Any:
     return rollout
 
 
+def token_ages(groups: list[Any], base_version: int) -> tuple[float, int]:
+    """(trained completion tokens x their policy age, trained completion tokens): each
+    served choice's tokens aged by its ``policy_token_spans`` where it has them, else by its
+    trajectory's start version (``initial_policy_version``, which both trainers set)."""
+    age_sum, tokens = 0.0, 0
+    for group in groups:
+        for trajectory in group.trajectories:
+            for item in trajectory.messages_and_choices:
+                extra = getattr(item, "model_extra", None) or {}
+                if "token_ids" not in extra:
+                    continue
+                spans = extra.get("policy_token_spans")
+                runs = (
+                    [(sp["policy_version"], sp["end_token"] - sp["start_token"]) for sp in spans]
+                    if spans
+                    else [(trajectory.initial_policy_version, len(extra["token_ids"]))]
+                )
+                for version, count in runs:
+                    age_sum += (base_version - (version or 0)) * count
+                    tokens += count
+    return age_sum, tokens
+
+
 def recorded_train(backend: CPUBackend, probe: Probe) -> Any:
     real = CPUBackend.train
 
@@ -207,6 +259,9 @@ def recorded_train(backend: CPUBackend, probe: Probe) -> Any:
         )
         rewards = [t.reward for g in groups for t in g.trajectories]
         probe.step_rewards.append((end, sum(rewards) / max(1, len(rewards))))
+        age_sum, tokens = token_ages(groups, result.step - 1)
+        probe.token_age_sum += age_sum
+        probe.tokens_trained += tokens
         return result
 
     return train
@@ -266,12 +321,14 @@ async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe
         probe.recorder.train_called_at = time.monotonic()
         await trainer.train(handle_signals=False)
         probe.recorder.train_returned_at = time.monotonic()
+        probe.engine = backend.statistics()
 
 
 def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[str, Any]:
     probe = Probe()
     backend.busy.clear()
     backend.train = recorded_train(backend, probe)  # type: ignore[method-assign]
+    backend.in_flight_updates = arm.in_flight_updates
     try:
         with AdmissionProbe() as admission:
             start = time.monotonic()
@@ -286,6 +343,7 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
             end = time.monotonic()
     finally:
         del backend.train
+        backend.in_flight_updates = False
     report = measure(probe.recorder)
     inference = union_seconds([(a, b) for k, a, b in backend.busy if k == "inference"], start, end)
     training = sum(b - a for k, a, b in backend.busy if k == "train")
@@ -321,6 +379,14 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "step_rewards": [round(r, 3) for _, r in probe.step_rewards],
         "time_to_target_s": reached,
         **admission.summary(),
+        "tokens_generated": int(probe.engine.get("tokens_generated", 0)),
+        "tokens_aborted": int(probe.engine.get("tokens_aborted", 0)),
+        "tokens_trained": probe.tokens_trained,
+        "tokens_thrown_away": int(probe.engine.get("tokens_generated", 0)) - probe.tokens_trained,
+        "rows_updated_in_flight": int(probe.engine.get("rows_updated", 0)),
+        "token_policy_age": probe.token_age_sum / probe.tokens_trained
+        if probe.tokens_trained
+        else math.nan,
     }
 
 
@@ -333,18 +399,21 @@ def _fmt(value: Any, spec: str = ".2f") -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| M | seed | trainer | wall s | steps | inference-s per trained group | rollout-s per "
-        "trained group | started | wasted | cancelled | trainer utilization | inference share "
-        "| time to target s | train s per step (load gauge) | load cap measured / held back "
-        "| step rewards |"
+        "trained group | started | wasted | cancelled | tokens generated | tokens aborted | "
+        "tokens thrown away | mean policy age (token-weighted) | trainer utilization | "
+        "inference share | time to target s | train s per step (load gauge) | "
+        "load cap measured / held back | step rewards |"
     )
-    lines = [header, "|" + "---|" * 16]
+    lines = [header, "|" + "---|" * 20]
     for r in rows:
         lines.append(
             f"| {r['max_steps_off_policy']} | {r['seed']} | "
             f"{get_arm(r['kind']).label} | {_fmt(r['wall_s'], '.0f')} | "
             f"{r['steps']} | {_fmt(r['inference_s_per_trained_group'])} | "
             f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
-            f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {_fmt(r['trainer_utilization'])} | "
+            f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {r.get('tokens_generated', '-')} | "
+            f"{r.get('tokens_aborted', '-')} | {r.get('tokens_thrown_away', '-')} | "
+            f"{_fmt(r.get('token_policy_age'))} | {_fmt(r['trainer_utilization'])} | "
             f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
             f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
             f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} | "
@@ -389,6 +458,40 @@ def ratios(rows: list[dict[str, Any]]) -> str:
                 else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
             )
             out.append(f"| {m} | {arm.label} | {_fmt(inf)} | {_fmt(ttt)} | {met} |")
+    return "\n".join(out)
+
+
+def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
+    """In-flight / cancellation (``art_trio``) per max_steps_off_policy, means over seeds."""
+    out = [
+        "| M | inference-s per trained group (in-flight / cancellation) | mean policy age "
+        "(in-flight - cancellation) | time to target (in-flight / cancellation) | tokens "
+        "thrown away (in-flight / cancellation) |",
+        "|---|---|---|---|---|",
+    ]
+    for m in sorted({r["max_steps_off_policy"] for r in rows}):
+
+        def mean(kind: str, key: str, m: int = m) -> float | None:
+            values = [
+                r[key]
+                for r in rows
+                if r["kind"] == kind
+                and r["max_steps_off_policy"] == m
+                and r.get(key) is not None
+                and not (isinstance(r[key], float) and math.isnan(r[key]))
+            ]
+            return statistics.fmean(values) if values else None
+
+        def ratio(key: str) -> float | None:
+            a, b = mean("art_trio_inflight", key), mean("art_trio", key)
+            return a / b if a is not None and b else None
+
+        a, b = mean("art_trio_inflight", "token_policy_age"), mean("art_trio", "token_policy_age")
+        out.append(
+            f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
+            f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
+            f"{_fmt(ratio('time_to_target_s'))} | {_fmt(ratio('tokens_thrown_away'))} |"
+        )
     return "\n".join(out)
 
 
@@ -441,6 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     print()
     print(ratios(rows))
+    if any(arm.in_flight_updates for arm in arms):
+        print()
+        print(in_flight_ratios(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)

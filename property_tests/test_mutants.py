@@ -34,6 +34,7 @@ import art_trio.stages.training
 from art_trio.config.settings import PipelineSettings
 from art_trio.messages.events import GroupReceived
 from art_trio.policy.batching import Freshness
+from art_trio.policy.freshness import version_tokens
 from art_trio.policy.gate import PolicyGate
 from art_trio.stages.rollout import RolloutStage
 from art_trio.stages.training import TrainingStage
@@ -52,6 +53,7 @@ from .test_trainer_invariants import (
     prop_eval_schedule,
     prop_forced_stop_in_train,
     prop_future_versions_never_train,
+    prop_in_flight_bounds,
     prop_max_steps_and_termination,
     prop_off_policy_bound,
     prop_resume,
@@ -150,6 +152,35 @@ def test_mean_bound_catches_a_trainer_that_ignores_it(monkeypatch: pytest.Monkey
         Freshness, "window", property(lambda self: real_window.fget(hard_only(self)))
     )
     counterexample(prop_off_policy_bound, STRATEGIES[prop_off_policy_bound], checks.MEAN_BOUND)
+
+
+@pytest.mark.parametrize("tag", [checks.OFF_POLICY, checks.MEAN_BOUND])
+def test_in_flight_bounds_catch_a_trainer_reading_only_the_first_token(
+    monkeypatch: pytest.MonkeyPatch, tag: str
+) -> None:
+    """Tokens decoded under in-flight updates span several policies; a trainer that takes a
+    group's first token's version for all of them (its start version for the hard bound,
+    its mean for the mean bound) trains groups whose older tokens break the bounds."""
+    stamp = art_trio.stages.rollout.stamp_policy_versions
+
+    def first_token(group: Any) -> int | None:
+        for trajectory in group.trajectories:
+            for version, _ in version_tokens(trajectory):
+                return version
+        return None
+
+    def first_token_stamp(group: Any, *, initial: int, final: int) -> int | None:
+        oldest = stamp(group, initial=initial, final=final)
+        first = first_token(group)
+        return oldest if first is None else first
+
+    def first_token_mean(group: Any) -> float | None:
+        first = first_token(group)
+        return None if first is None else float(first)
+
+    monkeypatch.setattr(art_trio.stages.rollout, "stamp_policy_versions", first_token_stamp)
+    monkeypatch.setattr(art_trio.stages.rollout, "mean_policy_version", first_token_mean)
+    counterexample(prop_in_flight_bounds, STRATEGIES[prop_in_flight_bounds], tag)
 
 
 # 2 ------------------------------------------------------------------------------------------

@@ -78,6 +78,16 @@ def prop_resume(case: Case) -> None:
     checks.check_resume(run_resume_case(case))
 
 
+def prop_in_flight_bounds(case: Case) -> None:
+    """A backend that updates weights under running rollouts: both bounds hold on the
+    tokens' own versions, and every scenario still ends exactly once."""
+    result = run_case(case)
+    checks.check_ran_cleanly(result)
+    checks.check_off_policy(result)
+    checks.check_mean_bound(result)
+    checks.check_conservation(result)
+
+
 def prop_all_failed_group(case: Case) -> None:
     checks.check_all_failed(run_case(case))
 
@@ -128,6 +138,7 @@ STRATEGIES = {
     prop_resize_keeps_every_invariant: cases(resize=True),
     prop_future_versions_never_train: cases(future=True),
     prop_forced_stop_in_train: forced_stop_cases(),
+    prop_in_flight_bounds: cases(failures=COMMON_FAILURES + TOKEN_FAILURES, in_flight=True),
 }
 
 
@@ -238,3 +249,8 @@ def test_future_versions_never_train(case: Case) -> None:
 def test_forced_stop_in_train(case: Case) -> None:
     """13. A forced stop inside backend.train: fates conserved, resume trains nothing twice."""
     prop_forced_stop_in_train(case)
+
+
+@given(STRATEGIES[prop_in_flight_bounds])
+def test_in_flight_bounds(case: Case) -> None:
+    prop_in_flight_bounds(case)

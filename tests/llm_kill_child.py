@@ -46,6 +46,9 @@ from art_trio.cpu.engine import Engine
 from art_trio.plumbing.compat import trainable_model
 
 MODEL_NAME = "kill"
+#: ``ART_TRIO_IN_FLIGHT=1``: the server updates weights under running rollouts, and the
+#: trainer bounds the token-weighted mean policy age instead of the start version's.
+IN_FLIGHT = os.environ.get("ART_TRIO_IN_FLIGHT", "") == "1"
 PROJECT = "p"
 SEED = 0
 
@@ -152,7 +155,7 @@ class KillBackend(CPUBackend):
     """CPUBackend that records each train call's intent before it starts."""
 
     def __init__(self, moment: Moments, out: Path) -> None:
-        super().__init__(seed=SEED, keep_steps=4)
+        super().__init__(seed=SEED, keep_steps=4, in_flight_updates=IN_FLIGHT)
         self.moment = moment
         self.intents = os.open(out / "intents.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -199,7 +202,8 @@ async def main(out: Path, target: int, moment: Moments) -> None:
             num_rollout_workers=2,
             min_batch_size=1,
             max_batch_size=1,
-            max_steps_off_policy=1,
+            max_steps_off_policy=None if IN_FLIGHT else 1,
+            limit_mean_steps_off_policy=1.0 if IN_FLIGHT else None,
             learning_rate=2e-3,
             eval_every_n_steps=2,
             max_steps=target - start,

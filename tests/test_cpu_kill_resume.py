@@ -20,6 +20,10 @@ would and checks that they agree:
   last intent the child recorded for it), and every trained scenario resolved in the ledger.
 
 A final segment without a kill runs to the target step and the same checks hold.
+
+``ART_TRIO_IN_FLIGHT=1 pytest -m llm tests/test_cpu_kill_resume.py`` runs the children with
+the server's in-flight updates on (``CPUBackend(in_flight_updates=True)``, rollouts on the
+in-flight slot, ``limit_mean_steps_off_policy=1``): the same checks hold.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .messages.values import Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge
-from .plumbing.compat import eval_lease, rollout_lease
+from .plumbing.compat import eval_lease, in_flight_updates, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
 from .plumbing.ledger.state import PipelineState
@@ -165,6 +165,8 @@ class PipelineRun:
         self.status = status
         self.source = source
         self.freshness = settings.freshness.rule
+        #: The backend updates weights under running rollouts (their tokens span policies).
+        self.in_flight_updates = in_flight_updates(backend, model)
         self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
         # The loop's own clock: anyio.current_time() looks the backend up on every call, and
         # the stages read the time several times per rollout.
@@ -175,6 +177,7 @@ class PipelineRun:
         self.gate = PolicyGate(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
+            cancel_window=self.freshness.cancel_window(self.in_flight_updates),
             max_batch_size=settings.sizes.max_batch_size,
             policy=self.policy,
             clock=self._clock,
@@ -359,4 +362,5 @@ def compose_statistics(
         step_period_s=gate.step_period if gate is not None else None,
         staleness=MappingProxyType(dict(c.staleness)),
         stalls=c.stalls,
+        token_policy_age=c.token_age_sum / c.trained_tokens if c.trained_tokens else None,
     )

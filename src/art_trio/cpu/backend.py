@@ -39,6 +39,13 @@ What you may rely on:
   (beyond it, or beyond the model's context, a 400); ``api_key`` makes the server require
   ``Authorization: Bearer <key>`` (ART's ``model.openai_client()`` sends it). ``statistics()``
   counts the engine's work.
+* ``in_flight_updates=True`` (off by default): the server also serves ``name:active``, ART
+  0.5.20+'s in-flight slot, and ``model.get_inference_name()`` (no step) names it. A request
+  to it starts on the newest step and, when a step trains while it decodes, goes on with the
+  new weights from its next token. Every answer then carries ART 0.5.20+'s
+  ``policy_token_spans`` on each choice (and ``prompt_policy_token_spans``): which step
+  produced which tokens. ``name@step`` stays exactly that step (evals). Off, answers are as
+  before, without spans.
 
 Not supported (``ValueError``): loss functions other than ``cispo`` / ``ppo``,
 ``importance_sampling_level`` other than ``"token"``, ``kl_penalty_source`` other than
@@ -97,6 +104,8 @@ DEFAULT_MAX_BATCH_ROWS = 32
 DEFAULT_MAX_BATCH_TOKENS = 16384
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_FILE = "adapter_model.safetensors"
+#: ART 0.5.20+'s name of a model's in-flight slot: ``name:active``.
+ACTIVE_SUFFIX = ":active"
 OPTIMIZER_FILE = "optimizer.pt"
 #: Keyword arguments ART's trainers pass that a CPU step has no use for (see module docstring).
 _NOT_NEEDED = {
@@ -231,6 +240,7 @@ class CPUBackend(LocalBackend[_ModelState]):
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_tokens_limit: int | None = None,
+        in_flight_updates: bool = False,
     ) -> None:
         self._init_versions(keep_steps)
         # Resolved now, so a missing model is an error before anything starts.
@@ -248,6 +258,9 @@ class CPUBackend(LocalBackend[_ModelState]):
         self.max_batch_rows = max_batch_rows
         self.max_batch_tokens = max_batch_tokens
         self.max_tokens_limit = max_tokens_limit
+        #: Requests to ``name:active`` follow every step trained while they decode, and
+        #: answers report ``policy_token_spans`` (see the module docstring).
+        self.in_flight_updates = in_flight_updates
         #: The key clients send (``Authorization: Bearer``); checked only if one was given, as
         #: vLLM's ``--api-key``. ART's ``model.openai_client()`` sends it after ``register``.
         self.api_key = api_key if api_key is not None else "cpu-backend"
@@ -628,6 +641,9 @@ class CPUBackend(LocalBackend[_ModelState]):
         state.latest = step
         self._trained = (name, step)
         state.evict(self.keep_steps)
+        serving = self._engine
+        if self.in_flight_updates and serving is not None:
+            serving.publish(name, step, new_weights)
         self.training_seconds += time.monotonic() - started
         self.busy.append(("train", started, time.monotonic()))
         return LocalTrainResult(step=step, metrics=metrics, checkpoint_path=checkpoint_path)
@@ -788,7 +804,8 @@ class CPUBackend(LocalBackend[_ModelState]):
         serving = self._engine
         if serving is None:
             raise OpenAIError(503, "CPUBackend is not serving.", type="server_error")
-        name, state, step = self._resolve(model)
+        follow = self.in_flight_updates and model.endswith(ACTIVE_SUFFIX)
+        name, state, step = self._resolve(model[: -len(ACTIVE_SUFFIX)] if follow else model)
         with state.pinned(step):  # not evicted while this request samples from it
 
             def prepare() -> tuple[list[int], Weights]:
@@ -811,7 +828,11 @@ class CPUBackend(LocalBackend[_ModelState]):
                 seeds=seeds,
                 adapter=weights,
                 ignore_eos=ignore_eos,
+                version=step,
+                follow=name if follow else None,
             )
+            if follow:
+                serving.publish(name, step, weights)  # a step loaded at registration
             try:
                 future = serving.submit(request)
             except engine.RequestTooLarge as exc:
@@ -901,6 +922,21 @@ class CPUBackend(LocalBackend[_ModelState]):
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    @property
+    def reports_policy_spans(self) -> bool:
+        return self.in_flight_updates
+
+    def _model_inference_name(self, model: AnyModel, step: int | None = None) -> str:
+        """ART 0.5.20+'s names: with in-flight updates, no step is the in-flight slot."""
+        if self.in_flight_updates and step is None:
+            return f"{model.name}{ACTIVE_SUFFIX}"
+        return super()._model_inference_name(model, step)
+
+    def model_names(self) -> list[str]:
+        if not self.in_flight_updates:
+            return super().model_names()
+        return super().model_names() + [f"{name}{ACTIVE_SUFFIX}" for name in self._models]
 
     def _listed_steps(self, state: _ModelState) -> set[int]:
         """In memory, and every step whose checkpoint can serve it."""

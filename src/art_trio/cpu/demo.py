@@ -60,7 +60,7 @@ async def rollout(
     """One request, ``n=group_size`` answers from the newest policy, with logprobs."""
     messages: art.Messages = [{"role": "user", "content": scenario["prompt"]}]
     response = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(await model.get_step()),
+        model=model.get_inference_name(),  # the newest step (the in-flight slot, if on)
         messages=messages,
         n=config.group_size,
         max_tokens=config.max_tokens,

@@ -26,6 +26,11 @@ What you may rely on:
   the work done and the work aborted.
 * ``call(fn)`` runs ``fn()`` in the engine's thread between two steps (for other uses of the
   serving model, which is never touched by two threads at once).
+* In-flight updates: a request with ``follow=key`` decodes with the newest weights
+  ``publish(key, version, weights)`` gave: a row already decoding switches to them from its
+  next token (its cache keeps the keys and values the older weights computed, as PipelineRL
+  and AReaL do). Every completion says which version produced which of its tokens
+  (``Completion.policy_runs``); a request without ``follow`` stays on its ``adapter``.
 * ``close`` fails every pending request with ``EngineClosed`` and stops the thread after the
   step under way.
 """
@@ -87,6 +92,10 @@ class EngineRequest:
     seeds: list[int]
     adapter: dict[str, torch.Tensor]
     ignore_eos: bool = False
+    #: The policy version ``adapter`` holds (reported per token in ``policy_runs``).
+    version: int = 0
+    #: Follow the newest weights published under this key (see the module docstring).
+    follow: str | None = None
 
     @property
     def reserve(self) -> int:
@@ -108,6 +117,7 @@ class _Row:
     adapter: str
     generator: torch.Generator
     length: int  # tokens of this row in the cache
+    version: int  # of the weights its next forward uses
     completion: sampling.RowSample = field(default_factory=sampling.RowSample)
     next_token: int = -1
     finish_reason: str | None = None
@@ -137,6 +147,8 @@ class EngineStatistics:
     peak_rows: int = 0
     #: The largest left-padded cache seen, in tokens (rows x columns).
     peak_cache_tokens: int = 0
+    #: Times a decoding row went on with newer weights (in-flight updates).
+    rows_updated: int = 0
 
 
 class Engine:
@@ -167,6 +179,7 @@ class Engine:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self._adapters: dict[int, _Adapter] = {}  # by id() of the weights dict
+        self._newest: dict[str, tuple[int, dict[str, torch.Tensor]]] = {}  # by follow key
         self._clock = itertools.count()
         self._stats = EngineStatistics()
         self._template = model.peft_config["default"]
@@ -234,6 +247,13 @@ class Engine:
             self._jobs.append((fn, future))
             self._lock.notify_all()
         return future
+
+    def publish(self, key: str, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """From the next decode step on, rows following ``key`` decode with ``weights``."""
+        with self._lock:
+            current = self._newest.get(key)
+            if current is None or version > current[0]:
+                self._newest[key] = (version, weights)
 
     def statistics(self) -> EngineStatistics:
         """A copy of the counters."""
@@ -384,7 +404,13 @@ class Engine:
         """Run the prompt alone, sample each row's first token, and join the unfinished rows
         to the batch."""
         request = pending.request
-        adapter = self._adapter_name(request.adapter)
+        version, weights = request.version, request.adapter
+        if request.follow is not None:
+            with self._lock:
+                newest = self._newest.get(request.follow)
+            if newest is not None and newest[0] > version:
+                version, weights = newest
+        adapter = self._adapter_name(weights)
         ids = torch.tensor([request.prompt_ids], dtype=torch.long)
         output = self._forward([adapter], input_ids=ids, use_cache=True, logits_to_keep=1)
         with self._lock:
@@ -397,6 +423,7 @@ class Engine:
                 adapter=adapter,
                 generator=torch.Generator().manual_seed(seed),
                 length=len(request.prompt_ids),
+                version=version,
             )
             pending.rows.append(row)
             self._sample(row, logits)
@@ -451,6 +478,7 @@ class Engine:
     def _decode(self) -> None:
         assert self._mask is not None
         rows = self._rows
+        self._follow_updates(rows)
         ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
         positions = torch.tensor([[row.length] for row in rows], dtype=torch.long)
         self._mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
@@ -481,6 +509,24 @@ class Engine:
         for pending in done:  # answered once out of the batch (its statistics say so)
             self._complete(pending)
 
+    def _follow_updates(self, rows: list[_Row]) -> None:
+        """Rows that follow a key take its newest weights before this step's forward."""
+        with self._lock:
+            newest = dict(self._newest)
+        if not newest:
+            return
+        updated = 0
+        for row in rows:
+            key = row.pending.request.follow
+            if key is None or key not in newest or newest[key][0] <= row.version:
+                continue
+            row.version, weights = newest[key]
+            row.adapter = self._adapter_name(weights)
+            updated += 1
+        if updated:
+            with self._lock:
+                self._stats.rows_updated += updated
+
     def _forward(self, adapters: list[str], **inputs: Any) -> Any:
         """The model on ``inputs``, row i with adapter ``adapters[i]``.
 
@@ -510,6 +556,7 @@ class Engine:
             top_logprobs=request.top_logprobs,
             generator=row.generator,
         )
+        row.completion.note_policy(row.version)
         with self._lock:
             self._stats.tokens_generated += 1
         row.next_token = token

@@ -24,6 +24,9 @@ class Completion:
     logprobs: list[float]
     top: list[list[tuple[int, float]]]
     finish_reason: str  # "stop" (a stop token) or "length" (max_tokens)
+    #: Which policy version produced the tokens, in order: ``(version, tokens)`` runs that
+    #: add up to ``len(token_ids)``.
+    policy_runs: tuple[tuple[int, int], ...] = ()
 
 
 def _filter_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -43,6 +46,14 @@ class RowSample:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    policy_runs: list[tuple[int, int]] = field(default_factory=list)
+
+    def note_policy(self, version: int) -> None:
+        """The token just appended was produced by policy ``version``."""
+        if self.policy_runs and self.policy_runs[-1][0] == version:
+            self.policy_runs[-1] = (version, self.policy_runs[-1][1] + 1)
+        else:
+            self.policy_runs.append((version, 1))
 
     def finish(self, finish_reason: str) -> Completion:
         return Completion(
@@ -50,6 +61,7 @@ class RowSample:
             logprobs=self.logprobs,
             top=self.top,
             finish_reason=finish_reason,
+            policy_runs=tuple(self.policy_runs),
         )
 
 

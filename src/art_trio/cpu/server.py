@@ -16,6 +16,14 @@ What you may rely on:
 * Requests are decoded together, continuously batched (``art_trio.cpu.engine``); a request
   whose client goes away is aborted before the next decode step. ``max_tokens`` past the
   model's context or the backend's ``max_tokens_limit`` is refused with a 400.
+* With in-flight updates on (``CPUBackend(in_flight_updates=True)``), each choice carries ART
+  0.5.20+'s ``policy_token_spans``: half-open ``[start_token, end_token)`` runs of its
+  completion tokens, each with the ``policy_version`` (step) that produced them,
+  ``generation_id`` (``name@step``), ``lora_slot`` (the model asked for) and ``update_seq``
+  (the step again: one update a step); and ``prompt_policy_token_spans``, the prompt's
+  tokens from 1 (those with a causal logprob), under the step that prefilled it. ART's
+  clients read both from the choice on every line (0.5.17-0.5.18 keep them in the choice's
+  ``model_extra``, where ``art_trio.policy.freshness`` reads them).
 * With an API key set, requests without ``Authorization: Bearer <key>`` get a 401.
 * ``GET /v1/models`` lists every servable ``name@step``.
 """
@@ -56,6 +64,11 @@ class Sampler(Protocol):
 
     def model_names(self) -> list[str]: ...
 
+    @property
+    def reports_policy_spans(self) -> bool:
+        """Whether answers carry ``policy_token_spans``."""
+        ...
+
 
 def _entry(sampler: Sampler, token: int, logprob: float, as_ids: bool) -> dict[str, Any]:
     text = sampler.decode([token])
@@ -74,8 +87,10 @@ def completion_json(
     completions: list[Completion],
     logprobs: bool,
     as_token_ids: bool,
+    policy_spans: bool = False,
 ) -> dict[str, Any]:
-    """The ``ChatCompletion`` body for sampled completions."""
+    """The ``ChatCompletion`` body for sampled completions (with ``policy_spans``, each
+    choice's ``policy_token_spans`` and ``prompt_policy_token_spans``)."""
     choices = []
     for index, completion in enumerate(completions):
         ids = completion.token_ids
@@ -91,19 +106,20 @@ def completion_json(
                 ]
                 content.append(entry)
             choice_logprobs = {"content": content, "refusal": None}
-        choices.append(
-            {
-                "index": index,
-                "message": {
-                    "role": "assistant",
-                    "content": sampler.decode(text_ids),
-                    "refusal": None,
-                },
-                "logprobs": choice_logprobs,
-                "finish_reason": completion.finish_reason,
-                "token_ids": ids,
-            }
-        )
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": {
+                "role": "assistant",
+                "content": sampler.decode(text_ids),
+                "refusal": None,
+            },
+            "logprobs": choice_logprobs,
+            "finish_reason": completion.finish_reason,
+            "token_ids": ids,
+        }
+        if policy_spans:
+            choice.update(_policy_spans(model, len(prompt_ids), completion))
+        choices.append(choice)
     completion_tokens = sum(len(c.token_ids) for c in completions)
     return {
         "id": f"chatcmpl-{secrets.token_hex(12)}",
@@ -118,6 +134,28 @@ def completion_json(
             "total_tokens": len(prompt_ids) + completion_tokens,
         },
     }
+
+
+def _span(slot: str, start: int, end: int, version: int) -> dict[str, Any]:
+    name = slot.rpartition("@")[0] or slot.removesuffix(":active")
+    return {
+        "start_token": start,
+        "end_token": end,
+        "generation_id": f"{name}@{version}",
+        "policy_version": version,
+        "lora_slot": slot,
+        "update_seq": version,
+    }
+
+
+def _policy_spans(slot: str, prompt_tokens: int, completion: Completion) -> dict[str, Any]:
+    spans, start = [], 0
+    for version, tokens in completion.policy_runs:
+        spans.append(_span(slot, start, start + tokens, version))
+        start += tokens
+    prefill = completion.policy_runs[0][0] if completion.policy_runs else 0
+    prompt = [_span(slot, 1, prompt_tokens, prefill)] if prompt_tokens > 1 else []
+    return {"policy_token_spans": spans, "prompt_policy_token_spans": prompt}
 
 
 def create_app(sampler: Sampler, *, api_key: str | None = None) -> Starlette:
@@ -142,6 +180,7 @@ def create_app(sampler: Sampler, *, api_key: str | None = None) -> Starlette:
             completions=completions,
             logprobs=request.logprobs,
             as_token_ids=body.get("return_tokens_as_token_ids", True) is not False,
+            policy_spans=sampler.reports_policy_spans,
         )
 
     return completions_app(answer, sampler.model_names, owned_by="art-trio-cpu", api_key=api_key)

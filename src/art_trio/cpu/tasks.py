@@ -213,7 +213,7 @@ async def list_rollout(
     model: art.TrainableModel, scenario: dict[str, Any], config: ListTaskConfig
 ) -> art.TrajectoryGroup:
     """``group_size`` conversations from the newest policy, with logprobs for training."""
-    name = model.get_inference_name(await model.get_step())
+    name = model.get_inference_name()  # the newest step (the in-flight slot, if on)
     trajectories = await _group(
         model,
         name,

@@ -138,6 +138,9 @@ class StepTrained:
     reward_mean: float | None = None
     reward_std_mean: float = 0.0
     zero_variance_groups: int = 0
+    #: The batch's tokens x their policy age (each token aged by the policy that produced
+    #: it), and its tokens: `freshness.token_policy_age`.
+    token_ages: tuple[float, float] = (0.0, 0.0)
 
 
 @_cheap
@@ -457,6 +460,10 @@ class RunStatistics:
     staleness: Mapping[int, int]
     #: Stalls the watchdog reported (each stall once, however long it persisted).
     stalls: int = 0
+    #: Token-weighted mean policy age of the trained tokens: each token aged by the policy
+    #: that produced it (per-token where the server reports spans, as with in-flight
+    #: updates; else its trajectory's start version). None before a token is trained.
+    token_policy_age: float | None = None
 
     @property
     def rollout_s_per_trained_group(self) -> float | None:

@@ -100,6 +100,9 @@ class RunCounters:
     #: inside `backend.train`.
     train_s: float = 0.0
     staleness: Counter[int] = field(default_factory=Counter)
+    #: Trained tokens x their policy age, and trained tokens (`StepTrained.token_ages`).
+    token_age_sum: float = 0.0
+    trained_tokens: float = 0.0
     """Trained groups by how many versions behind the policy they were trained from.
 
     A histogram, not a list per group, so a run of a million groups costs no more memory."""
@@ -201,6 +204,8 @@ class CounterFold:
     def _step_trained(self, event: StepTrained) -> None:
         self.counters.steps += 1
         self.counters.staleness.update(event.staleness)
+        self.counters.token_age_sum += event.token_ages[0]
+        self.counters.trained_tokens += event.token_ages[1]
 
     def _collapsed(self, event: Collapsed) -> None:
         self.collapsed = True

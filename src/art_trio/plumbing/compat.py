@@ -262,6 +262,17 @@ def policy_spans_reported(model: Any) -> bool:
         return False
 
 
+def in_flight_updates(backend: Any, model: Any) -> bool:
+    """Whether rollouts' weights are updated under them while they decode: a backend that
+    says so (``CPUBackend(in_flight_updates=True)``), or, on ART 0.5.20+, serving
+    capabilities with ``in_flight_lora_updates``. Their tokens then span several policies,
+    each reported in ``policy_token_spans``."""
+    if getattr(backend, "in_flight_updates", False) is True:
+        return True
+    capabilities = getattr(model, "_serving_capabilities", None)
+    return getattr(capabilities, "in_flight_lora_updates", False) is True
+
+
 def deprecate_direct_runtime(given: dict[str, Any], *, stacklevel: int) -> None:
     """ART 0.5.20+'s DeprecationWarning for the runtime settings given as keyword arguments
     (`num_rollout_workers=` and the rest), with ART's text; nothing on older lines, where

@@ -59,6 +59,27 @@ class Freshness:
             windows.append(math.floor(self.limit_mean_steps_off_policy))
         return min(windows)
 
+    def cancel_window(self, in_flight_updates: bool) -> int:
+        """Versions behind the step being trained at which a rollout still running is
+        cancelled, its tokens thrown away.
+
+        Without in-flight updates every token of a rollout comes from its start version, so
+        that is `window`. With them, tokens decoded after an update come from the newer
+        policy, and the mean bound judges the mix: a rollout that started at v and decodes at
+        an even pace until it ends at version e has a mean version near (v + e) / 2, so a
+        batch from step s >= e may still take it while s - v <= 2 x the mean limit. Beyond
+        that it is cancelled. This only decides what is thrown away early: the finished
+        group's exact spans are what both bounds are checked on. The hard bound is on the
+        start version (ART 0.5.23's rule), which no later token changes.
+        """
+        limit = self.limit_mean_steps_off_policy
+        if not in_flight_updates or limit is None:
+            return self.window
+        windows = [UNBOUNDED_STEPS, math.floor(2 * limit)]
+        if self.max_steps_off_policy is not None:
+            windows.append(self.max_steps_off_policy)
+        return min(windows)
+
     @property
     def queue_window(self) -> int:
         """The steps ART sizes its queue and adapter retention by: the hard bound, else the

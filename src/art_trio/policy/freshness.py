@@ -161,6 +161,20 @@ def mean_policy_version(group: Any) -> float | None:
     return total / weight if weight > 0 else None
 
 
+def token_policy_age(groups: Iterable[Any], step: int) -> tuple[float, float]:
+    """``(sum of token x policy age, tokens)`` over the groups' trajectories, trained from
+    policy ``step``: each token aged by the version that produced it (``version_tokens``);
+    counts that are not finite are left out."""
+    age_sum = tokens = 0.0
+    for group in groups:
+        for trajectory in group.trajectories:
+            for version, count in version_tokens(trajectory):
+                if math.isfinite(count):
+                    age_sum += (step - version) * count
+                    tokens += count
+    return age_sum, tokens
+
+
 def newest_token_version(group: Any) -> int | None:
     """The newest policy version any of a group's tokens (or trajectories) came from."""
     newest: int | None = None

@@ -80,12 +80,17 @@ class PolicyGate:
         policy: AdmissionPolicy | None = None,
         clock: Callable[[], float] = anyio.current_time,
         new_event: Callable[[], LoopEvent] = anyio.Event,
+        cancel_window: int | None = None,
     ) -> None:
         # The gate's state changes only through its methods; the stages read it through the
         # properties below.
         self._policy_version = start_step
         self._next_training_step = start_step
         self._max_steps_off_policy = max_steps_off_policy
+        # Versions behind the step being trained at which a running rollout is cancelled:
+        # the window, or wider where in-flight updates freshen its later tokens
+        # (`Freshness.cancel_window`).
+        self._cancel_window = max_steps_off_policy if cancel_window is None else cancel_window
         self._max_batch_size = max_batch_size
         self._policy: AdmissionPolicy = policy or StalenessAwareAdmission()
         self._queued = 0
@@ -252,8 +257,9 @@ class PolicyGate:
 
     @property
     def min_fresh_version(self) -> int:
-        """Groups older than this can no longer be trained by any batch not yet taken."""
-        return self._next_training_step - self._max_steps_off_policy
+        """Rollouts in flight that started before this are cancelled: no batch not yet taken
+        could train their groups."""
+        return self._next_training_step - self._cancel_window
 
     def may_start(self) -> bool:
         return not self._closed and self._policy.headroom(self.snapshot()) > 0

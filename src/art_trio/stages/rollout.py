@@ -395,9 +395,14 @@ class RolloutStage:
             if mean_bound
             else newest_version(t.initial_policy_version for t in group.trajectories)
         )
+        # With in-flight updates, a server takes up a step as soon as `backend.train` has
+        # made it, before the trainer publishes it: tokens of the step being trained are
+        # not from the future (the batches that can take this group train from it or later).
+        trainer_version = run.gate.next_training_step if run.in_flight_updates else (
+            run.gate.policy_version
+        )
         future = future_policy_error(
-            newest, run.gate.policy_version, scenario_index=index,
-            context=scenario_context(scenario),
+            newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
         )
         if future is not None:
             # The run stops; the scenario is neither trained nor resolved.

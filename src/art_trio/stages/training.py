@@ -32,6 +32,7 @@ from ..messages.values import Delivered, Fate
 from ..observation.status import reward_summary
 from ..plumbing.group_queue import GroupReceiveEnd
 from ..policy.batching import all_failed_error, is_zero_variance
+from ..policy.freshness import token_policy_age
 from ..run import PipelineRun
 from .checkpoints import after_step
 from .metrics import TrainMetrics
@@ -397,6 +398,7 @@ class TrainingStage:
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
                 zero_variance_groups=flat,
+                token_ages=token_policy_age((item.group for item in batch.items), new_step - 1),
             )
         )
 

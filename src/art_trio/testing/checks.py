@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
-from .harness import ERROR_KINDS, Case, CaseResult, RunRecord, is_resolved
+from .harness import ERROR_KINDS, Case, CaseResult, RunRecord, TrainCall, is_resolved
 
 OFF_POLICY = "off-policy bound"
 MEAN_BOUND = "mean policy-age bound"
@@ -78,31 +78,46 @@ def check_ran_cleanly(result: CaseResult, tag: str = TERMINATION) -> None:
 
 
 def check_off_policy(result: CaseResult) -> None:
-    """Every group in the batch producing step s+1 started at version >= s - M."""
+    """Every group in the batch producing step s+1 started at version >= s - M, and every
+    token it trained came from such a version (tokens of a rollout under in-flight updates
+    span several policies: the oldest decides)."""
     m = result.case.config.max_steps_off_policy
     if m is None:
         return  # the hard bound is off (ART 0.5.20+); check_mean_bound covers the mean one
     for call in result.backend.calls:
         floor = call.step - 1 - m
-        for sid, version in zip(call.scenario_ids, call.initial_versions, strict=True):
+        for sid, version, tokens in zip(
+            call.scenario_ids, call.initial_versions, _token_versions(call), strict=True
+        ):
+            oldest = min([v for v, _ in tokens], default=version)
             expect(
-                version is not None and version >= floor,
+                version is not None and version >= floor and oldest is not None
+                and oldest >= floor,
                 OFF_POLICY,
-                f"step {call.step} trained scenario {sid} started at version {version}; "
-                f"the batch producing step {call.step} accepts versions >= {floor} "
-                f"(max_steps_off_policy={m})",
+                f"step {call.step} trained scenario {sid} started at version {version}, its "
+                f"oldest token from version {oldest}; the batch producing step {call.step} "
+                f"accepts versions >= {floor} (max_steps_off_policy={m})",
             )
 
 
+def _token_versions(call: TrainCall) -> list[list[tuple[int, int]]]:
+    return call.token_versions or [[] for _ in call.scenario_ids]
+
+
 def check_mean_bound(result: CaseResult) -> None:
-    """No group in the batch producing step s+1 has a mean policy age (s - version) above
-    `limit_mean_steps_off_policy` (every trajectory of a group here shares its version)."""
+    """No group in the batch producing step s+1 has a token-weighted mean policy age above
+    `limit_mean_steps_off_policy`: each token aged s - the version that produced it, read
+    from the group's `policy_token_spans` where it has them, else its start version."""
     limit = result.case.config.limit_mean_steps_off_policy
     if limit is None:
         return
     for call in result.backend.calls:
-        for sid, version in zip(call.scenario_ids, call.initial_versions, strict=True):
-            age = None if version is None else call.step - 1 - version
+        for sid, version, tokens in zip(
+            call.scenario_ids, call.initial_versions, _token_versions(call), strict=True
+        ):
+            age: float | None = None if version is None else call.step - 1 - version
+            if sum(n for _, n in tokens) > 0:
+                age = sum((call.step - 1 - v) * n for v, n in tokens) / sum(n for _, n in tokens)
             expect(
                 age is not None and age <= limit,
                 MEAN_BOUND,
@@ -190,7 +205,7 @@ def replay_receives(case: Case, run: RunRecord) -> tuple[int, int, int | None]:
         if received.all_failed:
             break
         current = run.start_step + received.steps_done
-        if case.config.too_old(received.version, current):
+        if case.config.too_old(received.version, current, received.tokens):
             stale += 1
             continue
         if received.zero_variance:

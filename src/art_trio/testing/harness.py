@@ -39,7 +39,7 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -50,6 +50,7 @@ import anyio  # noqa: E402
 import art  # noqa: E402
 import trio  # noqa: E402
 import trio.testing  # noqa: E402
+from openai.types.chat.chat_completion import Choice  # noqa: E402
 
 from art_trio import (  # noqa: E402
     ChannelClosed,
@@ -113,6 +114,10 @@ class RolloutPlan:
     #: > 0: the group's first trajectory claims `initial_policy_version` this many versions
     #: ahead of the trainer's policy when it returns (replayed; the run must stop).
     future_by: int = 0
+    #: With in-flight updates (`Config.in_flight_updates`): the latency is decoded in
+    #: `len(tokens)` equal chunks, chunk i producing `tokens[i]` tokens under the backend's
+    #: step when it begins (see `make_rollout_fn`).
+    tokens: tuple[int, ...] = (4,)
 
     @property
     def zero_variance(self) -> bool:
@@ -146,6 +151,9 @@ class Config:
     #: Any other `PipelineTrainer` keyword arguments (name, value), passed through unchecked
     #: by the invariants (learning rate, loss, ...).
     extra: tuple[tuple[str, Any], ...] = ()
+    #: The backend updates weights under running rollouts: rollouts report per-token policy
+    #: versions (`policy_token_spans`). A backend property, not a trainer setting.
+    in_flight_updates: bool = False
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> Config:
@@ -155,7 +163,7 @@ class Config:
         (the trainer's own); every other keyword goes to `extra`, so the trainer still gets
         it (and rejects what it does not know, with its own message).
         """
-        own = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        own = {f for f in cls.__dataclass_fields__ if f not in ("extra", "in_flight_updates")}
         defaults = PipelineSettings()
         fields_by_group = {
             f.name: {f2.name for f2 in dataclasses.fields(getattr(defaults, f.name))}
@@ -214,15 +222,21 @@ class Config:
         window = m if m is not None else math.ceil(mean) if mean is not None else 1
         return max(1, window * self.max_batch_size)
 
-    def too_old(self, version: int | None, step: int) -> bool:
+    def too_old(
+        self, version: int | None, step: int, tokens: Sequence[tuple[int, int]] = ()
+    ) -> bool:
         """The reference's staleness rule, restated: a group started at `version` is too old
-        for the batch trained from `step` (its trajectories all share that version here, so
-        their token-weighted mean age is `step - version`)."""
+        for the batch trained from `step`. Its token-weighted mean age is reckoned from
+        `tokens`, (policy version, tokens) of its served spans, where it has any (in-flight
+        updates), else every token is aged `step - version`."""
         if version is None:
             return False
         m, mean = self.max_steps_off_policy, self.limit_mean_steps_off_policy
         hard_stale = m is not None and version < step - m
-        return hard_stale or (mean is not None and step - version > mean)
+        age: float = step - version
+        if sum(n for _, n in tokens) > 0:
+            age = sum((step - v) * n for v, n in tokens) / sum(n for _, n in tokens)
+        return hard_stale or (mean is not None and age > mean)
 
     @property
     def discard_limit(self) -> int:
@@ -326,6 +340,9 @@ class TrainCall:
     version_pairs: list[tuple[int | None, int | None]]
     started_at: float
     ended_at: float
+    #: Per group: (policy version, tokens) of every `policy_token_spans` span its
+    #: trajectories' choices carry (empty where none do), read here, not by the trainer.
+    token_versions: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -339,6 +356,8 @@ class Received:
     #: Train calls of this run finished when the group was received.
     steps_done: int
     at: float
+    #: (policy version, tokens) of the group's served spans (in-flight updates), else empty.
+    tokens: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -410,8 +429,12 @@ class Observer:
     owners: dict[int, int] = field(default_factory=dict)
     #: Per scenario, what its last group was: (zero variance, all rollouts failed).
     groups: dict[int, tuple[bool, bool]] = field(default_factory=dict)
+    #: Per scenario, its last group's served token versions (`served_token_versions`).
+    tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     #: `trainer.request_stop(force=True)` of the run in progress (set by `_run_once`).
     force_stop: Any = None
+    #: The backend's newest step now (the weights an in-flight server decodes with).
+    backend_step: Any = None
 
 
 # -- doubles --------------------------------------------------------------------------------
@@ -445,6 +468,39 @@ def _planned_group(sid: int, plan: RolloutPlan, attempt: Attempt, policy: int) -
     if plan.future_by > 0 and items and isinstance(items[0], art.Trajectory):
         items[0].initial_policy_version = policy + plan.future_by
     return art.TrajectoryGroup(items)
+
+
+def _decoded(trajectory: art.Trajectory, runs: list[tuple[int, int]]) -> None:
+    """Give `trajectory` a served choice whose `policy_token_spans` are `runs` of (policy
+    version, tokens), and those tokens as its `completion_tokens` (a bad count it was
+    planned to carry is kept)."""
+    spans, start = [], 0
+    for version, tokens in runs:
+        spans.append(
+            {"start_token": start, "end_token": start + tokens, "generation_id": f"g@{version}",
+             "policy_version": version, "lora_slot": "g:active", "update_seq": version}
+        )
+        start += tokens
+    trajectory.messages_and_choices.append(
+        Choice.model_validate(
+            {"finish_reason": "stop", "index": 0, "policy_token_spans": spans,
+             "message": {"role": "assistant", "content": "a"}}
+        )
+    )
+    trajectory.metrics.setdefault("completion_tokens", start)
+
+
+def served_token_versions(group: art.TrajectoryGroup) -> list[tuple[int, int]]:
+    """(policy version, tokens) of every span on the group's served choices."""
+    found = []
+    for t in group.trajectories:
+        for item in t.messages_and_choices:
+            extra = getattr(item, "model_extra", None) or {}
+            for span in extra.get("policy_token_spans") or ():
+                found.append(
+                    (span["policy_version"], span["end_token"] - span["start_token"])
+                )
+    return found
 
 
 def _outcome(result: Any) -> str:
@@ -486,8 +542,15 @@ def make_rollout_fn(observer: Observer) -> Any:
             attempt.end_seq, observer.ended = observer.ended, observer.ended + 1
             attempt.stopping_at_end = stopping
 
+        in_flight = observer.case.config.in_flight_updates and user_fn is None
+        runs: list[tuple[int, int]] = []
         try:
-            await anyio.sleep(plan.latency)
+            if in_flight:
+                for tokens in plan.tokens:
+                    runs.append((observer.backend_step(), tokens))
+                    await anyio.sleep(plan.latency / len(plan.tokens))
+            else:
+                await anyio.sleep(plan.latency)
             if user_fn is not None:
                 own = scenario if scenarios is None else scenarios[sid]
                 result = await _call_user_rollout(user_fn, model, own, config)
@@ -504,6 +567,11 @@ def make_rollout_fn(observer: Observer) -> Any:
             # The trainer's policy now: published versions are recorded the moment they are.
             policy = run.publishes[-1] if run.publishes else run.start_step
             result = _planned_group(sid, plan, attempt, policy)
+            if in_flight and isinstance(result, art.TrajectoryGroup):
+                for j, t in enumerate(result.trajectories):
+                    # The first trajectory's request reached the server late, after the
+                    # first chunk: a group's first token is then not its oldest.
+                    _decoded(t, runs[1:] if j == 0 and len(runs) > 1 else runs)
         else:
             attempt.outcome = _outcome(result)
         if not isinstance(result, art.TrajectoryGroup):
@@ -517,6 +585,7 @@ def make_rollout_fn(observer: Observer) -> Any:
             attempt.zero_variance,
             not group.trajectories and bool(group.exceptions),
         )
+        observer.tokens[sid] = served_token_versions(group)
         return group
 
     return rollout
@@ -553,6 +622,8 @@ class BackendDouble(SharedBackendDouble):
         super().__init__(train_time=observer.case.train_seconds or (0.0,), flavor="asyncio")
         self.observer = observer
         self.calls: list[TrainCall] = []
+        self.in_flight_updates = observer.case.config.in_flight_updates
+        observer.backend_step = lambda: self.step
 
     async def before_train(self, groups: list[art.TrajectoryGroup]) -> None:
         observer, run = self.observer, self.observer.run
@@ -584,6 +655,7 @@ class BackendDouble(SharedBackendDouble):
             ],
             started_at=batch.start,
             ended_at=batch.end,
+            token_versions=[served_token_versions(g) for g in groups],
         )
         self.calls.append(call)
         self.observer.run.calls.append(call)
@@ -610,6 +682,7 @@ def observe(observer: Observer, trainer: PipelineTrainer[Any, Any]) -> None:
                     all_failed=received is not None and received[1],
                     steps_done=len(run.calls),
                     at=trio.current_time(),
+                    tokens=observer.tokens.get(event.scenario_index, []),
                 )
             )
         elif isinstance(event, ChannelClosed):

@@ -11,6 +11,7 @@ small cases shrink to readable counterexamples.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,11 +32,13 @@ rewards = st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=0, max_size=4).map
 
 @st.composite
 def rollout_plans(
-    draw: st.DrawFn, *, failures: tuple[str, ...] = (), future: bool = False
+    draw: st.DrawFn, *, failures: tuple[str, ...] = (), future: bool = False,
+    in_flight: bool = False,
 ) -> RolloutPlan:
     """One scenario's rollout: latency, rewards (zero-variance and one-trajectory groups
     included), sometimes a failure from `failures` and, with `future`, sometimes a
-    trajectory claiming a policy version 1-8 ahead of the trainer's."""
+    trajectory claiming a policy version 1-8 ahead of the trainer's; with `in_flight`, the
+    tokens it decodes in each of 1-4 chunks of its latency."""
     failure = None
     if failures and draw(st.integers(0, 5)) == 0:
         failure = draw(st.sampled_from(failures))
@@ -48,8 +51,12 @@ def rollout_plans(
             rewards,
         )
     )
+    tokens = (
+        tuple(draw(st.lists(st.integers(1, 20), min_size=1, max_size=4))) if in_flight else (4,)
+    )
     return RolloutPlan(
-        latency=draw(durations), rewards=group_rewards, failure=failure, future_by=future_by
+        latency=draw(durations), rewards=group_rewards, failure=failure, future_by=future_by,
+        tokens=tokens,
     )
 
 
@@ -128,16 +135,26 @@ def cases(
     grace: tuple[float | None, ...] = (0.0, 2.0, 30.0, None),
     resize: bool = False,
     future: bool = False,
+    in_flight: bool = False,
 ) -> Case:
     """A whole case: config, one plan per scenario, durations, maybe a stop (and, with
     `resize`, worker counts changed at random moments; with `future`, some trajectories
-    from a policy the trainer has not published)."""
+    from a policy the trainer has not published; with `in_flight`, a backend that updates
+    weights under running rollouts, whose tokens then span several policies)."""
     config = draw(configs(evals=evals, collapse=collapse, max_steps=max_steps, grace=grace))
+    if in_flight:
+        config = dataclasses.replace(config, in_flight_updates=True)
     # A uniform size rather than Hypothesis' list sizes, which favour tiny lists: the
     # interesting interleavings need a few steps.
     n = draw(st.integers(0, max_scenarios))
     plans = tuple(
-        draw(st.lists(rollout_plans(failures=failures, future=future), min_size=n, max_size=n))
+        draw(
+            st.lists(
+                rollout_plans(failures=failures, future=future, in_flight=in_flight),
+                min_size=n,
+                max_size=n,
+            )
+        )
     )
     train_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3)))
     eval_seconds = tuple(draw(st.lists(durations, min_size=1, max_size=3))) if evals else None

@@ -1,0 +1,121 @@
+"""The trainer with in-flight updates: rollouts whose tokens span several policies.
+
+A backend that updates weights under running rollouts (``in_flight_updates``) reports which
+policy produced which tokens (``policy_token_spans``). The gate then lets a rollout run past
+the mean bound's start-version window while its token mix can still meet the bound, and the
+finished group is judged on its exact spans; the hard bound stays on the start version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import art
+import pytest
+import trio
+from openai.types.chat.chat_completion import Choice
+
+from art_trio import PipelineTrainer, trio_native
+from art_trio.policy.batching import Freshness
+from art_trio.testing.doubles import TrainBatch
+from tests.doubles import RecordingBackend, scenarios
+
+
+def mixed_trajectory(reward: float, runs: list[tuple[int, int]]) -> art.Trajectory:
+    """A one-turn trajectory whose completion tokens came from ``runs`` of (version, tokens)."""
+    spans, start = [], 0
+    for version, tokens in runs:
+        spans.append(
+            {
+                "start_token": start,
+                "end_token": start + tokens,
+                "generation_id": f"m@{version}",
+                "policy_version": version,
+                "lora_slot": "m:active",
+                "update_seq": version,
+            }
+        )
+        start += tokens
+    choice = Choice.model_validate(
+        {
+            "finish_reason": "stop",
+            "index": 0,
+            "message": {"role": "assistant", "content": "a"},
+            "policy_token_spans": spans,
+        }
+    )
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": "q"}, choice],
+        reward=reward,
+        metrics={"completion_tokens": start},
+    )
+
+
+def in_flight_rollout(backend: RecordingBackend, slow: set[int]) -> Any:
+    """Scenarios in `slow` take 2.5 s, the others 1 s; each decodes half its 10 tokens under
+    the policy it started with and half under the newest one when it ends, as a server with
+    in-flight updates would report them."""
+
+    @trio_native
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
+        start = backend.step
+        await trio.sleep(2.5 if scenario["i"] in slow else 1.0)
+        runs = [(start, 5), (backend.step, 5)]
+        return art.TrajectoryGroup([mixed_trajectory(float(k), runs) for k in range(2)])
+
+    return rollout
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["cancelled", "in-flight"])
+async def test_a_rollout_past_the_start_version_window_is_trained_when_its_mix_is_fresh(
+    model: Any, backend: RecordingBackend, autojump_clock: Any, in_flight: bool
+) -> None:
+    """Mean bound 1, batches of one, two workers: scenario 1 starts at version 0 and ends
+    after step 2 began. Without in-flight updates the gate cancels it when step 2 begins
+    (its tokens would all be version 0: age 2). With them it goes on, ends with half its
+    tokens from version 2 (mean age 1 for the batch from step 2) and is trained."""
+    backend.in_flight_updates = in_flight  # type: ignore[attr-defined]
+    batches: list[TrainBatch] = []
+    record = backend.record
+
+    def keep(batch: TrainBatch) -> None:
+        batches.append(batch)
+        record(batch)
+
+    backend.record = keep  # type: ignore[method-assign]
+    trainer = PipelineTrainer(
+        model, backend, in_flight_rollout(backend, slow={1}), scenarios(6), None,
+        num_rollout_workers=2, min_batch_size=1, max_batch_size=1,
+        max_steps_off_policy=None, limit_mean_steps_off_policy=1.0, max_steps=4,
+    )
+    await trainer.train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    counters = trainer.last_counters
+    assert counters is not None
+    if in_flight:
+        assert 1 in trained and counters.stale_cancelled == 0, (trained, counters)
+    else:
+        assert 1 not in trained and counters.stale_cancelled == 1, (trained, counters)
+    # Each trained token aged by the policy that produced it; no group past the mean bound.
+    ages = []
+    for batch in batches:
+        for group in batch.groups:
+            tokens = [
+                (batch.step - 1 - span["policy_version"], span["end_token"] - span["start_token"])
+                for t in group.trajectories
+                for span in t.messages_and_choices[-1].model_extra["policy_token_spans"]
+            ]
+            assert sum(a * n for a, n in tokens) / sum(n for _, n in tokens) <= 1.0
+            ages.extend(tokens)
+    statistics = trainer.statistics()
+    assert statistics.token_policy_age == pytest.approx(
+        sum(a * n for a, n in ages) / sum(n for _, n in ages)
+    )
+
+
+def test_the_cancel_window_widens_only_for_the_mean_bound_with_in_flight_updates() -> None:
+    assert Freshness(1).cancel_window(True) == 1  # the hard bound: the start version decides
+    assert Freshness(None, 1.5).cancel_window(False) == 1
+    assert Freshness(None, 1.5).cancel_window(True) == 3
+    assert Freshness(2, 1.5).cancel_window(True) == 2
+    assert Freshness(None, 0.0).cancel_window(True) == 0
