@@ -622,6 +622,8 @@ class CPUBackend(LocalBackend[_ModelState]):
                 self._set_weights(model, state.versions[state.latest])
                 self._trained = (name, state.latest)
                 raise
+            finally:
+                engine.release_freed_memory()  # the step's activations, freed
             step = state.latest + 1
         metrics["learning_rate"] = learning_rate
         metrics["data/step_trainable_assistant_tokens"] = metrics["num_trainable_tokens"]

@@ -38,6 +38,8 @@ What you may rely on:
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import ctypes.util
 import itertools
 import logging
 import threading
@@ -60,8 +62,32 @@ Answer = concurrent.futures.Future[list[sampling.Completion]]
 
 #: Adapters kept loaded with no row using them (each is a few MB for a 135M model, r=8).
 IDLE_ADAPTERS = 4
+
 _GOLDEN = 0x9E3779B97F4A7C15
 _NAMES = itertools.count()  # adapter names, unique in the process
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    return None if trim is None else lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that freed tensors left behind back to the operating system.
+
+    A training step's activations and the engine's batch caches are tensors of ever-changing
+    sizes, freed in several threads' malloc arenas, which glibc keeps mapped: without this, the
+    scheduler benchmark's process on the list task grew to 10.7 GB in four steps (2.1 GB once
+    trimmed). Called after every training step and whenever the engine goes idle; a no-op where
+    the C library has no ``malloc_trim`` (macOS, musl).
+    """
+    if _TRIM is not None:
+        _TRIM()
 
 
 class EngineClosed(ArtTrioError, RuntimeError):
@@ -271,6 +297,7 @@ class Engine:
                         if busy_since is not None:
                             self._busy(busy_since)
                             busy_since = None
+                            release_freed_memory()
                         self._lock.wait()
                     if self._closing:
                         break
