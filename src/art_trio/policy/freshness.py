@@ -161,18 +161,23 @@ def mean_policy_version(group: Any) -> float | None:
     return total / weight if weight > 0 else None
 
 
-def token_policy_age(groups: Iterable[Any], step: int) -> tuple[float, float]:
-    """``(sum of token x policy age, tokens)`` over the groups' trajectories, trained from
-    policy ``step``: each token aged by the version that produced it (``version_tokens``);
+def tokens_by_version(groups: Iterable[Any]) -> dict[int, float]:
+    """The groups' tokens summed per policy version that produced them (`version_tokens`);
     counts that are not finite are left out."""
-    age_sum = tokens = 0.0
+    tokens: dict[int, float] = {}
     for group in groups:
         for trajectory in group.trajectories:
             for version, count in version_tokens(trajectory):
                 if math.isfinite(count):
-                    age_sum += (step - version) * count
-                    tokens += count
-    return age_sum, tokens
+                    tokens[version] = tokens.get(version, 0.0) + count
+    return tokens
+
+
+def token_policy_age(groups: Iterable[Any], step: int) -> tuple[float, float]:
+    """``(sum of token x policy age, tokens)`` over the groups' trajectories, trained from
+    policy ``step``: each token aged by the version that produced it."""
+    tokens = tokens_by_version(groups)
+    return sum((step - v) * n for v, n in tokens.items()), sum(tokens.values())
 
 
 def newest_token_version(group: Any) -> int | None:

@@ -65,9 +65,7 @@ from ..messages.values import Delivered
 from ..observation.fates import RunCounters
 from ..plumbing.compat import TRAIN_METRIC_NAMES
 from ..policy.batching import average_steps_off_policy
-from ..policy.freshness import (
-    version_tokens,
-)
+from ..policy.freshness import tokens_by_version
 from ..run import PipelineRun
 
 #: ART 0.5.23's freshness time constant (steps) and critical rollout batch size.
@@ -135,12 +133,7 @@ def policy_age_metrics(
     metrics, when no trajectory carries a version). Tokens are summed per version first, so
     the ages and exponentials are computed once per version, not per trajectory.
     """
-    tokens: dict[int, float] = {}
-    for item in batch:
-        for trajectory in item.group.trajectories:
-            for version, weight in version_tokens(trajectory):
-                if math.isfinite(weight):
-                    tokens[version] = tokens.get(version, 0.0) + weight
+    tokens = tokens_by_version(item.group for item in batch)
     if not tokens:
         return {}, None
     # A version newer than the trainer's never gets here: the rollout stage stops the run on
