@@ -8,6 +8,7 @@ and on the simulator's processor-sharing server, in virtual time.
 
 from __future__ import annotations
 
+import math
 from unittest import mock
 
 import pytest
@@ -160,3 +161,70 @@ def test_shared_server_admission_keeps_its_promise() -> None:
         without,
     )
     assert with_model["wall"] <= without["wall"], (with_model, without)
+
+
+def _race_snapshot(times: tuple[float, ...], *, queued: int = 0, fresh: int = 0) -> GateSnapshot:
+    return GateSnapshot(
+        policy_version=5,
+        next_training_step=5,  # collecting the batch of step 6
+        max_steps_off_policy=0,
+        max_batch_size=2,
+        queued=queued,
+        fresh_in_flight=fresh,
+        rollout_latency=20.0,
+        step_period=30.0,
+        recent_rollout_times=times,
+    )
+
+
+def test_on_policy_race_is_capped_where_racers_end_together() -> None:
+    """At max_steps_off_policy=0 the gate races rollouts for the batch. Once completed
+    rollouts are seen to end together (a server batching them), racing more than the batch
+    needs only adds losers: the race is the missing groups plus the slack."""
+    together = tuple(sorted(20.0 + i * 0.25 for i in range(16)))  # 20-23.75 s
+    long_tail = tuple(sorted([5.0] * 8 + [20.0] * 4 + [60.0] * 4))  # slow decile 12x the median
+    policy = StalenessAwareAdmission(beyond_bound=1)
+    assert _race_snapshot(together).racers_end_together
+    assert policy.headroom(_race_snapshot(together)) == 3
+    assert policy.headroom(_race_snapshot(together, fresh=2)) == 1
+    assert policy.headroom(_race_snapshot(together, queued=1, fresh=2)) == 0
+    assert policy.headroom(_race_snapshot(together, queued=2)) == 0
+    # A long tail: the fastest of many end far sooner than the median, so racing pays.
+    assert not _race_snapshot(long_tail).racers_end_together
+    assert policy.headroom(_race_snapshot(long_tail, fresh=8)) == math.inf
+    # Too few measured (cancelled losers are not latencies): eager as the reference.
+    losers = together[:15] + (math.inf,) * 16
+    assert not _race_snapshot(losers).racers_end_together
+    assert policy.headroom(_race_snapshot(losers, fresh=8)) == math.inf
+
+
+def _on_policy_race(capped: bool) -> dict[str, float]:
+    """16 workers racing for batches of 2 at max_steps_off_policy=0, at a server serving 2
+    rollouts at full speed and sharing beyond, latencies within about 20% of each other."""
+    spec = SimSpec(
+        rollout_latency=parse_distribution("lognormal:20:0.1"),
+        train_time=parse_distribution("15"),
+        steps=30,
+        inference_capacity=2,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0
+        ),
+    )
+    if capped:
+        report = simulate(spec)
+    else:
+        with mock.patch.object(GateSnapshot, "racers_end_together", property(lambda s: False)):
+            report = simulate(spec)
+    return {
+        "started": report.rollouts_started,
+        "rollout_s_per_group": report.rollout_s_per_trained_group,
+        "wall": report.sim_wall_s,
+    }
+
+
+def test_on_policy_race_at_a_batching_server_costs_less_and_ends_sooner() -> None:
+    racing = _on_policy_race(capped=False)
+    capped = _on_policy_race(capped=True)
+    assert capped["started"] <= 0.5 * racing["started"], (capped, racing)
+    assert capped["rollout_s_per_group"] <= 0.5 * racing["rollout_s_per_group"], (capped, racing)
+    assert capped["wall"] <= racing["wall"], (capped, racing)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from art_trio.sim.recorder import Recorder, StepRecord
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.sim.workloads import PRESETS, TUNING_WORKLOADS, Workload
 from art_trio.testing.distributions import Constant, Exponential
-from tests.test_simulator import HAND
+from tests.test_simulator import HAND, reference_race
 
 
 def _run(fn: Any) -> Any:
@@ -216,6 +217,13 @@ def test_the_rollout_double_pays_cpu_on_one_core_at_start_and_end() -> None:
 # 20 s, 5 steps. Each step's 8 rollouts start together at the new version and finish together.
 
 
+@pytest.fixture
+def full_race() -> Iterator[None]:
+    with reference_race():
+        yield
+
+
+@pytest.mark.usefixtures("full_race")
 def test_simulated_contention_slows_the_run_as_computed_by_hand() -> None:
     plain = simulate(HAND)
     assert plain.sim_wall_s == pytest.approx(150.0)
@@ -230,6 +238,7 @@ def test_simulated_contention_slows_the_run_as_computed_by_hand() -> None:
     assert roomy.sim_wall_s == pytest.approx(150.0)
 
 
+@pytest.mark.usefixtures("full_race")
 def test_simulated_latency_doubling_at_a_step() -> None:
     # Step 1's rollouts start with no step done, step 2's after one: 10 s. From step 3 on the
     # rollouts start after two steps and take 20 s: 2 x 30 s + 3 x 40 s.
@@ -260,6 +269,7 @@ def test_more_workers_than_the_server_holds_only_slows_rollouts() -> None:
     assert alone.sim_wall_s == pytest.approx(few.sim_wall_s)
 
 
+@pytest.mark.usefixtures("full_race")
 def test_cli_inference_capacity_and_latency_shift(capsys: pytest.CaptureFixture[str]) -> None:
     from art_trio.sim.cli import main
 

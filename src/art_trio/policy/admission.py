@@ -106,8 +106,11 @@ class StalenessAwareAdmission:
     trainer waiting) at the price of some stale ones.
 
     With `max_steps_off_policy == 0` only the batch being collected can use a rollout, and
-    the trainer is waiting on it: until that batch is ready, admission is as eager as the
-    reference's, and the gate cancels the losers of the race the moment the batch is taken.
+    the trainer is waiting on it: until that batch is ready, admission races as many
+    rollouts as the reference's, and the gate cancels the losers the moment the batch is
+    taken. A race pays only where the fastest of many rollouts end well before the rest; once
+    completed rollouts are seen to end together (`GateSnapshot.racers_end_together`, as at a
+    server that batches them), the race is the batch's missing groups plus `beyond_bound`.
 
     At a shared inference server latency is mostly queueing: in either case no more rollouts
     run at once than the server, at its measured throughput, can finish inside the window
@@ -136,8 +139,14 @@ class StalenessAwareAdmission:
 
     def _window_headroom(self, s: GateSnapshot) -> float:
         if s.max_steps_off_policy == 0:
-            # Starting a rollout does not change `queued`: eager until the batch is covered.
-            return math.inf if s.queued < s.window_slots else 0
+            # Starting a rollout does not change `queued`: eager until the batch is covered,
+            # unless racing cannot pay (see the class docstring).
+            need = s.window_slots - s.queued
+            if need <= 0:
+                return 0
+            if s.racers_end_together:
+                return max(0, need + self.beyond_bound - s.fresh_in_flight)
+            return math.inf
         slots = s.window_slots
         target = s.pipeline_target
         if target is not None:

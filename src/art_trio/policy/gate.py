@@ -28,7 +28,7 @@ import anyio.lowlevel
 
 from ..messages.errors import _GateClosed
 from .admission import AdmissionPolicy, StalenessAwareAdmission
-from .gate_snapshot import MIN_LOAD_COMPLETIONS, GateSnapshot
+from .gate_snapshot import MIN_LOAD_COMPLETIONS, MIN_TIME_SAMPLES, GateSnapshot
 
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
@@ -197,7 +197,8 @@ class PolicyGate:
         self._recent_times.append(seconds if completed else math.inf)
         self._note_load(seconds, completed)
         self._since_sorted += 1
-        if self._since_sorted >= TIME_REFRESH:
+        # Every rollout while few are known (the race rule reads them from a few on).
+        if self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= MIN_TIME_SAMPLES:
             self._since_sorted = 0
             self._sorted_times = tuple(sorted(self._recent_times))
 

@@ -30,6 +30,10 @@ from dataclasses import dataclass
 STRAGGLER_QUANTILE = 0.98
 #: Recent rollout times a snapshot needs before it trusts them over the exponential model.
 MIN_TIME_SAMPLES = 32
+#: Completed rollout times `racers_end_together` needs, and how far past the median its slow
+#: decile may end for the rollouts of one race to count as ending together.
+MIN_RACE_SAMPLES = 16
+RACE_SPREAD = 1.5
 #: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
 MIN_ON_TIME_PROBABILITY = 0.1
 #: Completions (decayed: about two) an in-flight count needs before its mean latency enters
@@ -123,6 +127,24 @@ class GateSnapshot:
         median = times[(len(times) - 1) // 2]
         slow = times[int(STRAGGLER_QUANTILE * (len(times) - 1))]
         return math.inf if math.isinf(slow) else slow - median
+
+    @property
+    def racers_end_together(self) -> bool:
+        """Completed rollouts take about as long as each other: their slow decile ends within
+        `RACE_SPREAD` times their median (False until `MIN_RACE_SAMPLES` have completed).
+
+        Where it holds, racing more rollouts than a batch needs does not get the batch sooner:
+        the extra racers end with the winners, and at a shared server that batches them
+        (vLLM, art_trio's CPU server) they slow the winners down. Independent latencies with a
+        long tail (each rollout its own environment) fail it: there the fastest of many end
+        far sooner than the median. Rollouts cancelled before they ended are left out, since
+        at `max_steps_off_policy == 0` they are the losers of a race, not slow ones.
+        """
+        done = [t for t in self.recent_rollout_times if math.isfinite(t)]
+        if len(done) < MIN_RACE_SAMPLES:
+            return False
+        median = done[(len(done) - 1) // 2]
+        return done[int(0.9 * (len(done) - 1))] <= RACE_SPREAD * median
 
     def straggler_slack(self, beyond_bound: int) -> int:
         """The part of `beyond_bound` worth admitting at the measured pace.
