@@ -26,9 +26,11 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
   measuring: ``art_trio.cpu.tasks``), or "-" if it never does within ``--steps``;
 - **train s per step**: ``backend.train``'s seconds per step, the same work in every run: on
   a shared machine, the gauge of how loaded it was while that run's seconds were measured;
-- **load cap measured / held back**: art_trio's admission decisions where the shared server's
-  load model (``GateSnapshot.load_cap``) was measured, and those where the cap was what kept a
-  rollout from starting (``AdmissionProbe``; 0 for ART, which has no such model).
+- **load cap measured / held back / race capped**: art_trio's admission decisions where the
+  shared server's load model (``GateSnapshot.load_cap``) was measured, those where the cap was
+  what kept a rollout from starting, and those at ``max_steps_off_policy=0`` where the race
+  was narrowed to the batch's missing groups plus the slack because rollouts were seen to end
+  together (``AdmissionProbe``; 0 for ART, which has neither).
 
 Then the ratios art_trio / ART per ``max_steps_off_policy`` (means over seeds). Targets
 (issue 33): art_trio <= 0.6x ART's inference-seconds per trained group and <= 0.85x its time
@@ -124,12 +126,15 @@ def get_arm(name: str) -> Arm:
 class AdmissionProbe:
     """What art_trio's admission saw on the real model: how often the shared server's load
     model (`GateSnapshot.load_cap`) was measured, and how often it was what held a rollout
-    back. Installed around `StalenessAwareAdmission.headroom` for one run."""
+    back; and at `max_steps_off_policy=0`, how often the race was narrowed because rollouts
+    were seen to end together (`GateSnapshot.racers_end_together`). Installed around
+    `StalenessAwareAdmission.headroom` for one run."""
 
     def __init__(self) -> None:
         self.decisions = 0
         self.capped = 0  # the load model was measured (a cap existed)
         self.bound = 0  # the cap was below what the window allowed: it held rollouts back
+        self.race_capped = 0  # max_steps_off_policy=0: racers seen to end together
         self.caps: list[int] = []
         self.throughputs: list[float] = []
 
@@ -140,6 +145,8 @@ class AdmissionProbe:
         def headroom(policy: StalenessAwareAdmission, s: Any) -> float:
             result = real(policy, s)
             probe.decisions += 1
+            if s.max_steps_off_policy == 0 and s.racers_end_together:
+                probe.race_capped += 1
             cap = s.load_cap
             if cap is not None:
                 probe.capped += 1
@@ -162,6 +169,7 @@ class AdmissionProbe:
             "admission_decisions": self.decisions,
             "load_model_measured": self.capped,
             "held_back_by_load_cap": self.bound,
+            "race_capped": self.race_capped,
             "load_cap_range": [min(self.caps), max(self.caps)] if self.caps else None,
             "server_rollouts_per_s": round(statistics.median(self.throughputs), 4)
             if self.throughputs
@@ -402,7 +410,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "trained group | started | wasted | cancelled | tokens generated | tokens aborted | "
         "tokens thrown away | mean policy age (token-weighted) | trainer utilization | "
         "inference share | time to target s | train s per step (load gauge) | "
-        "load cap measured / held back | step rewards |"
+        "load cap measured / held back / race capped | step rewards |"
     )
     lines = [header, "|" + "---|" * 20]
     for r in rows:
@@ -416,7 +424,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(r.get('token_policy_age'))} | {_fmt(r['trainer_utilization'])} | "
             f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
             f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
-            f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} | "
+            f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} / "
+            f"{r.get('race_capped', 0)} | "
             f"{' '.join(str(x) for x in r['step_rewards'])} |"
         )
     return "\n".join(lines)

@@ -11,12 +11,14 @@ import pytest
 pytest.importorskip("torch")
 
 from art_trio.cpu.tasks import (  # noqa: E402
+    EXPLAIN_WORDS,
     TASKS,
     feedback,
     get_task,
     list_items,
     list_scenarios,
     rollout_reward,
+    score_explained,
     score_list,
 )
 from art_trio.demo.cli import main  # noqa: E402
@@ -66,9 +68,20 @@ def test_list_scenarios_are_seeded_and_cover_every_pair() -> None:
     assert all(f"exactly {s['k']} " in s["prompt"] for s in first)
 
 
+def test_explained_answers_score_the_first_word_and_the_reason() -> None:
+    reason = " ".join(["because"] * EXPLAIN_WORDS)
+    assert score_explained(f"Maybe. {reason}") == 1.0
+    assert score_explained(f"no, {reason}") == 0.75
+    assert score_explained("Maybe.") == 0.5  # no reason: half
+    assert score_explained(f"Well, {reason}") == 0.0
+    config = TASKS["explain"].config(group_size=4, seed=1)
+    assert config.max_tokens >= 32
+    assert config.score is score_explained
+
+
 def test_tasks_by_name() -> None:
-    assert set(TASKS) == {"yes-no-maybe", "list"}
-    with pytest.raises(ValueError, match="choose one of list, yes-no-maybe"):
+    assert set(TASKS) == {"yes-no-maybe", "explain", "list"}
+    with pytest.raises(ValueError, match="choose one of explain, list, yes-no-maybe"):
         get_task("chess")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +41,9 @@ class LLMTaskConfig:
     verbose: bool = False
     #: ``time.monotonic()`` at the run's start: verbose val lines then say the time elapsed.
     started: float | None = None
+    #: The answer's score: other single-turn tasks on ART's prompts (``art_trio.cpu.tasks``)
+    #: change only this and ``max_tokens``.
+    score: Callable[[str], float] = reward_for_answer
 
 
 def scenarios(seed: int = 0) -> Iterator[Scenario]:
@@ -70,7 +73,7 @@ async def rollout(
     return art.TrajectoryGroup(
         art.Trajectory(
             messages_and_choices=[*messages, choice],
-            reward=reward_for_answer(choice.message.content or ""),
+            reward=config.score(choice.message.content or ""),
         )
         for choice in response.choices
     )
@@ -95,7 +98,7 @@ async def eval_fn(
         return [
             art.Trajectory(
                 messages_and_choices=[*messages, choice],
-                reward=reward_for_answer(choice.message.content or ""),
+                reward=config.score(choice.message.content or ""),
             )
             for choice in response.choices
         ]

@@ -1,10 +1,19 @@
-"""Tasks for the real-model demo and benchmarks: yes/no/maybe, and a multi-turn list task.
+"""Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, and a multi-turn list.
 
 ``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
-training is most of a step's work. ``list`` is one where inference matters, as it does for
-ART's users: a rollout is a short conversation with an environment that checks a format.
+training is most of a step's work. ``explain`` and ``list`` are ones where inference matters,
+as it does for ART's users.
 
-**The list task.** The user asks for exactly ``k`` things of a category (5 to 8 fruits,
+**The explain task.** ART's 48 yes/no/maybe prompts with answers of up to 64 tokens, scored
+as a verifiable format: the yes/no/maybe task's first-word score (maybe 1.0, no 0.75, yes 0.5,
+anything else 0), halved unless at least ``EXPLAIN_WORDS`` words (about 32 tokens) follow the
+first word. At step 0 SmolLM2-135M starts 13 of 64 answers with yes, no or maybe and writes
+more than 24 words in 31 of 64 (8 prompts x 8 samples), so most groups have reward variance;
+a policy that learns the first word and stops there scores half, so answers stay long.
+(Asking for the reason in the prompt, ", then explain why in two or three sentences", made
+the model answer with yes/no/maybe in 5 of 64 instead of 13.)
+
+**The list task**, a short conversation with an environment that checks a format. The user asks for exactly ``k`` things of a category (5 to 8 fruits,
 colors, ...), comma-separated and nothing else. The environment counts the answer's items;
 when the count or the format is off, it says what was wrong and asks again (up to ``turns``
 model turns). A rollout's reward is the mean of its turns' scores, a turn that was already
@@ -26,12 +35,14 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import count
 from typing import Any
 
 import art
 import numpy as np
 
+from ..demo.task import reward_for_answer
 from . import demo
 
 #: Things the list task asks for; each scenario asks for ``k`` of one of them.
@@ -57,6 +68,16 @@ CATEGORIES: tuple[str, ...] = (
 COUNTS: tuple[int, ...] = (5, 6, 7, 8)
 #: Words an item may have: longer pieces are prose, not list items.
 MAX_ITEM_WORDS = 3
+
+#: Words that must follow an explain answer's first word for full marks.
+EXPLAIN_WORDS = 24
+
+
+def score_explained(text: str) -> float:
+    """The first word's yes/no/maybe score, halved unless ``EXPLAIN_WORDS`` words follow it."""
+    score = reward_for_answer(text)
+    return score if len(text.split()) > EXPLAIN_WORDS else score / 2
+
 
 _NUMBERING = re.compile(r"^\s*(\d+[.)]|[-*•])\s*")
 
@@ -300,6 +321,16 @@ TASKS: dict[str, LLMTask] = {
         group_size=8,
         reward_target=0.5,
     ),
+    "explain": LLMTask(
+        name="explain",
+        description="yes/no/maybe, then a reason of >= 24 words, in up to 64 tokens",
+        config=partial(demo.LLMTaskConfig, max_tokens=64, score=score_explained),
+        scenarios=demo.scenarios,
+        rollout=demo.rollout,
+        eval_fn=demo.eval_fn,
+        group_size=8,
+        reward_target=0.5,
+    ),
     "list": LLMTask(
         name="list",
         description="exactly k comma-separated items, up to 2 turns of 48 tokens with feedback",
@@ -324,6 +355,7 @@ def get_task(name: str) -> LLMTask:
 
 
 __all__ = [
+    "EXPLAIN_WORDS",
     "TASKS",
     "LLMTask",
     "ListTaskConfig",
@@ -334,5 +366,6 @@ __all__ = [
     "list_rollout",
     "list_scenarios",
     "rollout_reward",
+    "score_explained",
     "score_list",
 ]

@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--task",
         default=None,
-        help="with --model: the task, 'yes-no-maybe' (default) or 'list' (exactly k "
-        "comma-separated items, up to two turns with feedback; see art_trio.cpu.tasks)",
+        help="with --model: the task, 'yes-no-maybe' (default), 'explain' (yes/no/maybe and "
+        "a reason of >= 24 words) or 'list' (exactly k comma-separated items, up to two turns "
+        "with feedback); see art_trio.cpu.tasks",
     )
     return parser
 
