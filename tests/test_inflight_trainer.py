@@ -17,6 +17,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_trio import PipelineTrainer, trio_native
 from art_trio.policy.batching import Freshness
+from art_trio.policy.freshness import mean_policy_version, version_tokens
 from art_trio.testing.doubles import TrainBatch
 from tests.doubles import RecordingBackend, scenarios
 
@@ -119,3 +120,47 @@ def test_the_cancel_window_widens_only_for_the_mean_bound_with_in_flight_updates
     assert Freshness(None, 1.5).cancel_window(True) == 3
     assert Freshness(2, 1.5).cancel_window(True) == 2
     assert Freshness(None, 0.0).cancel_window(True) == 0
+
+
+def _choice(tokens: int, spans: Any = None) -> Choice:
+    body: dict[str, Any] = {
+        "finish_reason": "stop",
+        "index": 0,
+        "message": {"role": "assistant", "content": "a"},
+        "token_ids": list(range(tokens)),
+    }
+    if spans is not None:
+        body["policy_token_spans"] = spans
+    return Choice.model_validate(body)
+
+
+def _span(version: int, start: int, end: int) -> dict[str, Any]:
+    return {"start_token": start, "end_token": end, "policy_version": version}
+
+
+def _served(start_version: int, *choices: Choice) -> art.Trajectory:
+    items: list[Any] = []
+    for choice in choices:
+        items += [{"role": "user", "content": "q"}, choice]
+    trajectory = art.Trajectory(messages_and_choices=items, reward=1.0)
+    trajectory.initial_policy_version = start_version
+    return trajectory
+
+
+def test_tokens_no_span_accounts_for_count_at_the_start_version() -> None:
+    """A turn served without spans, or a malformed span, must not leave the mean age judged on
+    the fresher tokens alone: those tokens count at the start version, the oldest they can be."""
+    fresh_turn = _choice(10, [_span(5, 0, 10)])
+    # First turn without spans (10 tokens), second all step 5: mean version 4, not 5.
+    mixed = _served(3, _choice(10), fresh_turn)
+    assert sorted(version_tokens(mixed)) == [(3, 10.0), (5, 10.0)]
+    assert mean_policy_version(art.TrajectoryGroup([mixed])) == 4.0
+    # A malformed span over the first 6 tokens: those 6 count at the start version.
+    malformed = _served(3, _choice(10, [{"start_token": 0, "policy_version": 5}, _span(5, 6, 10)]))
+    assert sorted(version_tokens(malformed)) == [(3, 6.0), (5, 4.0)]
+    # Spans that cover every token are taken as they are.
+    assert version_tokens(_served(3, fresh_turn)) == [(5, 10.0)]
+    # A backend that reports no spans at all: the start version, as before.
+    plain = _served(3, _choice(10))
+    plain.metrics["completion_tokens"] = 10
+    assert version_tokens(plain) == [(3, 10.0)]

@@ -8,10 +8,10 @@ as it does for ART's users.
 as a verifiable format: the yes/no/maybe task's first-word score (maybe 1.0, no 0.75, yes 0.5,
 anything else 0), halved unless at least ``EXPLAIN_WORDS`` words (about 32 tokens) follow the
 first word. At step 0 SmolLM2-135M starts 13 of 64 answers with yes, no or maybe and writes
-more than 24 words in 31 of 64 (8 prompts x 8 samples), so most groups have reward variance;
-a policy that learns the first word and stops there scores half, so answers stay long.
-(Asking for the reason in the prompt, ", then explain why in two or three sentences", made
-the model answer with yes/no/maybe in 5 of 64 instead of 13.)
+more than 24 words in 31 of 64 (8 prompts x 8 samples of up to 48 tokens), so most groups
+have reward variance; a policy that learns the first word and stops there scores half, so
+answers stay long. (Asking for the reason in the prompt, ", then explain why in two or three
+sentences", made the model answer with yes/no/maybe in 5 of 64 instead of 13.)
 
 **The list task**, a short conversation with an environment that checks a format. The user asks for exactly ``k`` things of a category (5 to 8 fruits,
 colors, ...), comma-separated and nothing else. The environment counts the answer's items;

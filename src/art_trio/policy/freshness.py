@@ -98,10 +98,20 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
             for v, n in counts.items()
             if not n <= 0
         ]
-    spans = [span for item in _served_items(trajectory) for span in _spans(item)]
-    if spans:
-        return spans
     version = trajectory.initial_policy_version
+    spans: list[tuple[int, float]] = []
+    unattributed = 0.0
+    for item in _served_items(trajectory):
+        found, missing = _choice_versions(item)
+        spans += found
+        unattributed += missing
+    if spans:
+        # Tokens no span accounts for (a choice served without spans, a malformed span) are
+        # counted at the start version, the oldest any of the trajectory's tokens can be:
+        # the bound is never judged on the fresher tokens alone.
+        if unattributed and version is not None:
+            spans.append((version, unattributed))
+        return spans
     if version is None:
         return []
     metrics = trajectory.metrics
@@ -119,21 +129,39 @@ def _served_items(trajectory: Trajectory) -> Iterable[Any]:
         yield from history.messages_and_choices
 
 
-def _spans(item: Any) -> list[tuple[int, float]]:
-    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None)
-    raw = extra.get("policy_token_spans") if isinstance(extra, Mapping) else None
-    if not isinstance(raw, list):
-        return []
-    found = []
-    for span in raw:
+def _choice_versions(item: Any) -> tuple[list[tuple[int, float]], float]:
+    """A served item's `(version, tokens)` spans, and its tokens no span accounts for (NaN
+    where that count is unknown). Messages written by the user or the rollout (dicts without
+    spans) have neither: they are not trained."""
+    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None) or {}
+    raw = extra.get("policy_token_spans")
+    if isinstance(item, Mapping) and raw is None:
+        return [], 0.0
+    found: list[tuple[int, float]] = []
+    malformed = not isinstance(raw, list)
+    for span in raw if isinstance(raw, list) else ():
         try:
             tokens = float(span["end_token"]) - float(span["start_token"])
             found.append((int(span["policy_version"]), tokens))
         except (KeyError, TypeError, ValueError, OverflowError):
-            continue  # a malformed span says nothing about the version
+            malformed = True  # a malformed span says nothing about the version
     # A non-finite span is kept (as NaN): the group's mean then falls back to its oldest
     # version rather than silently losing the span's tokens.
-    return [(v, n if math.isfinite(n) else math.nan) for v, n in found if not n <= 0]
+    spans = [(v, n if math.isfinite(n) else math.nan) for v, n in found if not n <= 0]
+    total = _choice_tokens(item, extra)
+    if total is None:
+        return spans, math.nan if malformed else 0.0
+    covered = sum(n for _, n in spans)
+    return spans, max(0.0, total - covered) if math.isfinite(covered) else 0.0
+
+
+def _choice_tokens(item: Any, extra: Mapping[str, Any]) -> float | None:
+    """The completion tokens of a served choice, where it says (`token_ids`, or its logprobs)."""
+    token_ids = extra.get("token_ids")
+    if isinstance(token_ids, list):
+        return float(len(token_ids))
+    content = getattr(getattr(item, "logprobs", None), "content", None)
+    return float(len(content)) if isinstance(content, list) else None
 
 
 def mean_policy_version(group: Any) -> float | None:
