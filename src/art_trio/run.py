@@ -135,6 +135,7 @@ class PipelineRun:
         state: PipelineState,
         store: StateStore,
         status: StatusReporter,
+        fold: CounterFold,
         start_step: int,
         source: ScenarioSource[Any],
         rollout_fn: Any,
@@ -185,7 +186,7 @@ class PipelineRun:
         )
         #: The run's record: its events, folded by the counters and the status line first
         #: (registered before the user's observers), then heard by the user's.
-        self.fold = CounterFold()
+        self.fold = fold
         self.observers = observers or Observers()
         # A user observer that raises ends the run as a forced stop would (see Observers).
         self.observers.begin_run(
