@@ -158,10 +158,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._validate_backend_support()
 
     def __getattr__(self, name: str) -> Any:
-        # ART's trainer keeps its settings as attributes (`trainer.max_batch_size`): while a
-        # run goes, its live settings (a resize changes them); else the configured ones.
-        run = self.__dict__.get("_run")
-        settings = run.settings if run is not None else self.__dict__.get("settings")
+        # ART's trainer keeps its settings as attributes (`trainer.max_batch_size`).
+        settings = self.__dict__.get("settings")
         if settings is not None and name in FIELDS:
             return settings.get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -261,7 +259,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self.settings is not configured:
             # Resized during start-up (from any thread, on this loop): the run was built
             # from the settings as they were; it starts with the new ones.
-            self._resize_run(run, run.settings, self.settings, self._startup_resize_reason)
+            self._resize_run(run, configured, self.settings, self._startup_resize_reason)
         if self._stop_before_start is not None:
             if self._stop_before_start == "force":
                 run.cancel_everything()
@@ -431,11 +429,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         scenario is lost or trained twice. Batch sizes apply from the next batch collected.
         A larger `queue_maxsize` lets blocked rollout workers hand over as the trainer takes
         groups; a smaller one leaves what is queued in place. Values given are checked as
-        the constructor checks them (ValueError); before `train()` they change the settings
-        the next run starts with, and during its start-up (before the run is built) those of
-        the run starting. Returns the statistics after the change. From another
-        thread than the run's event loop, the change is made on the loop (waiting up to
-        10 s for it, else `art_trio.LoopUnresponsive` and nothing changed).
+        the constructor checks them (ValueError). `trainer.settings` is the one settings
+        object: the running run's, and the next run starts with it (a resize before
+        `train()` or during its start-up included). Returns the statistics after the
+        change. From another thread than the run's event loop, the change is made on the
+        loop (waiting up to 10 s for it, else `art_trio.LoopUnresponsive` and nothing
+        changed).
         """
         loop = self._loop
         if loop is not None and not loop.in_loop_thread():
@@ -458,8 +457,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             problem = count_error(name, value, optional=True)
             if problem is not None:
                 raise ValueError(f"resize: {problem}; nothing was changed")
-        run = self._run
-        s = run.settings if run is not None else self.settings
+        run, s = self._run, self.settings
         workers = _fit_executor(
             self.rollout_executor,
             s.sizes.num_rollout_workers if num_rollout_workers is None else num_rollout_workers,
@@ -474,10 +472,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             max_batch_size=s.sizes.max_batch_size if max_batch_size is None else max_batch_size,
             queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,
         )
+        # The one settings object: the run's while one goes (the next run starts with them).
+        self.settings = resized
         if run is None:
             # Before train(), or during its start-up (on its loop): the run being built
             # starts with these (see _train_in_bridge).
-            self.settings = resized
             self._startup_resize_reason = reason
             return self.statistics()
         self._resize_run(run, s, resized, reason)
