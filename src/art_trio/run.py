@@ -122,6 +122,45 @@ class CallsInFlight:
         return stack[-1] if stack else None
 
 
+class StepLeases:
+    """The steps running rollouts and evals sample from, with how many hold each: retention
+    never deletes a leased checkpoint."""
+
+    __slots__ = ("_bridge", "_model", "held")
+
+    def __init__(self, bridge: Bridge, model: Any) -> None:
+        self._bridge = bridge
+        self._model = model
+        #: Step -> how many running rollouts and evals hold it.
+        self.held: dict[int, int] = {}
+
+    async def call(
+        self,
+        step: int,
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None,
+    ) -> R:
+        """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
+
+        `lease(model, step)` is the backend's lease (`adapter_lease` for rollouts; for evals
+        on ART 0.5.20+ `exact_adapter_lease` where the backend has it, see compat.py), held
+        for the callback's whole duration, entered where the bridge runs the callback (see
+        `Bridge.callback_holding`).
+        """
+        held = self.held
+        held[step] = held.get(step, 0) + 1
+        try:
+            if lease is None:
+                return await self._bridge.callback(fn, *args)
+            model = self._model
+            return await self._bridge.callback_holding(lambda: lease(model, step), fn, *args)
+        finally:
+            held[step] -= 1
+            if held[step] <= 0:
+                del held[step]
+
+
 class PipelineRun:
     """State shared by the stages of one `train()` call."""
 
@@ -199,7 +238,7 @@ class PipelineRun:
         self.stop.on_stop(self.gate.close)
         self.stop.on_stop(self.source.close)
         #: Steps a running rollout or eval samples from, with how many hold each.
-        self.leased_steps: dict[int, int] = {}
+        self.leases = StepLeases(bridge, model)
         #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
         self.eval_leases = EvalRetentionLeases(backend, model, bridge)
         #: The persisted tallies as this run found them: earlier runs' share of the totals.
@@ -247,33 +286,6 @@ class PipelineRun:
     def cancel_everything(self) -> None:
         """The second signal: cancel every stage now (state is still persisted)."""
         self.stop.cancel_everything()
-
-    # -- leases ---------------------------------------------------------------------------
-
-    async def call_leased(
-        self,
-        step: int,
-        fn: Callable[..., Awaitable[R]],
-        *args: Any,
-        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None,
-    ) -> R:
-        """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
-
-        Retention never deletes a leased checkpoint. `lease(model, step)` is the backend's
-        lease (`adapter_lease` for rollouts; for evals on ART 0.5.20+ `exact_adapter_lease`
-        where the backend has it, see compat.py), held for the callback's whole duration,
-        entered where the bridge runs the callback (see `Bridge.callback_holding`).
-        """
-        self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
-        try:
-            if lease is None:
-                return await self.context.bridge.callback(fn, *args)
-            model = self.context.model
-            return await self.context.bridge.callback_holding(lambda: lease(model, step), fn, *args)
-        finally:
-            self.leased_steps[step] -= 1
-            if self.leased_steps[step] <= 0:
-                del self.leased_steps[step]
 
     # -- views ---------------------------------------------------------------------------
 

@@ -312,7 +312,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         stages: list[Stage] = [
             rollouts,
             training,
-            EvalStage(run, eval_receive),
+            EvalStage(
+                eval_receive, context=run.context, state=run.state, stop=run.stop,
+                calls=run.calls, leases=run.leases, eval_leases=run.eval_leases,
+                emit=run.emit, clock=run.now, persist=run.persist,
+            ),
             StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
                 run,
@@ -353,7 +357,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if capacity is not None:
             policy.max_workers = min(policy.max_workers, capacity)
         self._tuner = AutotuneStage(
-            run, policy, self.autotune, statistics=self.statistics, resize=self.resize,
+            policy, self.autotune, model=self.model, settings=lambda: self.settings,
+            stop=run.stop, observe=run.observers.add, status=run.status,
+            statistics=self.statistics, resize=self.resize,
             profile=profile_path(
                 self.model._get_output_dir(), getattr(self.autotune, "output_name", None)
             ),

@@ -19,11 +19,13 @@ from typing import Any
 
 import anyio
 
-from ..messages.events import RunEvent, RunStatistics, StepTrained
+from ..config.settings import PipelineSettings
+from ..messages.events import Observer, RunEvent, RunStatistics, StepTrained
+from ..observation.status import StatusReporter
+from ..plumbing.stop import StopControl
 from ..policy.autotune.policy import AutotunePolicy
 from ..policy.autotune.profile import config_field, profile_document, save_profile
 from ..policy.autotune.window import Decision, InferenceLoad, parse_vllm_metrics
-from ..run import PipelineRun
 from .checkpoints import append_metrics_row
 
 logger = logging.getLogger("art_trio")
@@ -34,15 +36,24 @@ class AutotuneStage:
 
     def __init__(
         self,
-        run: PipelineRun,
         policy: AutotunePolicy,
         config: Any,
         *,
+        model: Any,
+        settings: Callable[[], PipelineSettings],
+        stop: StopControl,
+        observe: Callable[[Observer], Callable[[], None]],
+        status: StatusReporter,
         statistics: Callable[[], RunStatistics],
         resize: Callable[..., RunStatistics],
         profile: Path,
     ) -> None:
-        self.run = run
+        self._model = model
+        #: The settings in force (a resize replaces them).
+        self._settings = settings
+        self._stop = stop
+        self._observe = observe
+        self._status = status
         self.policy = policy
         self.config = config
         self._statistics = statistics
@@ -73,8 +84,7 @@ class AutotuneStage:
             self._wake.set()
 
     async def __call__(self) -> None:
-        run = self.run
-        remove = run.observers.add(self._on_event)
+        remove = self._observe(self._on_event)
         url = config_field(self.config, "inference_metrics_url", None)
         try:
             async with anyio.create_task_group() as tg:
@@ -88,18 +98,18 @@ class AutotuneStage:
             self._save()
 
     async def _wake_at_end(self) -> None:
-        await self.run.stop.finished.wait()
+        await self._stop.finished.wait()
         self._wake.set()
 
     async def _follow(self) -> None:
         """One observation per wake-up: after a step (or several), until the run ends."""
-        run = self.run
+        stop = self._stop
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            if run.stop.finished.is_set():
+            if stop.finished.is_set():
                 return
-            if run.stopping:
+            if stop.stopping:
                 continue
             self._sync()  # judge from the settings in force, not a stale copy
             decision = self.policy.observe(self._statistics(), self.inference)
@@ -109,7 +119,7 @@ class AutotuneStage:
     def _sync(self) -> None:
         # The settings, not the statistics: those count the workers still running, which
         # lag a decrease until each extra worker finishes its rollout.
-        sizes = self.run.settings.sizes
+        sizes = self._settings().sizes
         self.policy.sync(sizes.num_rollout_workers, sizes.min_batch_size, sizes.max_batch_size)
 
     def _apply(self, decision: Decision) -> None:
@@ -145,9 +155,9 @@ class AutotuneStage:
         if w is not None:
             row["trainer_utilization"] = w.utilization
             row["rollout_s_per_trained_group"] = w.rollout_s_per_group
-        append_metrics_row(self.run, "autotune/", decision.step, row)
+        append_metrics_row(self._model, "autotune/", decision.step, row)
         if decision.changed:
-            self.run.status.write_line(
+            self._status.write_line(
                 f"[autotune] step={decision.step} {decision.action} "
                 f"workers={decision.previous_workers}->{decision.num_rollout_workers} "
                 f"min_batch={decision.min_batch_size} reason={decision.reason}"
@@ -159,8 +169,8 @@ class AutotuneStage:
                 self._profile,
                 profile_document(
                     self.policy, self.config,
-                    model_name=getattr(self.run.context.model, "name", None),
-                    queue_maxsize=self.run.settings.sizes.queue_maxsize,
+                    model_name=getattr(self._model, "name", None),
+                    queue_maxsize=self._settings().sizes.queue_maxsize,
                 ),
             )
         except OSError as exc:

@@ -29,11 +29,11 @@ from ..policy.retention import (
 from ..run import PipelineRun
 
 
-def _output_dir(run: PipelineRun) -> Path:
-    return Path(run.context.model._get_output_dir())
+def _output_dir(model: Any) -> Path:
+    return Path(model._get_output_dir())
 
 
-def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, float]) -> None:
+def append_checkpoint_event(model: Any, step: int, metrics: dict[str, float]) -> None:
     """Append one `checkpoint/...` row to history.jsonl, in the shape ART's `model.log` uses."""
     row: dict[str, Any] = {
         (k if k.startswith("checkpoint/") else f"checkpoint/{k}"): v
@@ -44,53 +44,51 @@ def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, floa
         return
     # ART 0.5.18 stamps its checkpoint rows with the run's wall clock; 0.5.23 no longer
     # does, although its models still record `_run_start_time` (see compat.py).
-    _append_history_row(run, row, step, wall_clock=CHECKPOINT_ROW_WALL_CLOCK)
+    _append_history_row(model, row, step, wall_clock=CHECKPOINT_ROW_WALL_CLOCK)
 
 
-def append_metrics_row(
-    run: PipelineRun, prefix: str, step: int, metrics: dict[str, float]
-) -> None:
+def append_metrics_row(model: Any, prefix: str, step: int, metrics: dict[str, float]) -> None:
     """Append one row of `prefix`-named metrics to history.jsonl (as `model.log` shapes them)."""
     row: dict[str, Any] = {
         f"{prefix}{k}": v
         for k, v in metrics.items()
         if not (isinstance(v, float) and not math.isfinite(v))
     }
-    _append_history_row(run, row, step)
+    _append_history_row(model, row, step)
 
 
 def _append_history_row(
-    run: PipelineRun, row: dict[str, Any], step: int, *, wall_clock: bool = False
+    model: Any, row: dict[str, Any], step: int, *, wall_clock: bool = False
 ) -> None:
     """Stamp `row` with its step (and the run's wall clock) and append it to history.jsonl."""
-    started = getattr(run.context.model, "_run_start_time", None) if wall_clock else None
+    started = getattr(model, "_run_start_time", None) if wall_clock else None
     row["training_step"] = step
     if isinstance(started, (int, float)):
         row["time/wall_clock_sec"] = time.time() - started
     row["step"] = step
     row["recorded_at"] = datetime.now().isoformat()
-    out = _output_dir(run)
+    out = _output_dir(model)
     os.makedirs(out, exist_ok=True)
     with open(out / "history.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
 
-def note_eval_completed(run: PipelineRun, step: int) -> None:
-    append_checkpoint_event(run, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
+def note_eval_completed(model: Any, step: int) -> None:
+    append_checkpoint_event(model, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
 
 
 def _checkpoint_path(run: PipelineRun, result: Any, step: int) -> Path:
     path = getattr(result, "checkpoint_path", None)
     if isinstance(path, str) and path:
         return Path(path)
-    return _output_dir(run) / "checkpoints" / f"{step:04d}"
+    return _output_dir(run.context.model) / "checkpoints" / f"{step:04d}"
 
 
 async def after_step(run: PipelineRun, result: Any, step: int) -> None:
     path = _checkpoint_path(run, result, step)
     if path.exists():
         append_checkpoint_event(
-            run,
+            run.context.model,
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
@@ -106,7 +104,7 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
 
 def _history_metrics_by_step(run: PipelineRun) -> dict[int, dict[str, float]]:
     """Mean of every numeric history value, per step (a step can have several rows)."""
-    path = _output_dir(run) / "history.jsonl"
+    path = _output_dir(run.context.model) / "history.jsonl"
     sums: dict[int, dict[str, list[float]]] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -130,7 +128,7 @@ def _history_metrics_by_step(run: PipelineRun) -> dict[int, dict[str, float]]:
 
 
 def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
-    directory = _output_dir(run) / "checkpoints"
+    directory = _output_dir(run.context.model) / "checkpoints"
     if not directory.is_dir():
         return []
     history = _history_metrics_by_step(run)
@@ -162,7 +160,7 @@ def protected_steps(run: PipelineRun, current_step: int) -> set[int]:
     and the KL penalty's reference (see `kl_reference_steps`)."""
     return (
         {current_step}
-        | set(run.leased_steps)
+        | set(run.leases.held)
         | set(run.state.pending_eval_steps)
         | kl_reference_steps(run.settings, current_step)
     )

@@ -352,11 +352,11 @@ class RolloutStage:
         try:
             # Leased for the whole call: the rollout samples from `version`'s weights.
             if ctx.executor is not None:
-                return await run.call_leased(
+                return await run.leases.call(
                     version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
                     ctx.config, lease=ctx.rollout_lease,
                 )
-            return await run.call_leased(
+            return await run.leases.call(
                 version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
                 lease=ctx.rollout_lease,
             )
