@@ -319,7 +319,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             ),
             StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
-                run,
+                stall_seconds=run.settings.status.stall_seconds,
+                stall_action=run.settings.status.stall_action,
+                counters=run.counters, gate=run.gate, calls=run.calls, stop=run.stop,
+                bridge=run.context.bridge, status=run.status, emit=run.emit, clock=run.now,
                 rollouts_in_flight=rollouts.in_flight,
                 workers_running=lambda: rollouts.workers_running,
                 ready=lambda: len(training.ready),
