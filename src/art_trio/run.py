@@ -21,7 +21,7 @@ import sniffio
 from .config.settings import PipelineSettings
 from .messages.events import Observers, RunStatistics
 from .messages.stall_report import CallInFlight
-from .messages.values import Delivered, TallyBase
+from .messages.values import TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge
@@ -255,12 +255,6 @@ class PipelineRun:
         """The run's counters, as the events folded them so far (read them; never write)."""
         return self.fold.counters
 
-    def note_failure(self, exc: BaseException) -> None:
-        """The run is failing with `exc` (unless it already was): from now on an observer
-        that raises while the run winds down does not replace the first error."""
-        if isinstance(exc, Exception):  # cancellation is not a failure
-            self.observers.note_failure(exc)
-
     def resize(self, settings: PipelineSettings) -> None:
         """The run's sizes change to `settings` (validated); the trainer has the rollout
         stage start or retire workers, and the groups channel change its capacity."""
@@ -302,11 +296,6 @@ class PipelineRun:
         )
 
     # -- persistence ---------------------------------------------------------------------
-
-    def stale_for(self, step: int) -> Callable[[Delivered], bool]:
-        """Whether a group is too old for the batch trained from `step`."""
-        fresh = self.freshness
-        return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def sync_tallies(self) -> None:
         """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""

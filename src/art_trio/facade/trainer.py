@@ -52,8 +52,10 @@ from ..policy.rules import count_error
 from ..run import PipelineRun, compose_statistics
 from ..stages import Stage
 from ..stages.autotune import AutotuneStage
+from ..stages.checkpoints import CheckpointBook
 from ..stages.control import ControlStage
 from ..stages.evaluation import EvalStage
+from ..stages.metrics import TrainMetrics
 from ..stages.rollout import RolloutStage
 from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
@@ -308,7 +310,22 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         rollouts = RolloutStage(run, send)
         self._rollouts = rollouts
         control = ControlStage(run.stop, handle_signals=handle_signals)
-        training = TrainingStage(run, receive, eval_send)
+        training = TrainingStage(
+            receive, eval_send, context=run.context, settings=lambda: self.settings,
+            state=run.state, gate=run.gate, fates=run.fates, observers=run.observers,
+            stop=run.stop, calls=run.calls, eval_leases=run.eval_leases,
+            checkpoints=CheckpointBook(
+                run.context, run.settings, run.state, run.leases, run.calls,
+                run.freshness.retention_window,
+            ),
+            freshness=run.freshness,
+            metrics=functools.partial(
+                TrainMetrics, counters=run.counters, tally_base=run.tally_base,
+                score_references=run.score_references, freshness=run.freshness,
+            ),
+            counters=run.counters, clock=run.now, persist=run.persist,
+            end_rollouts=run.end_rollouts_now,
+        )
         stages: list[Stage] = [
             rollouts,
             training,

@@ -180,7 +180,7 @@ class RolloutStage:
         except Exception as exc:
             # The run's first error, before the other workers are cancelled and settle what
             # they hold (an observer raising then must not replace it).
-            self.run.note_failure(exc)
+            self.run.observers.note_failure(exc)
             raise
         finally:
             self._live.discard(worker_id)
@@ -406,7 +406,7 @@ class RolloutStage:
         )
         if future is not None:
             # The run stops; the scenario is neither trained nor resolved.
-            run.note_failure(future)
+            run.observers.note_failure(future)
             run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
             raise future
         mean_version = mean_policy_version(group) if mean_bound else None
