@@ -210,7 +210,8 @@ class PipelineRun:
         self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
         # The loop's own clock: anyio.current_time() looks the backend up on every call, and
         # the stages read the time several times per rollout.
-        self._clock = loop_clock()
+        #: The run's clock (the stages' `clock`).
+        self.now = self._clock = loop_clock()
         self.started_at = self._clock()
         #: The calls and phases each stage awaits now (the stall watchdog reads them).
         self.calls = CallsInFlight(self._clock)
@@ -315,9 +316,6 @@ class PipelineRun:
         """Write the whole state atomically (start and end of a run)."""
         self.sync_tallies()
         self.store.write(self.state)
-
-    def now(self) -> float:
-        return self._clock()
 
 
 def compose_statistics(

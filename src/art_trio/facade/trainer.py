@@ -307,7 +307,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         groups = GroupQueue[Delivered](run.settings.groups_capacity)
         send, receive = groups.send_end, groups.receive_end
         self._resize_queue = groups.resize
-        rollouts = RolloutStage(run, send)
+        rollouts = RolloutStage(
+            send, context=run.context, settings=lambda: self.settings, source=run.source,
+            gate=run.gate, fates=run.fates, observers=run.observers, stop=run.stop,
+            leases=run.leases, state=run.state, freshness=run.freshness,
+            in_flight_updates=run.in_flight_updates, clock=run.now,
+        )
         self._rollouts = rollouts
         control = ControlStage(run.stop, handle_signals=handle_signals)
         training = TrainingStage(
