@@ -589,7 +589,7 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
         raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")
 
     policy = _policy(4)
-    stage = AutotuneStage(policy, AutotuneConfig(mode="online"), model=None,
+    stage = AutotuneStage(policy=policy, config=AutotuneConfig(mode="online"), model=None,
                           settings=lambda: settings, stop=SimpleNamespace(),
                           observe=SimpleNamespace(), status=SimpleNamespace(),
                           statistics=lambda: _stats(1, t=1, train=1, workers=4),

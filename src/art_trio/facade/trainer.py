@@ -308,7 +308,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         send, receive = groups.send_end, groups.receive_end
         self._resize_queue = groups.resize
         rollouts = RolloutStage(
-            send, context=run.context, settings=lambda: self.settings, source=run.source,
+            send=send, context=run.context, settings=lambda: self.settings, source=run.source,
             gate=run.gate, fates=run.fates, observers=run.observers, stop=run.stop,
             leases=run.leases, state=run.state, freshness=run.freshness,
             in_flight_updates=run.in_flight_updates, clock=run.now,
@@ -316,15 +316,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts = rollouts
         control = ControlStage(run.stop, handle_signals=handle_signals)
         training = TrainingStage(
-            receive, eval_send, context=run.context, settings=lambda: self.settings,
-            state=run.state, gate=run.gate, fates=run.fates, observers=run.observers,
+            receive=receive, eval_send=eval_send, context=run.context,
+            settings=lambda: self.settings, state=run.state, gate=run.gate, fates=run.fates,
+            observers=run.observers,
             stop=run.stop, calls=run.calls, eval_leases=run.eval_leases,
             checkpoints=CheckpointBook(
                 run.context, run.settings, run.state, run.leases, run.calls,
                 run.freshness.retention_window,
             ),
             freshness=run.freshness,
-            metrics=functools.partial(
+            make_metrics=functools.partial(
                 TrainMetrics, counters=run.counters, tally_base=run.tally_base,
                 score_references=run.score_references, freshness=run.freshness,
             ),
@@ -335,7 +336,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             rollouts,
             training,
             EvalStage(
-                eval_receive, context=run.context, state=run.state, stop=run.stop,
+                receive=eval_receive, context=run.context, state=run.state, stop=run.stop,
                 calls=run.calls, leases=run.leases, eval_leases=run.eval_leases,
                 emit=run.emit, clock=run.now, persist=run.persist,
             ),
@@ -382,7 +383,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if capacity is not None:
             policy.max_workers = min(policy.max_workers, capacity)
         self._tuner = AutotuneStage(
-            policy, self.autotune, model=self.model, settings=lambda: self.settings,
+            policy=policy, config=self.autotune, model=self.model, settings=lambda: self.settings,
             stop=run.stop, observe=run.observers.add, status=run.status,
             statistics=self.statistics, resize=self.resize,
             profile=profile_path(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -31,40 +32,27 @@ from .checkpoints import note_eval_completed
 logger = logging.getLogger("art_trio")
 
 
+@dataclass(kw_only=True, eq=False)
 class EvalStage:
     """Runs the evals the training stage requests, one at a time."""
 
     name = "eval"
 
-    def __init__(
-        self,
-        receive: MemoryObjectReceiveStream[int],
-        *,
-        context: StageContext,
-        state: PipelineState,
-        stop: StopControl,
-        calls: CallsInFlight,
-        leases: StepLeases,
-        eval_leases: EvalRetentionLeases,
-        emit: Callable[[RunEvent], None],
-        clock: Callable[[], float],
-        persist: Callable[[], None],
-    ) -> None:
-        self._receive = receive
-        self._context = context
-        self._state = state
-        self._stop = stop
-        self._calls = calls
-        self._leases = leases
-        self._eval_leases = eval_leases
-        self._emit = emit
-        self._clock = clock
-        self._persist = persist
+    receive: MemoryObjectReceiveStream[int]
+    context: StageContext
+    state: PipelineState
+    stop: StopControl
+    calls: CallsInFlight
+    leases: StepLeases
+    eval_leases: EvalRetentionLeases
+    emit: Callable[[RunEvent], None]
+    clock: Callable[[], float]
+    persist: Callable[[], None]
 
     async def __call__(self) -> None:
-        receive, stop, eval_leases = self._receive, self._stop, self._eval_leases
+        receive, stop, eval_leases = self.receive, self.stop, self.eval_leases
         # Decided once, the model registered: whether the backend's served choices carry spans.
-        strict = policy_spans_reported(self._context.model)
+        strict = policy_spans_reported(self.context.model)
         logger.info(describe_mode(strict))
         try:
             async with receive:
@@ -76,7 +64,7 @@ class EvalStage:
                         with stop.eval_begins():
                             # Held since the step was scheduled (or from now, for the start
                             # step and resumed evals) until the eval has ended.
-                            with self._calls.track("eval", f"the eval lease of step {step}"):
+                            with self.calls.track("eval", f"the eval lease of step {step}"):
                                 await eval_leases.take(step)
                             await self.evaluate(step, strict_provenance=strict)
                     finally:
@@ -90,22 +78,22 @@ class EvalStage:
     async def evaluate(self, step: int, *, strict_provenance: bool = False) -> None:
         """Evaluate the policy at `step` and log each split the eval_fn returned (with
         `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
-        ctx, calls, state = self._context, self._calls, self._state
+        ctx, calls, state = self.context, self.calls, self.state
         model = ctx.model
-        self._emit(EvalStarted(step))
+        self.emit(EvalStarted(step))
         reward: float | None = None
         completed = False
         try:
             token = model.activate_metrics_context("eval")
-            started = self._clock()
+            started = self.clock()
             try:
                 with calls.track("eval", f"eval_fn (step {step})"):
-                    result = await self._leases.call(
+                    result = await self.leases.call(
                         step, ctx.eval_fn, model, step, ctx.config, lease=ctx.eval_lease
                     )
             finally:
                 token.var.reset(token)
-                elapsed = self._clock() - started
+                elapsed = self.clock() - started
             splits = {
                 split: split_eval_items(items) for split, items in eval_splits(result).items()
             }
@@ -142,9 +130,9 @@ class EvalStage:
             # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
             state.drop_eval(step)
         finally:
-            self._emit(EvalEnded(step, completed, reward))
+            self.emit(EvalEnded(step, completed, reward))
             if completed:
                 state.complete_eval(step)
                 # Persisted now, as ART does, so a run killed before its next step does not
                 # evaluate this step again on resume.
-                self._persist()
+                self.persist()

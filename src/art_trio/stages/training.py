@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -70,6 +71,7 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
+@dataclass(kw_only=True, eq=False)
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
 
@@ -79,75 +81,57 @@ class TrainingStage:
 
     name = "training"
 
-    def __init__(
-        self,
-        receive: GroupReceiveEnd[Delivered],
-        eval_send: MemoryObjectSendStream[int],
-        *,
-        context: StageContext,
-        settings: Callable[[], PipelineSettings],
-        state: PipelineState,
-        gate: PolicyGate,
-        fates: FateRecord,
-        observers: Observers,
-        stop: StopControl,
-        calls: CallsInFlight,
-        eval_leases: EvalRetentionLeases,
-        checkpoints: CheckpointBook,
-        freshness: Freshness,
-        metrics: Callable[..., TrainMetrics],
-        counters: RunCounters,
-        clock: Callable[[], float],
-        persist: Callable[[], None],
-        end_rollouts: Callable[[], None],
-    ) -> None:
-        self._receive = receive
-        self._eval_send = eval_send
-        self._context = context
-        #: The settings in force (a resize replaces them).
-        self._settings = settings
-        self._state = state
-        self._gate = gate
-        self._fates = fates
-        self._observers = observers
-        self._emit = observers.emit
-        self._stop = stop
-        self._calls = calls
-        self._eval_leases = eval_leases
-        self._checkpoints = checkpoints
-        self._freshness = freshness
-        self._counters = counters
-        self._now = clock
-        self._persist = persist
-        #: The run ended on its own: admit no more rollouts and cancel those in flight.
-        self._end_rollouts = end_rollouts
+    receive: GroupReceiveEnd[Delivered]
+    eval_send: MemoryObjectSendStream[int]
+    context: StageContext
+    #: The settings in force (a resize replaces them).
+    settings: Callable[[], PipelineSettings]
+    state: PipelineState
+    gate: PolicyGate
+    fates: FateRecord
+    observers: Observers
+    stop: StopControl
+    calls: CallsInFlight
+    eval_leases: EvalRetentionLeases
+    checkpoints: CheckpointBook
+    freshness: Freshness
+    #: The train rows' builder, given the channel and the ready pool.
+    make_metrics: Callable[..., TrainMetrics]
+    counters: RunCounters
+    clock: Callable[[], float]
+    persist: Callable[[], None]
+    #: The run ended on its own: admit no more rollouts and cancel those in flight.
+    end_rollouts: Callable[[], None]
+
+    def __post_init__(self) -> None:
+        self._emit = self.observers.emit
         #: Usable groups received from the channel, waiting for a batch (see collect_batch).
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
-        self._metrics = metrics(
-            receive=receive, ready=self.ready, ready_capacity=self._ready_capacity
+        self._metrics = self.make_metrics(
+            receive=self.receive, ready=self.ready, ready_capacity=self._ready_capacity
         )
-        self._preparation = batch_preparation(context.backend, context.model)
+        self._preparation = batch_preparation(self.context.backend, self.context.model)
 
     async def __call__(self) -> None:
         try:
-            async with self._eval_send:
+            async with self.eval_send:
                 try:
                     await self._train_until_done()
                 except BaseException as exc:
                     # Noted first: an observer raising while the channel closes must not
                     # replace this error.
-                    self._observers.note_failure(exc)
+                    self.observers.note_failure(exc)
                     self._close_channel()
                     raise
                 self._close_channel()
         finally:
-            if not self._stop.stopping:
+            if not self.stop.stopping:
                 # Ended on its own (max_steps, end of source, collapse): rollouts still in
                 # flight can no longer be trained, so cancel them now rather than wait.
-                self._end_rollouts()
-            self._stop.stage_done("training")
+                self.end_rollouts()
+            self.stop.stage_done("training")
 
     def _close_channel(self) -> None:
         """Stop receiving; what is ready or still in the channel was never trained, and a
@@ -157,28 +141,28 @@ class TrainingStage:
         # What the event reports: the channel's own buffer (observers bound its occupancy
         # with it). The drain below also takes the groups of senders blocked on a full
         # channel, and the ready pool's were taken out of it already.
-        in_channel = self._receive.statistics().current_buffer_used
+        in_channel = self.receive.statistics().current_buffer_used
         while True:
             try:
-                left.append(self._receive.receive_nowait())
+                left.append(self.receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
-        self._receive.close()
-        self._fates.settle_many(
+        self.receive.close()
+        self.fates.settle_many(
             Fate.DROPPED_AT_STOP, ((item.scenario_index, 0.0) for item in left), queued=True
         )
         self._emit(ChannelClosed(in_channel))
 
     async def _train_until_done(self) -> None:
-        max_steps = self._settings().shutdown.max_steps
-        step = self._context.start_step
+        max_steps = self.settings().shutdown.max_steps
+        step = self.context.start_step
         metrics = self._metrics
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
         # backend reports.
         steps_done = 0
-        while (max_steps is None or steps_done < max_steps) and not self._stop.stopping:
-            step_started = self._now()
+        while (max_steps is None or steps_done < max_steps) and not self.stop.stopping:
+            step_started = self.clock()
             batch = await self.collect_batch(step)
             if batch is None or not batch.items:
                 return
@@ -201,11 +185,11 @@ class TrainingStage:
         if prepare is None:
             return {}
         groups = [item.group for item in batch.items]
-        s = self._settings()
-        with self._calls.track("training", "backend.prepare_pipeline_batch"):
-            reported = await self._context.bridge.call(
+        s = self.settings()
+        with self.calls.track("training", "backend.prepare_pipeline_batch"):
+            reported = await self.context.bridge.call(
                 prepare,
-                self._context.model,
+                self.context.model,
                 groups,
                 normalize_advantages=s.training.normalize_advantages,
                 grad_accumulation_sequences=s.training.grad_accumulation_sequences,
@@ -218,7 +202,7 @@ class TrainingStage:
                 "groups; they are discarded.", len(groups),
             )
             for item in batch.items:
-                self._fates.settle(
+                self.fates.settle(
                     Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s,
                     queued=True,
                 )
@@ -227,9 +211,9 @@ class TrainingStage:
 
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
-        s = self._settings()
+        s = self.settings()
         largest = s.sizes.max_batch_size
-        return self._gate.policy.lookahead(largest, s.groups_capacity) - largest
+        return self.gate.policy.lookahead(largest, s.groups_capacity) - largest
 
     async def collect_batch(self, current_step: int) -> CollectedBatch | None:
         """The next batch, or None if the run stopped or collapsed while collecting.
@@ -241,18 +225,18 @@ class TrainingStage:
         """
         stale = self._stale_for(current_step)
         batch = CollectedBatch()
-        started = self._now()
+        started = self.clock()
         # Groups that aged out of the window while they waited for a batch.
         for item in [item for item in self.ready if stale(item)]:
             self.ready.remove(item)
             self._discard_stale(item)
         with (
             anyio.CancelScope() as scope,
-            self._calls.track(
+            self.calls.track(
                 "training", f"collecting a batch for step {current_step + 1}", phase=True
             ),
         ):
-            forget = self._stop.on_stop(scope.cancel)
+            forget = self.stop.on_stop(scope.cancel)
             try:
                 if not await self._fill(stale, batch):
                     return None
@@ -262,9 +246,9 @@ class TrainingStage:
             # Stopped while collecting: the ready groups are neither trained nor resolved,
             # so a resumed run rolls their scenarios again.
             return None
-        largest = self._settings().sizes.max_batch_size
-        batch.items = self._gate.policy.take_batch(self.ready, largest)
-        batch.idle_s = self._now() - started
+        largest = self.settings().sizes.max_batch_size
+        batch.items = self.gate.policy.take_batch(self.ready, largest)
+        batch.idle_s = self.clock() - started
         return batch
 
     async def _fill(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
@@ -272,10 +256,10 @@ class TrainingStage:
         False on collapse."""
         if not self._receive_ready(stale, batch):
             return False
-        while len(self.ready) < self._settings().sizes.min_batch_size and not batch.source_ended:
+        while len(self.ready) < self.settings().sizes.min_batch_size and not batch.source_ended:
             in_channel = self._in_channel()
             try:
-                item = await self._receive.receive()
+                item = await self.receive.receive()
             except anyio.EndOfStream:
                 batch.source_ended = True
                 break
@@ -286,12 +270,12 @@ class TrainingStage:
     def _receive_ready(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
         """Move groups waiting in the channel to the ready pool, up to the policy's
         lookahead; False on collapse."""
-        s = self._settings()
-        lookahead = self._gate.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
+        s = self.settings()
+        lookahead = self.gate.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
         while not batch.source_ended and len(self.ready) < lookahead:
             in_channel = self._in_channel()
             try:
-                item = self._receive.receive_nowait()
+                item = self.receive.receive_nowait()
             except anyio.WouldBlock:
                 return True
             except anyio.EndOfStream:
@@ -303,12 +287,12 @@ class TrainingStage:
 
     def _in_channel(self) -> int:
         """Groups in the channel now, for observers (not measured while nobody observes)."""
-        if not self._observers.watched:
+        if not self.observers.watched:
             return 0
-        return self._receive.statistics().current_buffer_used
+        return self.receive.statistics().current_buffer_used
 
     def _discard_stale(self, item: Delivered) -> None:
-        self._fates.settle(
+        self.fates.settle(
             Fate.STALE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
 
@@ -329,17 +313,17 @@ class TrainingStage:
             return True
         if not group.trajectories:
             self._note_empty_group(item)
-        self._fates.settle(
+        self.fates.settle(
             Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
         self.held_zero_variance.append(group)
-        limit = self._settings().discard_limit
+        limit = self.settings().discard_limit
         if len(self.held_zero_variance) < limit:
             return True
         self._emit(Collapsed(len(self.held_zero_variance)))
         logger.error(
             COLLAPSE_MESSAGE.format(
-                limit=limit, multiplier=self._settings().shutdown.discard_queue_multiplier
+                limit=limit, multiplier=self.settings().shutdown.discard_queue_multiplier
             )
         )
         return False
@@ -355,30 +339,30 @@ class TrainingStage:
         expected = current_step + 1
         eval_this_step = self._should_eval(expected)
         groups = [item.group for item in batch.items]
-        self._gate.begin_training(expected, batch_size=len(groups))
+        self.gate.begin_training(expected, batch_size=len(groups))
         self._emit(BatchTaken(expected, len(groups)))
         # Written before the call: if the process dies inside backend.train, resume asks the
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.
-        self._state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-        self._state.at_step(current_step)
-        self._persist()
+        self.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
+        self.state.at_step(current_step)
+        self.persist()
 
         settled = False
         clock = TrainClock()
-        self._emit(TrainCallStarted(expected, self._now()))
+        self._emit(TrainCallStarted(expected, self.clock()))
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result = await self._context.bridge.call(
-                    train_and_log, self._context, self._settings(), self._calls, self._now,
+                result = await self.context.bridge.call(
+                    train_and_log, self.context, self.settings(), self.calls, self.clock,
                     batch, groups, expected, eval_this_step, step_started, metrics, prepared,
                     clock,
                 )
             except BaseException as exc:
                 # Noted first: an observer raising on the event must not replace this error.
-                self._observers.note_failure(exc)
+                self.observers.note_failure(exc)
                 self._emit(TrainCallEnded(expected, clock.train_s or 0.0))
                 raise
             train_s = clock.train_s or 0.0
@@ -388,21 +372,21 @@ class TrainingStage:
             settled = True
             # Checkpointed: what ART's trainers ask for (eval steps), unless the run asks for
             # none at all (then nothing is tracked: the user keeps no checkpoints).
-            saved = eval_this_step or not self._settings().persistence.save_checkpoint
+            saved = eval_this_step or not self.settings().persistence.save_checkpoint
             self._settle_trained(batch, new_step, step_started, train_s, saved=saved)
         except BaseException as exc:
             if not settled:
-                self._observers.note_failure(exc)
+                self.observers.note_failure(exc)
                 self._settle_unfinished(batch)
             raise
         if eval_this_step:
-            self._state.schedule_eval(new_step)
-            with self._calls.track("training", f"the eval lease of step {new_step}"):
-                await self._eval_leases.take(new_step)
-            self._eval_send.send_nowait(new_step)
-        await after_step(self._checkpoints, result, new_step)
-        self._gate.publish(new_step)
-        self._emit(PolicyPublished(self._gate.policy_version))
+            self.state.schedule_eval(new_step)
+            with self.calls.track("training", f"the eval lease of step {new_step}"):
+                await self.eval_leases.take(new_step)
+            self.eval_send.send_nowait(new_step)
+        await after_step(self.checkpoints, result, new_step)
+        self.gate.publish(new_step)
+        self._emit(PolicyPublished(self.gate.policy_version))
         return new_step
 
     def _settle_trained(
@@ -414,16 +398,16 @@ class TrainingStage:
         *,
         saved: bool,
     ) -> None:
-        self._state.ledger.commit_batch()
-        self._state.ledger.note_checkpoint(
+        self.state.ledger.commit_batch()
+        self.state.ledger.note_checkpoint(
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
-        self._state.at_step(new_step)
+        self.state.at_step(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
-        self._fates.settle_trained(
+        self.fates.settle_trained(
             (item.scenario_index for item in batch.items),
             (item.rollout_wall_s for item in batch.items),
         )
@@ -434,7 +418,7 @@ class TrainingStage:
                 batch_size=len(batch.items),
                 scenario_indices=tuple(item.scenario_index for item in batch.items),
                 staleness=staleness,
-                wall_s=self._now() - step_started,
+                wall_s=self.clock() - step_started,
                 train_s=train_s,
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
@@ -454,7 +438,7 @@ class TrainingStage:
         taken still ends in exactly one fate (with its event). Its groups left the gate's
         queue with the batch (`BatchTaken`), so they are not "queued" any more.
         """
-        self._fates.settle_many(
+        self.fates.settle_many(
             Fate.DROPPED_AT_STOP,
             ((item.scenario_index, item.rollout_wall_s) for item in batch.items),
         )
@@ -464,13 +448,13 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        ctx = self._context
-        with self._calls.track("training", "model.log (discarded groups)"):
+        ctx = self.context
+        with self.calls.track("training", "model.log (discarded groups)"):
             await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
     def _stale_for(self, step: int) -> Callable[[Delivered], bool]:
         """Whether a group is too old for the batch trained from `step`."""
-        fresh = self._freshness
+        fresh = self.freshness
         return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def _note_empty_group(self, item: Delivered) -> None:
@@ -481,7 +465,7 @@ class TrainingStage:
         source without training a step and return normally.
         """
         self._emit(EmptyGroupReceived(item.scenario_index))
-        if self._counters.empty_groups == 1:  # the first of the run
+        if self.counters.empty_groups == 1:  # the first of the run
             warnings.warn(
                 f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
                 f"index {item.scenario_index}; it is discarded as zero variance (nothing to "
@@ -492,7 +476,7 @@ class TrainingStage:
             )
 
     def _should_eval(self, step: int) -> bool:
-        every = self._settings().evaluation.eval_every_n_steps
-        if self._context.eval_fn is None or every <= 0:
+        every = self.settings().evaluation.eval_every_n_steps
+        if self.context.eval_fn is None or every <= 0:
             return False
-        return step - self._state.last_eval_step >= every
+        return step - self.state.last_eval_step >= every
