@@ -3,7 +3,8 @@
 A `PipelineRun` is built fresh by each `train()`, so two trainers (or two runs) share nothing.
 Stages talk through channels and own their own state (see stages/); what is left here is
 truly shared: the policy gate and its admission policy, the fate record, the resume state,
-the stop protocol, the run's live sizes, and the leases on checkpoints in use.
+the stop protocol, and the leases on checkpoints in use. The trainer hands each stage the
+parts it uses; the settings are the trainer's (`trainer.settings`, one object).
 """
 
 from __future__ import annotations
@@ -198,8 +199,6 @@ class PipelineRun:
             rollout_lease=rollout_lease(backend),
             eval_lease=eval_lease(backend),
         )
-        #: The run's settings as they are now: `resize` replaces them while the run goes.
-        self.settings = settings
         self.state = state
         self.store = store
         self.status = status
@@ -256,12 +255,6 @@ class PipelineRun:
         """The run's counters, as the events folded them so far (read them; never write)."""
         return self.fold.counters
 
-    def resize(self, settings: PipelineSettings) -> None:
-        """The run's sizes change to `settings` (validated); the trainer has the rollout
-        stage start or retire workers, and the groups channel change its capacity."""
-        self.settings = settings
-        self.gate.resize(settings.sizes.max_batch_size)
-
     # -- stopping ------------------------------------------------------------------------
 
     @property
@@ -284,11 +277,13 @@ class PipelineRun:
 
     # -- views ---------------------------------------------------------------------------
 
-    def statistics(self, *, running: bool, workers_running: int) -> RunStatistics:
-        """The run now: the folded counters, the gate's figures, the live settings."""
+    def statistics(
+        self, settings: PipelineSettings, *, running: bool, workers_running: int
+    ) -> RunStatistics:
+        """The run now: the folded counters, the gate's figures, the `settings` in force."""
         return compose_statistics(
             running=running,
-            settings=self.settings,
+            settings=settings,
             fold=self.fold,
             gate=self.gate,
             workers_running=workers_running,

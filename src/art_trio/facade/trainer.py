@@ -287,7 +287,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
         """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
-        self._last_statistics = run.statistics(running=False, workers_running=0)
+        self._last_statistics = run.statistics(self.settings, running=False, workers_running=0)
         self._stop_signal = run.stop.signal
         self._run = None
         self._rollouts = None
@@ -304,7 +304,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         handle_signals: bool,
         task_status: TaskStatus[None],
     ) -> None:
-        groups = GroupQueue[Delivered](run.settings.groups_capacity)
+        settings = self.settings
+        groups = GroupQueue[Delivered](settings.groups_capacity)
         send, receive = groups.send_end, groups.receive_end
         self._resize_queue = groups.resize
         rollouts = RolloutStage(
@@ -321,7 +322,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             observers=run.observers,
             stop=run.stop, calls=run.calls, eval_leases=run.eval_leases,
             checkpoints=CheckpointBook(
-                run.context, run.settings, run.state, run.leases, run.calls,
+                run.context, settings, run.state, run.leases, run.calls,
                 run.freshness.retention_window,
             ),
             freshness=run.freshness,
@@ -342,8 +343,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             ),
             StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
-                stall_seconds=run.settings.status.stall_seconds,
-                stall_action=run.settings.status.stall_action,
+                stall_seconds=settings.status.stall_seconds,
+                stall_action=settings.status.stall_action,
                 counters=run.counters, gate=run.gate, calls=run.calls, stop=run.stop,
                 bridge=run.context.bridge, status=run.status, emit=run.emit, clock=run.now,
                 rollouts_in_flight=rollouts.in_flight,
@@ -374,7 +375,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             await run.context.bridge.call(finalize, self.model)
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
-        s = run.settings
+        s = self.settings
         policy = policy_for(self.autotune, {
             "num_rollout_workers": s.sizes.num_rollout_workers,
             "min_batch_size": s.sizes.min_batch_size, "max_batch_size": s.sizes.max_batch_size,
@@ -419,6 +420,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self._run is not None:
             rollouts = self._rollouts
             return self._run.statistics(
+                self.settings,
                 running=True,
                 workers_running=rollouts.workers_running if rollouts else 0,
             )
@@ -521,7 +523,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _resize_run(
         self, run: PipelineRun, s: PipelineSettings, resized: PipelineSettings, reason: str
     ) -> None:
-        run.resize(resized)
+        run.gate.resize(resized.sizes.max_batch_size)
         if resized.groups_capacity != s.groups_capacity and self._resize_queue is not None:
             self._resize_queue(resized.groups_capacity)
         if self._rollouts is not None:
