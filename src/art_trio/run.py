@@ -206,10 +206,8 @@ class PipelineRun:
         self.freshness = settings.freshness.rule
         #: The backend updates weights under running rollouts (their tokens span policies).
         self.in_flight_updates = in_flight_updates(backend, model)
-        self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
-        # The loop's own clock: anyio.current_time() looks the backend up on every call, and
-        # the stages read the time several times per rollout.
-        #: The run's clock (the stages' `clock`).
+        # The loop's own clock (the stages' `clock`): anyio.current_time() looks the backend
+        # up on every call, and the stages read the time several times per rollout.
         self.now = self._clock = loop_clock()
         self.started_at = self._clock()
         #: The calls and phases each stage awaits now (the stall watchdog reads them).
@@ -219,7 +217,7 @@ class PipelineRun:
             max_steps_off_policy=self.freshness.window,
             cancel_window=self.freshness.cancel_window(self.in_flight_updates),
             max_batch_size=settings.sizes.max_batch_size,
-            policy=self.policy,
+            policy=admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound),
             clock=self._clock,
             new_event=loop_event_factory(),
         )
@@ -228,15 +226,15 @@ class PipelineRun:
         self.fold = fold
         self.observers = observers or Observers()
         # A user observer that raises ends the run as a forced stop would (see Observers).
+        self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
+        self.stop.on_stop(self.gate.close)
+        self.stop.on_stop(self.source.close)
         self.observers.begin_run(
-            internal=(self.fold.routes, status.routes), on_raise=self.cancel_everything
+            internal=(self.fold.routes, status.routes), on_raise=self.stop.cancel_everything
         )
         #: Tell the observers (the counters, the status line, then the user's).
         self.emit = self.observers.emit
         self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)
-        self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
-        self.stop.on_stop(self.gate.close)
-        self.stop.on_stop(self.source.close)
         #: Steps a running rollout or eval samples from, with how many hold each.
         self.leases = StepLeases(bridge, model)
         #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
@@ -257,23 +255,11 @@ class PipelineRun:
 
     # -- stopping ------------------------------------------------------------------------
 
-    @property
-    def stopping(self) -> bool:
-        return self.stop.stopping
-
-    def request_stop(self, *, graceful: bool = True) -> None:
-        """Stop taking scenarios; let in-flight work finish within the grace period."""
-        self.stop.request(graceful=graceful)
-
     def end_rollouts_now(self) -> None:
         """The run ended on its own: admit nothing more and cancel rollouts in flight."""
         self.gate.close()
         self.source.close()
         self.stop.end_rollouts_now()
-
-    def cancel_everything(self) -> None:
-        """The second signal: cancel every stage now (state is still persisted)."""
-        self.stop.cancel_everything()
 
     # -- views ---------------------------------------------------------------------------
 

@@ -240,7 +240,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # request_stop() during start-up cancels it: nothing has been written yet.
             self._prepare_scope = prepare_scope
             try:
-                prepared = await self._prepare_run(bridge)
+                prepared = await open_run(
+                    bridge, model=self.model, backend=self.backend, settings=self.settings,
+                    scenarios=self._scenarios, lock=self._run_lock, rollout_fn=self.rollout_fn,
+                    eval_fn=self.eval_fn, config=self.config, executor=self.rollout_executor,
+                    observers=self._observers, score_references=self._score_references,
+                )
             except KeyboardInterrupt:
                 # SIGINT before the control stage took the signals over (reading the state):
                 # with handle_signals, a first SIGINT is a stop, and nothing has started yet.
@@ -264,9 +269,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._resize_run(run, configured, self.settings, self._startup_resize_reason)
         if self._stop_before_start is not None:
             if self._stop_before_start == "force":
-                run.cancel_everything()
+                run.stop.cancel_everything()
             else:
-                run.request_stop()
+                run.stop.request()
             self._stop_before_start = None
         try:
             try:
@@ -583,29 +588,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self._prepare_scope.cancel()
             return
         if force:
-            self._run.cancel_everything()
+            self._run.stop.cancel_everything()
         else:
-            self._run.request_stop()
+            self._run.stop.request()
 
     # -- internals -----------------------------------------------------------------------
-
-    async def _prepare_run(
-        self, bridge: Bridge
-    ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
-        return await open_run(
-            bridge,
-            model=self.model,
-            backend=self.backend,
-            settings=self.settings,
-            scenarios=self._scenarios,
-            lock=self._run_lock,
-            rollout_fn=self.rollout_fn,
-            eval_fn=self.eval_fn,
-            config=self.config,
-            executor=self.rollout_executor,
-            observers=self._observers,
-            score_references=self._score_references,
-        )
 
     def _validate_backend_support(self) -> None:
         # A method, as ART's trainer has it (tests stub it to run a LocalBackend double).
