@@ -22,6 +22,7 @@ from art_trio.messages.events import (
     StepTrained,
 )
 from art_trio.messages.values import Fate
+from art_trio.observation.fates import CounterFold
 from art_trio.observation.status import ZERO_VARIANCE_NOTE, reward_summary
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
@@ -219,3 +220,30 @@ def test_the_line_the_getting_started_guide_explains_is_the_line_printed() -> No
     status.step, status.val_step, status.val_reward = 34, 32, 0.999
     status.reward_ewa, status.step_seconds_ewa, status.reward_std_ewa = 0.991, 0.21, 0.021
     assert status.full_line() == quoted
+
+
+def test_the_counts_are_the_runs_counters_not_a_second_tally() -> None:
+    # The run's CounterFold hears each event first; the reporter shows its counts and folds
+    # only what they do not keep (here: nothing it was handed directly).
+    fold = CounterFold()
+    status = StatusReporter(get_scenario_offset=lambda: 0, num_workers=4, counters=fold)
+    for event in [
+        RolloutStarted(0),
+        RolloutStarted(1),
+        RolloutStarted(2),
+        RolloutEnded(0, 1.0),
+        GroupQueued(0, 1),
+        ScenarioSettled(1, Fate.ERRORED, 0.0),
+        ScenarioSettled(2, Fate.CANCELLED_STALE, 1.0),
+        *trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=1.0),
+    ]:
+        fold(event)
+    assert status.counters is fold.counters
+    line = status.full_line()
+    assert "trained 1 groups, 1 queued" in line, line
+    assert "skipped 3 groups: 1 with identical rewards" in line, line
+    assert "rollouts: 2 of 4 workers busy" in line, line
+    # More ends than starts (never in a run) show as they are, not clamped at zero.
+    for index in range(3):
+        fold(RolloutEnded(index, 1.0))
+    assert status.rolling_out == -1
