@@ -310,11 +310,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         task_status: TaskStatus[None],
     ) -> None:
         settings = self.settings
+
+        def live() -> PipelineSettings:
+            """The settings in force: a resize replaces them while the stages run."""
+            return self.settings
+
         groups = GroupQueue[Delivered](settings.groups_capacity)
         send, receive = groups.send_end, groups.receive_end
         self._resize_queue = groups.resize
         rollouts = RolloutStage(
-            send=send, context=run.context, settings=lambda: self.settings, source=run.source,
+            send=send, context=run.context, settings=live, source=run.source,
             gate=run.gate, fates=run.fates, observers=run.observers, stop=run.stop,
             leases=run.leases, state=run.state, freshness=run.freshness,
             in_flight_updates=run.in_flight_updates, clock=run.now,
@@ -322,9 +327,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts = rollouts
         control = ControlStage(run.stop, handle_signals=handle_signals)
         training = TrainingStage(
-            receive=receive, eval_send=eval_send, context=run.context,
-            settings=lambda: self.settings, state=run.state, gate=run.gate, fates=run.fates,
-            observers=run.observers,
+            receive=receive, eval_send=eval_send, context=run.context, settings=live,
+            state=run.state, gate=run.gate, fates=run.fates, observers=run.observers,
             stop=run.stop, calls=run.calls, eval_leases=run.eval_leases,
             checkpoints=CheckpointBook(
                 run.context, settings, run.state, run.leases, run.calls,
