@@ -13,6 +13,7 @@ not the bug.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any, cast
@@ -36,6 +37,7 @@ from art_trio.messages.events import GroupReceived
 from art_trio.policy.batching import Freshness
 from art_trio.policy.freshness import version_tokens
 from art_trio.policy.gate import PolicyGate
+from art_trio.stages.evaluation import EvalStage
 from art_trio.stages.rollout import RolloutStage
 from art_trio.stages.training import TrainingStage
 from art_trio.testing import checks
@@ -195,13 +197,13 @@ def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.Monkey
     real = TrainingStage.collect_batch
 
     async def overfilling(self: TrainingStage, current_step: int) -> Any:
-        run = self.run
-        settings_ = run.settings
-        run.settings = settings_.replace(max_batch_size=settings_.sizes.max_batch_size + 1)
+        live = self.settings
+        bigger = live().replace(max_batch_size=live().sizes.max_batch_size + 1)
+        self.settings = lambda: bigger
         try:
             return await real(self, current_step)
         finally:
-            run.settings = settings_
+            self.settings = live
 
     monkeypatch.setattr(TrainingStage, "collect_batch", overfilling)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
@@ -214,13 +216,13 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
     real = TrainingStage.collect_batch
 
     async def impatient(self: TrainingStage, current_step: int) -> Any:
-        run = self.run
-        settings_ = run.settings
-        run.settings = settings_.replace(min_batch_size=1)
+        live = self.settings
+        eager = live().replace(min_batch_size=1)
+        self.settings = lambda: eager
         try:
             return await real(self, current_step)
         finally:
-            run.settings = settings_
+            self.settings = live
 
     monkeypatch.setattr(TrainingStage, "collect_batch", impatient)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
@@ -235,8 +237,8 @@ def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyP
     def losing(self: TrainingStage, item: Any, stale: Any, in_channel: int) -> bool:
         if item.scenario_index % 3 == 2:
             # Taken out of the channel, then forgotten: counted nowhere, never resolved.
-            self.run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
-            self.run.gate.group_discarded()
+            self.observers.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+            self.gate.group_discarded()
             return True
         return bool(real(self, item, stale, in_channel))
 
@@ -271,8 +273,8 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
         async def __aexit__(self, *exc: Any) -> None:
             await self._inner.__aexit__(*exc)
 
-    def dropping(self: RolloutStage, run: Any, send: Any) -> None:
-        real_init(self, run, cast(Any, DroppingSend(send)))
+    def dropping(self: RolloutStage, *, send: Any, **collaborators: Any) -> None:
+        real_init(self, send=cast(Any, DroppingSend(send)), **collaborators)
 
     monkeypatch.setattr(RolloutStage, "__init__", dropping)
     counterexample(prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION)
@@ -393,27 +395,29 @@ def test_termination_catches_trainer_waiting_past_end_of_source(
 
 
 def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
-    def late(run: Any, step: int) -> bool:
-        every = run.settings.evaluation.eval_every_n_steps
+    def late(self: TrainingStage, step: int) -> bool:
+        every = self.settings().evaluation.eval_every_n_steps
         return bool(
-            run.context.eval_fn is not None
+            self.context.eval_fn is not None
             and every > 0
-            and step - run.state.last_eval_step > every
+            and step - self.state.last_eval_step > every
         )
 
-    monkeypatch.setattr(art_trio.stages.training, "should_eval", late)
+    monkeypatch.setattr(TrainingStage, "_should_eval", late)
     counterexample(prop_eval_schedule, STRATEGIES[prop_eval_schedule], checks.EVAL)
 
 
 def test_eval_schedule_catches_eval_run_twice_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.stages.evaluation.run_eval
+    real = EvalStage.evaluate
 
-    async def twice(run: Any, step: int) -> None:
+    async def twice(self: EvalStage, step: int, *, strict_provenance: bool = False) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(real, run, step)
-            tg.start_soon(real, run, step)
+            for _ in range(2):
+                tg.start_soon(
+                    functools.partial(real, self, step, strict_provenance=strict_provenance)
+                )
 
-    monkeypatch.setattr(art_trio.stages.evaluation, "run_eval", twice)
+    monkeypatch.setattr(EvalStage, "evaluate", twice)
     counterexample(prop_eval_schedule, STRATEGIES[prop_eval_schedule], checks.EVAL)
 
 
@@ -604,10 +608,10 @@ def test_no_false_stall_catches_a_watchdog_counting_only_steps(
 
     from .test_stall_watchdog import prop_no_false_stall, slow_cases
 
-    monkeypatch.setattr(
-        WatchdogStage, "_moved", lambda self: (0, self.run.counters.steps, 0)
-    )
+    monkeypatch.setattr(WatchdogStage, "_moved", lambda self: (0, self.counters.steps, 0))
     counterexample(prop_no_false_stall, slow_cases(), checks.STALL)
+
+
 def test_window_promise_catches_admission_blind_to_queueing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

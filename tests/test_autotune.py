@@ -584,13 +584,14 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
     settings = PipelineSettings.from_flat(
         {"num_rollout_workers": 4, "min_batch_size": 8, "max_batch_size": 8}
     )
-    run = SimpleNamespace(settings=settings, context=SimpleNamespace(model=None))
 
     def refuse(**change: Any) -> Any:
         raise ValueError("num_rollout_workers=9 exceeds rollout executor capacity 4")
 
     policy = _policy(4)
-    stage = AutotuneStage(run, policy, AutotuneConfig(mode="online"),
+    stage = AutotuneStage(policy=policy, config=AutotuneConfig(mode="online"), model=None,
+                          settings=lambda: settings, stop=SimpleNamespace(),
+                          observe=SimpleNamespace(), status=SimpleNamespace(),
                           statistics=lambda: _stats(1, t=1, train=1, workers=4),
                           resize=refuse, profile=Path("/nonexistent/p.json"))
     policy.num_rollout_workers = 9  # what observe() would have set with the decision

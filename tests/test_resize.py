@@ -198,3 +198,21 @@ async def test_resize_before_train_changes_the_next_run(model, backend, autojump
     await trainer.train(handle_signals=False)
     assert roll.peak == 3
     assert Counter(_trained_ids(backend)) == Counter(range(12))
+
+
+async def test_a_resize_during_a_run_is_the_trainers_settings_and_the_next_runs(
+    model, backend, autojump_clock
+):
+    # One settings object: what a run was resized to is what the trainer reports, during the
+    # run and after it, and what its next run starts with.
+    roll = Concurrency()
+    trainer = _trainer(model, backend, roll.fn, 24)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(trainer.train, handle_signals=False))
+        trainer.resize(num_rollout_workers=4, max_batch_size=3)
+        assert trainer.settings.sizes.num_rollout_workers == trainer.num_rollout_workers == 4
+        assert trainer.max_batch_size == trainer.statistics().max_batch_size == 3
+    assert (trainer.num_rollout_workers, trainer.max_batch_size) == (4, 3)
+    roll.peak = 0
+    await trainer.train(handle_signals=False)
+    assert roll.peak == 4

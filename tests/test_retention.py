@@ -198,7 +198,7 @@ def stand_in_run(
         state=SimpleNamespace(
             completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
         ),
-        leased_steps=leased or {},
+        leases=SimpleNamespace(held=leased or {}),
         calls=CallsInFlight(time.monotonic),
         seen=seen,
     )

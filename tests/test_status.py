@@ -17,10 +17,12 @@ from art_trio.messages.events import (
     GroupQueued,
     RolloutEnded,
     RolloutStarted,
+    RunEvent,
     ScenarioSettled,
     StepTrained,
 )
 from art_trio.messages.values import Fate
+from art_trio.observation.fates import CounterFold
 from art_trio.observation.status import ZERO_VARIANCE_NOTE, reward_summary
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
@@ -34,20 +36,30 @@ def group(*rewards: float) -> art.TrajectoryGroup:
     return art.TrajectoryGroup([trajectory(r) for r in rewards])
 
 
-def trained(batch: list[art.TrajectoryGroup], *, step: int, step_seconds: float) -> StepTrained:
-    """The event the training stage emits for `batch` trained as `step`."""
+def trained(batch: list[art.TrajectoryGroup], *, step: int, step_seconds: float) -> list[RunEvent]:
+    """The events the training stage emits for `batch` trained as `step`: each group's fate,
+    then the step."""
     reward_mean, reward_std_mean, flat = reward_summary(batch)
-    return StepTrained(
-        step=step,
-        batch_size=len(batch),
-        scenario_indices=tuple(range(len(batch))),
-        staleness=(0,) * len(batch),
-        wall_s=step_seconds,
-        train_s=step_seconds,
-        reward_mean=reward_mean,
-        reward_std_mean=reward_std_mean,
-        zero_variance_groups=flat,
-    )
+    fates: list[RunEvent] = [ScenarioSettled(i, Fate.TRAINED, 1.0, True) for i in range(len(batch))]
+    return [
+        *fates,
+        StepTrained(
+            step=step,
+            batch_size=len(batch),
+            scenario_indices=tuple(range(len(batch))),
+            staleness=(0,) * len(batch),
+            wall_s=step_seconds,
+            train_s=step_seconds,
+            reward_mean=reward_mean,
+            reward_std_mean=reward_std_mean,
+            zero_variance_groups=flat,
+        ),
+    ]
+
+
+def feed(status: StatusReporter, events: list[RunEvent]) -> None:
+    for event in events:
+        status(event)
 
 
 def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
@@ -71,8 +83,8 @@ def test_counts_and_smoothed_numbers_in_the_full_line() -> None:
     status(GroupQueued(2, 1))
     status(ScenarioSettled(3, Fate.STALE, 1.0))
     status(ScenarioSettled(4, Fate.CANCELLED_STALE, 1.0))
-    status(trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0))
-    status(trained([group(1.0, 1.0)], step=2, step_seconds=2.0))
+    feed(status, trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=4.0))
+    feed(status, trained([group(1.0, 1.0)], step=2, step_seconds=2.0))
     status(EvalEnded(2, True, 0.9))
     line = status.full_line()
     # Plain words: a newcomer reads it without ART's source.
@@ -108,7 +120,7 @@ def test_many_identical_reward_skips_are_explained_once() -> None:
     out = io.StringIO()
     status = StatusReporter(get_scenario_offset=lambda: 0, stream=out, log_interval_seconds=1)
     status.start()
-    status(trained([group(1.0, 1.0), group(0.0, 1.0)], step=1, step_seconds=1.0))
+    feed(status, trained([group(1.0, 1.0), group(0.0, 1.0)], step=1, step_seconds=1.0))
     status.flush()
     assert ZERO_VARIANCE_NOTE not in out.getvalue()  # one skip beside one trained: no note
     for scenario in range(20):
@@ -144,7 +156,7 @@ def test_a_tty_gets_a_live_condensed_line() -> None:
         get_scenario_offset=lambda: 0, log_interval_seconds=60, stream=tty, clock=lambda: 0.0
     )
     status.start(initial_step=3)
-    status(trained([group(0.0, 1.0)], step=4, step_seconds=1.5))
+    feed(status, trained([group(0.0, 1.0)], step=4, step_seconds=1.5))
     assert "step 4 · 1 trained · 0 queued · 0 training · 0 skipped · reward 0.50 · 1.5 s/step" in (
         tty.getvalue()
     )
@@ -203,7 +215,35 @@ def test_the_line_the_getting_started_guide_explains_is_the_line_printed() -> No
     guide = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
     quoted = next(line for line in guide.splitlines() if line.startswith("[status] step 34"))
     status = StatusReporter(get_scenario_offset=lambda: 0, num_workers=4)
-    status.step, status.trained, status.queued, status.zero_variance = 34, 120, 2, 342
-    status.rolling_out, status.val_step, status.val_reward = 3, 32, 0.999
+    counts = status.counters
+    counts.trained, counts.delivered, counts.zero_variance, counts.rollouts_started = 120, 2, 342, 3
+    status.step, status.val_step, status.val_reward = 34, 32, 0.999
     status.reward_ewa, status.step_seconds_ewa, status.reward_std_ewa = 0.991, 0.21, 0.021
     assert status.full_line() == quoted
+
+
+def test_the_counts_are_the_runs_counters_not_a_second_tally() -> None:
+    # The run's CounterFold hears each event first; the reporter shows its counts and folds
+    # only what they do not keep (here: nothing it was handed directly).
+    fold = CounterFold()
+    status = StatusReporter(get_scenario_offset=lambda: 0, num_workers=4, counters=fold)
+    for event in [
+        RolloutStarted(0),
+        RolloutStarted(1),
+        RolloutStarted(2),
+        RolloutEnded(0, 1.0),
+        GroupQueued(0, 1),
+        ScenarioSettled(1, Fate.ERRORED, 0.0),
+        ScenarioSettled(2, Fate.CANCELLED_STALE, 1.0),
+        *trained([group(0.0, 1.0), group(1.0, 1.0)], step=1, step_seconds=1.0),
+    ]:
+        fold(event)
+    assert status.counters is fold.counters
+    line = status.full_line()
+    assert "trained 1 groups, 1 queued" in line, line
+    assert "skipped 3 groups: 1 with identical rewards" in line, line
+    assert "rollouts: 2 of 4 workers busy" in line, line
+    # More ends than starts (never in a run) show as they are, not clamped at zero.
+    for index in range(3):
+        fold(RolloutEnded(index, 1.0))
+    assert status.rolling_out == -1

@@ -3,7 +3,8 @@
 A `PipelineRun` is built fresh by each `train()`, so two trainers (or two runs) share nothing.
 Stages talk through channels and own their own state (see stages/); what is left here is
 truly shared: the policy gate and its admission policy, the fate record, the resume state,
-the stop protocol, the run's live sizes, and the leases on checkpoints in use.
+the stop protocol, and the leases on checkpoints in use. The trainer hands each stage the
+parts it uses; the settings are the trainer's (`trainer.settings`, one object).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sniffio
 from .config.settings import PipelineSettings
 from .messages.events import Observers, RunStatistics
 from .messages.stall_report import CallInFlight
-from .messages.values import Delivered, TallyBase
+from .messages.values import TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge
@@ -122,6 +123,45 @@ class CallsInFlight:
         return stack[-1] if stack else None
 
 
+class StepLeases:
+    """The steps running rollouts and evals sample from, with how many hold each: retention
+    never deletes a leased checkpoint."""
+
+    __slots__ = ("_bridge", "_model", "held")
+
+    def __init__(self, bridge: Bridge, model: Any) -> None:
+        self._bridge = bridge
+        self._model = model
+        #: Step -> how many running rollouts and evals hold it.
+        self.held: dict[int, int] = {}
+
+    async def call(
+        self,
+        step: int,
+        fn: Callable[..., Awaitable[R]],
+        *args: Any,
+        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None,
+    ) -> R:
+        """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
+
+        `lease(model, step)` is the backend's lease (`adapter_lease` for rollouts; for evals
+        on ART 0.5.20+ `exact_adapter_lease` where the backend has it, see compat.py), held
+        for the callback's whole duration, entered where the bridge runs the callback (see
+        `Bridge.callback_holding`).
+        """
+        held = self.held
+        held[step] = held.get(step, 0) + 1
+        try:
+            if lease is None:
+                return await self._bridge.callback(fn, *args)
+            model = self._model
+            return await self._bridge.callback_holding(lambda: lease(model, step), fn, *args)
+        finally:
+            held[step] -= 1
+            if held[step] <= 0:
+                del held[step]
+
+
 class PipelineRun:
     """State shared by the stages of one `train()` call."""
 
@@ -135,6 +175,7 @@ class PipelineRun:
         state: PipelineState,
         store: StateStore,
         status: StatusReporter,
+        fold: CounterFold,
         start_step: int,
         source: ScenarioSource[Any],
         rollout_fn: Any,
@@ -158,8 +199,6 @@ class PipelineRun:
             rollout_lease=rollout_lease(backend),
             eval_lease=eval_lease(backend),
         )
-        #: The run's settings as they are now: `resize` replaces them while the run goes.
-        self.settings = settings
         self.state = state
         self.store = store
         self.status = status
@@ -167,10 +206,9 @@ class PipelineRun:
         self.freshness = settings.freshness.rule
         #: The backend updates weights under running rollouts (their tokens span policies).
         self.in_flight_updates = in_flight_updates(backend, model)
-        self.policy = admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound)
-        # The loop's own clock: anyio.current_time() looks the backend up on every call, and
-        # the stages read the time several times per rollout.
-        self._clock = loop_clock()
+        # The loop's own clock (the stages' `clock`): anyio.current_time() looks the backend
+        # up on every call, and the stages read the time several times per rollout.
+        self.now = self._clock = loop_clock()
         self.started_at = self._clock()
         #: The calls and phases each stage awaits now (the stall watchdog reads them).
         self.calls = CallsInFlight(self._clock)
@@ -179,26 +217,26 @@ class PipelineRun:
             max_steps_off_policy=self.freshness.window,
             cancel_window=self.freshness.cancel_window(self.in_flight_updates),
             max_batch_size=settings.sizes.max_batch_size,
-            policy=self.policy,
+            policy=admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound),
             clock=self._clock,
             new_event=loop_event_factory(),
         )
         #: The run's record: its events, folded by the counters and the status line first
         #: (registered before the user's observers), then heard by the user's.
-        self.fold = CounterFold()
+        self.fold = fold
         self.observers = observers or Observers()
         # A user observer that raises ends the run as a forced stop would (see Observers).
+        self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
+        self.stop.on_stop(self.gate.close)
+        self.stop.on_stop(self.source.close)
         self.observers.begin_run(
-            internal=(self.fold.routes, status.routes), on_raise=self.cancel_everything
+            internal=(self.fold.routes, status.routes), on_raise=self.stop.cancel_everything
         )
         #: Tell the observers (the counters, the status line, then the user's).
         self.emit = self.observers.emit
         self.fates = FateRecord(ledger=state.ledger, gate=self.gate, observers=self.observers)
-        self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
-        self.stop.on_stop(self.gate.close)
-        self.stop.on_stop(self.source.close)
         #: Steps a running rollout or eval samples from, with how many hold each.
-        self.leased_steps: dict[int, int] = {}
+        self.leases = StepLeases(bridge, model)
         #: The backend's `adapter_retention_lease` on each step awaiting eval (if it has one).
         self.eval_leases = EvalRetentionLeases(backend, model, bridge)
         #: The persisted tallies as this run found them: earlier runs' share of the totals.
@@ -215,27 +253,7 @@ class PipelineRun:
         """The run's counters, as the events folded them so far (read them; never write)."""
         return self.fold.counters
 
-    def note_failure(self, exc: BaseException) -> None:
-        """The run is failing with `exc` (unless it already was): from now on an observer
-        that raises while the run winds down does not replace the first error."""
-        if isinstance(exc, Exception):  # cancellation is not a failure
-            self.observers.note_failure(exc)
-
-    def resize(self, settings: PipelineSettings) -> None:
-        """The run's sizes change to `settings` (validated); the trainer has the rollout
-        stage start or retire workers, and the groups channel change its capacity."""
-        self.settings = settings
-        self.gate.resize(settings.sizes.max_batch_size)
-
     # -- stopping ------------------------------------------------------------------------
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop.stopping
-
-    def request_stop(self, *, graceful: bool = True) -> None:
-        """Stop taking scenarios; let in-flight work finish within the grace period."""
-        self.stop.request(graceful=graceful)
 
     def end_rollouts_now(self) -> None:
         """The run ended on its own: admit nothing more and cancel rollouts in flight."""
@@ -243,44 +261,15 @@ class PipelineRun:
         self.source.close()
         self.stop.end_rollouts_now()
 
-    def cancel_everything(self) -> None:
-        """The second signal: cancel every stage now (state is still persisted)."""
-        self.stop.cancel_everything()
-
-    # -- leases ---------------------------------------------------------------------------
-
-    async def call_leased(
-        self,
-        step: int,
-        fn: Callable[..., Awaitable[R]],
-        *args: Any,
-        lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None,
-    ) -> R:
-        """Await the user callback `fn(*args)` while holding a lease on `step`'s weights.
-
-        Retention never deletes a leased checkpoint. `lease(model, step)` is the backend's
-        lease (`adapter_lease` for rollouts; for evals on ART 0.5.20+ `exact_adapter_lease`
-        where the backend has it, see compat.py), held for the callback's whole duration,
-        entered where the bridge runs the callback (see `Bridge.callback_holding`).
-        """
-        self.leased_steps[step] = self.leased_steps.get(step, 0) + 1
-        try:
-            if lease is None:
-                return await self.context.bridge.callback(fn, *args)
-            model = self.context.model
-            return await self.context.bridge.callback_holding(lambda: lease(model, step), fn, *args)
-        finally:
-            self.leased_steps[step] -= 1
-            if self.leased_steps[step] <= 0:
-                del self.leased_steps[step]
-
     # -- views ---------------------------------------------------------------------------
 
-    def statistics(self, *, running: bool, workers_running: int) -> RunStatistics:
-        """The run now: the folded counters, the gate's figures, the live settings."""
+    def statistics(
+        self, settings: PipelineSettings, *, running: bool, workers_running: int
+    ) -> RunStatistics:
+        """The run now: the folded counters, the gate's figures, the `settings` in force."""
         return compose_statistics(
             running=running,
-            settings=self.settings,
+            settings=settings,
             fold=self.fold,
             gate=self.gate,
             workers_running=workers_running,
@@ -289,11 +278,6 @@ class PipelineRun:
         )
 
     # -- persistence ---------------------------------------------------------------------
-
-    def stale_for(self, step: int) -> Callable[[Delivered], bool]:
-        """Whether a group is too old for the batch trained from `step`."""
-        fresh = self.freshness
-        return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def sync_tallies(self) -> None:
         """Carry this run's counts into ART 0.5.20's persisted tallies (after each step)."""
@@ -313,9 +297,6 @@ class PipelineRun:
         """Write the whole state atomically (start and end of a run)."""
         self.sync_tallies()
         self.store.write(self.state)
-
-    def now(self) -> float:
-        return self._clock()
 
 
 def compose_statistics(

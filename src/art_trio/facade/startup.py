@@ -18,6 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ..config.settings import PipelineSettings
 from ..messages.events import Observers
+from ..observation.fates import CounterFold
 from ..observation.status import StatusReporter
 from ..plumbing.bridge.calls import Bridge
 from ..plumbing.executor import RolloutExecutor
@@ -60,6 +61,7 @@ async def open_run(
     source: ScenarioSource[Any] = ScenarioSource(
         scenarios, state, bridge, state_file=str(store.sidecar_path)
     )
+    fold = CounterFold()
     status = StatusReporter(
         get_scenario_offset=lambda: source.position,
         log_interval_seconds=settings.status.log_interval_seconds,
@@ -67,6 +69,7 @@ async def open_run(
         total_scenarios=settings.status.total_scenarios,
         num_workers=settings.sizes.num_rollout_workers,
         clock=anyio.current_time,
+        counters=fold,
     )
     run = PipelineRun(
         model=model,
@@ -76,6 +79,7 @@ async def open_run(
         state=state,
         store=store,
         status=status,
+        fold=fold,
         start_step=start_step,
         source=source,
         rollout_fn=rollout_fn,

@@ -25,7 +25,7 @@ async def run_stage(
     run: PipelineRun, name: str, fn: Callable[..., Awaitable[None]], *args: Any, **kwargs: Any
 ) -> None:
     """Run one stage; an exception leaving it is labelled with the stage's name, and is the
-    run's first error unless another came first (`PipelineRun.note_failure`).
+    run's first error unless another came first (`Observers.note_failure`).
 
     A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
     group holding one exception is unwrapped, so the caller gets one group, not two nested.
@@ -39,7 +39,7 @@ async def run_stage(
                 raise
             raise found[0] from None
     except Exception as exc:
-        run.note_failure(exc)
+        run.observers.note_failure(exc)
         exc.add_note(f"raised in art_trio's {name} stage")
         if isinstance(exc, _BaseExceptionEscaped):
             logger.warning("Pipeline stage ended: %s: %s; stopping the run.", name, exc)

@@ -52,8 +52,10 @@ from ..policy.rules import count_error
 from ..run import PipelineRun, compose_statistics
 from ..stages import Stage
 from ..stages.autotune import AutotuneStage
+from ..stages.checkpoints import CheckpointBook
 from ..stages.control import ControlStage
 from ..stages.evaluation import EvalStage
+from ..stages.metrics import TrainMetrics
 from ..stages.rollout import RolloutStage
 from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
@@ -158,10 +160,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._validate_backend_support()
 
     def __getattr__(self, name: str) -> Any:
-        # ART's trainer keeps its settings as attributes (`trainer.max_batch_size`): while a
-        # run goes, its live settings (a resize changes them); else the configured ones.
-        run = self.__dict__.get("_run")
-        settings = run.settings if run is not None else self.__dict__.get("settings")
+        # ART's trainer keeps its settings as attributes (`trainer.max_batch_size`).
+        settings = self.__dict__.get("settings")
         if settings is not None and name in FIELDS:
             return settings.get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -240,7 +240,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # request_stop() during start-up cancels it: nothing has been written yet.
             self._prepare_scope = prepare_scope
             try:
-                prepared = await self._prepare_run(bridge)
+                prepared = await open_run(
+                    bridge, model=self.model, backend=self.backend, settings=self.settings,
+                    scenarios=self._scenarios, lock=self._run_lock, rollout_fn=self.rollout_fn,
+                    eval_fn=self.eval_fn, config=self.config, executor=self.rollout_executor,
+                    observers=self._observers, score_references=self._score_references,
+                )
             except KeyboardInterrupt:
                 # SIGINT before the control stage took the signals over (reading the state):
                 # with handle_signals, a first SIGINT is a stop, and nothing has started yet.
@@ -261,12 +266,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self.settings is not configured:
             # Resized during start-up (from any thread, on this loop): the run was built
             # from the settings as they were; it starts with the new ones.
-            self._resize_run(run, run.settings, self.settings, self._startup_resize_reason)
+            self._resize_run(run, configured, self.settings, self._startup_resize_reason)
         if self._stop_before_start is not None:
             if self._stop_before_start == "force":
-                run.cancel_everything()
+                run.stop.cancel_everything()
             else:
-                run.request_stop()
+                run.stop.request()
             self._stop_before_start = None
         try:
             try:
@@ -287,7 +292,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _finish(self, run: PipelineRun, failure: BaseException | None) -> None:
         """Keep the run's last view and counters, then save its state (`close_run`)."""
         # The last view first: a thread reading statistics() never finds neither.
-        self._last_statistics = run.statistics(running=False, workers_running=0)
+        self._last_statistics = run.statistics(self.settings, running=False, workers_running=0)
         self._stop_signal = run.stop.signal
         self._run = None
         self._rollouts = None
@@ -304,20 +309,53 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         handle_signals: bool,
         task_status: TaskStatus[None],
     ) -> None:
-        groups = GroupQueue[Delivered](run.settings.groups_capacity)
+        settings = self.settings
+
+        def live() -> PipelineSettings:
+            """The settings in force: a resize replaces them while the stages run."""
+            return self.settings
+
+        groups = GroupQueue[Delivered](settings.groups_capacity)
         send, receive = groups.send_end, groups.receive_end
         self._resize_queue = groups.resize
-        rollouts = RolloutStage(run, send)
+        rollouts = RolloutStage(
+            send=send, context=run.context, settings=live, source=run.source,
+            gate=run.gate, fates=run.fates, observers=run.observers, stop=run.stop,
+            leases=run.leases, state=run.state, freshness=run.freshness,
+            in_flight_updates=run.in_flight_updates, clock=run.now,
+        )
         self._rollouts = rollouts
         control = ControlStage(run.stop, handle_signals=handle_signals)
-        training = TrainingStage(run, receive, eval_send)
+        training = TrainingStage(
+            receive=receive, eval_send=eval_send, context=run.context, settings=live,
+            state=run.state, gate=run.gate, fates=run.fates, observers=run.observers,
+            stop=run.stop, calls=run.calls, eval_leases=run.eval_leases,
+            checkpoints=CheckpointBook(
+                run.context, settings, run.state, run.leases, run.calls,
+                run.freshness.retention_window,
+            ),
+            freshness=run.freshness,
+            make_metrics=functools.partial(
+                TrainMetrics, counters=run.counters, tally_base=run.tally_base,
+                score_references=run.score_references, freshness=run.freshness,
+            ),
+            counters=run.counters, clock=run.now, persist=run.persist,
+            end_rollouts=run.end_rollouts_now,
+        )
         stages: list[Stage] = [
             rollouts,
             training,
-            EvalStage(run, eval_receive),
+            EvalStage(
+                receive=eval_receive, context=run.context, state=run.state, stop=run.stop,
+                calls=run.calls, leases=run.leases, eval_leases=run.eval_leases,
+                emit=run.emit, clock=run.now, persist=run.persist,
+            ),
             StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
             WatchdogStage(
-                run,
+                stall_seconds=settings.status.stall_seconds,
+                stall_action=settings.status.stall_action,
+                counters=run.counters, gate=run.gate, calls=run.calls, stop=run.stop,
+                bridge=run.context.bridge, status=run.status, emit=run.emit, clock=run.now,
                 rollouts_in_flight=rollouts.in_flight,
                 workers_running=lambda: rollouts.workers_running,
                 ready=lambda: len(training.ready),
@@ -346,7 +384,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             await run.context.bridge.call(finalize, self.model)
 
     def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
-        s = run.settings
+        s = self.settings
         policy = policy_for(self.autotune, {
             "num_rollout_workers": s.sizes.num_rollout_workers,
             "min_batch_size": s.sizes.min_batch_size, "max_batch_size": s.sizes.max_batch_size,
@@ -355,7 +393,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if capacity is not None:
             policy.max_workers = min(policy.max_workers, capacity)
         self._tuner = AutotuneStage(
-            run, policy, self.autotune, statistics=self.statistics, resize=self.resize,
+            policy=policy, config=self.autotune, model=self.model, settings=lambda: self.settings,
+            stop=run.stop, observe=run.observers.add, status=run.status,
+            statistics=self.statistics, resize=self.resize,
             profile=profile_path(
                 self.model._get_output_dir(), getattr(self.autotune, "output_name", None)
             ),
@@ -389,6 +429,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         if self._run is not None:
             rollouts = self._rollouts
             return self._run.statistics(
+                self.settings,
                 running=True,
                 workers_running=rollouts.workers_running if rollouts else 0,
             )
@@ -431,11 +472,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         scenario is lost or trained twice. Batch sizes apply from the next batch collected.
         A larger `queue_maxsize` lets blocked rollout workers hand over as the trainer takes
         groups; a smaller one leaves what is queued in place. Values given are checked as
-        the constructor checks them (ValueError); before `train()` they change the settings
-        the next run starts with, and during its start-up (before the run is built) those of
-        the run starting. Returns the statistics after the change. From another
-        thread than the run's event loop, the change is made on the loop (waiting up to
-        10 s for it, else `art_trio.LoopUnresponsive` and nothing changed).
+        the constructor checks them (ValueError). `trainer.settings` is the one settings
+        object: the running run's, and the next run starts with it (a resize before
+        `train()` or during its start-up included). Returns the statistics after the
+        change. From another thread than the run's event loop, the change is made on the
+        loop (waiting up to 10 s for it, else `art_trio.LoopUnresponsive` and nothing
+        changed).
         """
         loop = self._loop
         if loop is not None and not loop.in_loop_thread():
@@ -458,8 +500,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             problem = count_error(name, value, optional=True)
             if problem is not None:
                 raise ValueError(f"resize: {problem}; nothing was changed")
-        run = self._run
-        s = run.settings if run is not None else self.settings
+        run, s = self._run, self.settings
         workers = _fit_executor(
             self.rollout_executor,
             s.sizes.num_rollout_workers if num_rollout_workers is None else num_rollout_workers,
@@ -474,10 +515,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             max_batch_size=s.sizes.max_batch_size if max_batch_size is None else max_batch_size,
             queue_maxsize=current_queue if queue_maxsize is None else queue_maxsize,
         )
+        # The one settings object: the run's while one goes (the next run starts with them).
+        self.settings = resized
         if run is None:
             # Before train(), or during its start-up (on its loop): the run being built
             # starts with these (see _train_in_bridge).
-            self.settings = resized
             self._startup_resize_reason = reason
             return self.statistics()
         self._resize_run(run, s, resized, reason)
@@ -490,7 +532,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _resize_run(
         self, run: PipelineRun, s: PipelineSettings, resized: PipelineSettings, reason: str
     ) -> None:
-        run.resize(resized)
+        run.gate.resize(resized.sizes.max_batch_size)
         if resized.groups_capacity != s.groups_capacity and self._resize_queue is not None:
             self._resize_queue(resized.groups_capacity)
         if self._rollouts is not None:
@@ -550,29 +592,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self._prepare_scope.cancel()
             return
         if force:
-            self._run.cancel_everything()
+            self._run.stop.cancel_everything()
         else:
-            self._run.request_stop()
+            self._run.stop.request()
 
     # -- internals -----------------------------------------------------------------------
-
-    async def _prepare_run(
-        self, bridge: Bridge
-    ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
-        return await open_run(
-            bridge,
-            model=self.model,
-            backend=self.backend,
-            settings=self.settings,
-            scenarios=self._scenarios,
-            lock=self._run_lock,
-            rollout_fn=self.rollout_fn,
-            eval_fn=self.eval_fn,
-            config=self.config,
-            executor=self.rollout_executor,
-            observers=self._observers,
-            score_references=self._score_references,
-        )
 
     def _validate_backend_support(self) -> None:
         # A method, as ART's trainer has it (tests stub it to run a LocalBackend double).

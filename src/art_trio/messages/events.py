@@ -348,8 +348,9 @@ class Observers:
         self.watched = bool(self._users)
 
     def note_failure(self, exc: BaseException) -> None:
-        """The run is failing with `exc`, unless it already was (the first error wins)."""
-        if self.failure is None:
+        """The run is failing with `exc`, unless it already was (the first error wins);
+        cancellation is not a failure."""
+        if self.failure is None and isinstance(exc, Exception):
             self.failure = exc
 
     def add(self, callback: Observer) -> Callable[[], None]:

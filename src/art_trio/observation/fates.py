@@ -66,6 +66,8 @@ class RunCounters:
     zero_variance: int = 0
     #: Of `zero_variance`: groups with no trajectories at all (warned about).
     empty_groups: int = 0
+    #: Of `trained`: groups whose rollouts all scored alike (no learning signal).
+    trained_flat: int = 0
     errored: int = 0
     dropped_at_stop: int = 0
     rollouts_started: int = 0
@@ -203,6 +205,7 @@ class CounterFold:
 
     def _step_trained(self, event: StepTrained) -> None:
         self.counters.steps += 1
+        self.counters.trained_flat += event.zero_variance_groups
         self.counters.staleness.update(event.staleness)
         self.counters.token_age_sum += event.token_ages[0]
         self.counters.trained_tokens += event.token_ages[1]
@@ -217,7 +220,6 @@ class CounterFold:
         self.counters.evals_ended += 1
         if event.completed:
             self.counters.evals_finished += 1
-
 
     def _stalled(self, event: Stalled) -> None:
         if event.report.repeat == 1:

@@ -1,10 +1,11 @@
 """What a person watching a run sees: a live status line and a periodic `[status]` log line.
 
-The reporter is one of the run's observers: it folds the run's events (events.py) into its
-own tallies and smoothed numbers, and nothing else changes them. It only counts and formats;
-it never awaits, so an event can never block the pipeline. The trainer's status stage decides
-*when* to print. The constructor matches ART's `StatusReporter`; ART's `note_*` methods are
-gone: feed it events instead (`reporter(event)`).
+The reporter is one of the run's observers: its counts are the run's counters (a
+`CounterFold`, the run's own or, standing alone, one it feeds itself), and it folds only what
+they do not keep: smoothed numbers, the batch in training, the last eval and stall. It only
+formats; it never awaits, so an event can never block the pipeline. The trainer's status
+stage decides *when* to print. The constructor matches ART's `StatusReporter`; ART's `note_*`
+methods are gone: feed it events instead (`reporter(event)`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from ..messages.events import (
     StepTrained,
     TrainCallEnded,
 )
-from ..messages.values import Fate
 from ..policy.batching import is_zero_variance, reward_stats
+from .fates import CounterFold, RunCounters
 
 
 def reward_summary(batch: Sequence[TrajectoryGroup]) -> tuple[float | None, float, int]:
@@ -74,7 +75,8 @@ class StatusReporter:
     """Counts of the pipeline's work and smoothed training numbers, rendered as text.
 
     `clock` defaults to `time.monotonic`; the trainer passes the event loop's clock so the
-    log interval follows virtual time under trio's MockClock.
+    log interval follows virtual time under trio's MockClock. `counters`: the run's
+    `CounterFold`, which the run feeds the events first; None, the reporter folds its own.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class StatusReporter:
         num_workers: int = 1,
         clock: Callable[[], float] = time.monotonic,
         stream: TextIO | None = None,
+        counters: CounterFold | None = None,
     ) -> None:
         if log_interval_seconds <= 0:
             raise ValueError("log_interval_seconds must be > 0")
@@ -103,31 +106,27 @@ class StatusReporter:
         self._workers = num_workers
         self._clock = clock
         self._stream = stream
+        #: Folded by the run (its `CounterFold` hears each event first), or here if alone.
+        self._own_fold = counters is None
+        self._fold = counters if counters is not None else CounterFold()
         self.step: int | None = None
-        self.rolling_out = 0
-        self.queued = 0
         self.training = 0
-        self.trained = 0
-        self.stale = 0
-        self.zero_variance = 0
-        self.errored = 0
         self.reward_ewa: float | None = None
         self.step_seconds_ewa: float | None = None
         self.reward_std_ewa: float | None = None
         self.val_step: int | None = None
         self.val_reward: float | None = None
         self.val_running_step: int | None = None
-        #: Stalls reported by the watchdog, and the last report's headline.
-        self.stalls = 0
+        #: The last stall report's headline.
         self.last_stall: str | None = None
         self._bar: tqdm[None] | None = None
         #: The events the reporter follows, and how (see `Observers.begin_run`).
         self.routes: dict[type, Callable[[Any], None]] = {
-            RolloutStarted: self._rollout_started,
-            RolloutEnded: self._rollout_ended,
-            GroupQueued: self._group_queued,
-            GroupReceived: self._group_received,
-            ScenarioSettled: self._settled,
+            RolloutStarted: self._counted,
+            RolloutEnded: self._counted,
+            GroupQueued: self._counted,
+            GroupReceived: self._counted,
+            ScenarioSettled: self._counted,
             BatchTaken: self._batch_taken,
             TrainCallEnded: self._train_ended,
             StepTrained: self._step_trained,
@@ -193,40 +192,14 @@ class StatusReporter:
 
     def __call__(self, event: RunEvent) -> None:
         """Fold one of the run's events (the run registers the reporter as an observer)."""
+        if self._own_fold:
+            self._fold(event)
         fold = self.routes.get(type(event))
         if fold is not None:
             fold(event)
 
-    def _rollout_started(self, event: RolloutStarted) -> None:
-        self.rolling_out += 1
-        if self._bar is not None:
-            self._refresh()
-
-    def _rollout_ended(self, event: RolloutEnded) -> None:
-        self.rolling_out = max(0, self.rolling_out - 1)
-        if self._bar is not None:
-            self._refresh()
-
-    def _group_queued(self, event: GroupQueued) -> None:
-        self.queued += 1
-        if self._bar is not None:
-            self._refresh()
-
-    def _group_received(self, event: GroupReceived) -> None:
-        self.queued = max(0, self.queued - 1)
-        if self._bar is not None:
-            self._refresh()
-
-    def _settled(self, event: ScenarioSettled) -> None:
-        fate = event.fate
-        if fate is Fate.STALE or fate is Fate.CANCELLED_STALE:
-            self.stale += 1
-        elif fate is Fate.ZERO_VARIANCE:
-            self.zero_variance += 1
-        elif fate is Fate.ERRORED:
-            self.errored += 1
-        else:
-            return
+    def _counted(self, event: RunEvent) -> None:
+        """The counters moved: the live line follows (at most every 0.25 s)."""
         if self._bar is not None:
             self._refresh()
 
@@ -239,10 +212,7 @@ class StatusReporter:
         self._refresh()
 
     def _step_trained(self, event: StepTrained) -> None:
-        flat = event.zero_variance_groups
         self.step = event.step
-        self.trained += event.batch_size - flat
-        self.zero_variance += flat
         if event.reward_mean is not None:
             self.reward_ewa = self._ewa(self.reward_ewa, event.reward_mean)
         self.step_seconds_ewa = self._ewa(self.step_seconds_ewa, event.wall_s)
@@ -266,7 +236,6 @@ class StatusReporter:
 
     def _stalled(self, event: Stalled) -> None:
         """The watchdog reported a stall: the lines show how many, and the last one."""
-        self.stalls += event.report.repeat == 1
         self.last_stall = event.report.headline()
         self._refresh(force=True)
 
@@ -277,6 +246,41 @@ class StatusReporter:
         if self._total is None:
             return None
         return max(self._total - self._get_scenario_offset(), 0)
+
+    @property
+    def counters(self) -> RunCounters:
+        """The counts the lines show: the run's counters (read them; never write)."""
+        return self._fold.counters
+
+    @property
+    def rolling_out(self) -> int:
+        return self.counters.rollouts_started - self.counters.rollouts_ended
+
+    @property
+    def queued(self) -> int:
+        return self.counters.delivered - self.counters.received
+
+    @property
+    def trained(self) -> int:
+        """Trained groups with a learning signal (a batch's identical-reward groups are
+        shown as skipped)."""
+        return self.counters.trained - self.counters.trained_flat
+
+    @property
+    def zero_variance(self) -> int:
+        return self.counters.zero_variance + self.counters.trained_flat
+
+    @property
+    def stale(self) -> int:
+        return self.counters.stale
+
+    @property
+    def errored(self) -> int:
+        return self.counters.errored
+
+    @property
+    def stalls(self) -> int:
+        return self.counters.stalls
 
     @property
     def discarded(self) -> int:

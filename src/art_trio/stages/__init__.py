@@ -1,8 +1,10 @@
 """The pipeline's stages, all of one shape: a `Stage`.
 
-A stage is an object built from the run before it starts, whose `__call__` runs its loop and
-owns its end of a stream; `name` labels its errors (supervision.py). What a stage counts goes
-out as events (the counters fold them). The trainer starts each in the run's task group.
+A stage is an object built with the collaborators it uses (the trainer hands it the gate,
+the fate record, the clock, ... of the run, never the run itself), whose `__call__` runs its
+loop and owns its end of a stream; `name` labels its errors (supervision.py). What a stage
+counts goes out as events (the counters fold them). The trainer starts each in the run's task
+group.
 """
 
 from __future__ import annotations

@@ -14,40 +14,41 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from ..messages.events import RunEvent, RunStatistics, StepTrained
+from ..config.settings import PipelineSettings
+from ..messages.events import Observer, RunEvent, RunStatistics, StepTrained
+from ..observation.status import StatusReporter
+from ..plumbing.stop import StopControl
 from ..policy.autotune.policy import AutotunePolicy
 from ..policy.autotune.profile import config_field, profile_document, save_profile
 from ..policy.autotune.window import Decision, InferenceLoad, parse_vllm_metrics
-from ..run import PipelineRun
 from .checkpoints import append_metrics_row
 
 logger = logging.getLogger("art_trio")
 
 
+@dataclass(kw_only=True, eq=False)
 class AutotuneStage:
     name = "autotune"
 
-    def __init__(
-        self,
-        run: PipelineRun,
-        policy: AutotunePolicy,
-        config: Any,
-        *,
-        statistics: Callable[[], RunStatistics],
-        resize: Callable[..., RunStatistics],
-        profile: Path,
-    ) -> None:
-        self.run = run
-        self.policy = policy
-        self.config = config
-        self._statistics = statistics
-        self._resize = resize
-        self._profile = profile
+    policy: AutotunePolicy
+    config: Any
+    model: Any
+    #: The settings in force (a resize replaces them).
+    settings: Callable[[], PipelineSettings]
+    stop: StopControl
+    observe: Callable[[Observer], Callable[[], None]]
+    status: StatusReporter
+    statistics: Callable[[], RunStatistics]
+    resize: Callable[..., RunStatistics]
+    profile: Path
+
+    def __post_init__(self) -> None:
         self._wake = anyio.Event()
         self.inference: InferenceLoad | None = None
         #: True while the stage's own resize runs (a resize otherwise is the user's).
@@ -73,8 +74,7 @@ class AutotuneStage:
             self._wake.set()
 
     async def __call__(self) -> None:
-        run = self.run
-        remove = run.observers.add(self._on_event)
+        remove = self.observe(self._on_event)
         url = config_field(self.config, "inference_metrics_url", None)
         try:
             async with anyio.create_task_group() as tg:
@@ -88,28 +88,28 @@ class AutotuneStage:
             self._save()
 
     async def _wake_at_end(self) -> None:
-        await self.run.stop.finished.wait()
+        await self.stop.finished.wait()
         self._wake.set()
 
     async def _follow(self) -> None:
         """One observation per wake-up: after a step (or several), until the run ends."""
-        run = self.run
+        stop = self.stop
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            if run.stop.finished.is_set():
+            if stop.finished.is_set():
                 return
-            if run.stopping:
+            if stop.stopping:
                 continue
             self._sync()  # judge from the settings in force, not a stale copy
-            decision = self.policy.observe(self._statistics(), self.inference)
+            decision = self.policy.observe(self.statistics(), self.inference)
             if decision is not None:
                 self._apply(decision)
 
     def _sync(self) -> None:
         # The settings, not the statistics: those count the workers still running, which
         # lag a decrease until each extra worker finishes its rollout.
-        sizes = self.run.settings.sizes
+        sizes = self.settings().sizes
         self.policy.sync(sizes.num_rollout_workers, sizes.min_batch_size, sizes.max_batch_size)
 
     def _apply(self, decision: Decision) -> None:
@@ -121,7 +121,7 @@ class AutotuneStage:
                 change["min_batch_size"] = decision.min_batch_size
             self._applying = True
             try:
-                self._resize(**change, reason=f"autotune: {decision.reason}")
+                self.resize(**change, reason=f"autotune: {decision.reason}")
             except ValueError as exc:
                 # The tuner never ends a run: a change the trainer refuses (an executor's
                 # capacity, sizes changed under it) is logged, and the live sizes kept.
@@ -145,9 +145,9 @@ class AutotuneStage:
         if w is not None:
             row["trainer_utilization"] = w.utilization
             row["rollout_s_per_trained_group"] = w.rollout_s_per_group
-        append_metrics_row(self.run, "autotune/", decision.step, row)
+        append_metrics_row(self.model, "autotune/", decision.step, row)
         if decision.changed:
-            self.run.status.write_line(
+            self.status.write_line(
                 f"[autotune] step={decision.step} {decision.action} "
                 f"workers={decision.previous_workers}->{decision.num_rollout_workers} "
                 f"min_batch={decision.min_batch_size} reason={decision.reason}"
@@ -156,15 +156,15 @@ class AutotuneStage:
     def _save(self) -> None:
         try:
             save_profile(
-                self._profile,
+                self.profile,
                 profile_document(
                     self.policy, self.config,
-                    model_name=getattr(self.run.context.model, "name", None),
-                    queue_maxsize=self.run.settings.sizes.queue_maxsize,
+                    model_name=getattr(self.model, "name", None),
+                    queue_maxsize=self.settings().sizes.queue_maxsize,
                 ),
             )
         except OSError as exc:
-            logger.warning("autotune: could not save the profile to %s: %s", self._profile, exc)
+            logger.warning("autotune: could not save the profile to %s: %s", self.profile, exc)
 
     async def _poll_inference(self, url: str) -> None:
         import httpx

@@ -13,12 +13,15 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..config.settings import PipelineSettings
 from ..plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK
 from ..plumbing.hooks import backend_hook
+from ..plumbing.ledger.state import PipelineState
 from ..policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -26,14 +29,28 @@ from ..policy.retention import (
     CheckpointInfo,
     CheckpointRetentionContext,
 )
-from ..run import PipelineRun
+from ..run import CallsInFlight, StageContext, StepLeases
 
 
-def _output_dir(run: PipelineRun) -> Path:
-    return Path(run.context.model._get_output_dir())
+@dataclass(frozen=True, slots=True)
+class CheckpointBook:
+    """What the bookkeeping after a step reads: the run's fixed parts, its settings (the
+    checkpoint and KL ones, which a resize never changes), the resume state, the steps
+    leased, the calls in flight, and how many steps back rollouts may still sample from."""
+
+    context: StageContext
+    settings: PipelineSettings
+    state: PipelineState
+    leases: StepLeases
+    calls: CallsInFlight
+    retention_window: int
 
 
-def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, float]) -> None:
+def _output_dir(model: Any) -> Path:
+    return Path(model._get_output_dir())
+
+
+def append_checkpoint_event(model: Any, step: int, metrics: dict[str, float]) -> None:
     """Append one `checkpoint/...` row to history.jsonl, in the shape ART's `model.log` uses."""
     row: dict[str, Any] = {
         (k if k.startswith("checkpoint/") else f"checkpoint/{k}"): v
@@ -44,69 +61,67 @@ def append_checkpoint_event(run: PipelineRun, step: int, metrics: dict[str, floa
         return
     # ART 0.5.18 stamps its checkpoint rows with the run's wall clock; 0.5.23 no longer
     # does, although its models still record `_run_start_time` (see compat.py).
-    _append_history_row(run, row, step, wall_clock=CHECKPOINT_ROW_WALL_CLOCK)
+    _append_history_row(model, row, step, wall_clock=CHECKPOINT_ROW_WALL_CLOCK)
 
 
-def append_metrics_row(
-    run: PipelineRun, prefix: str, step: int, metrics: dict[str, float]
-) -> None:
+def append_metrics_row(model: Any, prefix: str, step: int, metrics: dict[str, float]) -> None:
     """Append one row of `prefix`-named metrics to history.jsonl (as `model.log` shapes them)."""
     row: dict[str, Any] = {
         f"{prefix}{k}": v
         for k, v in metrics.items()
         if not (isinstance(v, float) and not math.isfinite(v))
     }
-    _append_history_row(run, row, step)
+    _append_history_row(model, row, step)
 
 
 def _append_history_row(
-    run: PipelineRun, row: dict[str, Any], step: int, *, wall_clock: bool = False
+    model: Any, row: dict[str, Any], step: int, *, wall_clock: bool = False
 ) -> None:
     """Stamp `row` with its step (and the run's wall clock) and append it to history.jsonl."""
-    started = getattr(run.context.model, "_run_start_time", None) if wall_clock else None
+    started = getattr(model, "_run_start_time", None) if wall_clock else None
     row["training_step"] = step
     if isinstance(started, (int, float)):
         row["time/wall_clock_sec"] = time.time() - started
     row["step"] = step
     row["recorded_at"] = datetime.now().isoformat()
-    out = _output_dir(run)
+    out = _output_dir(model)
     os.makedirs(out, exist_ok=True)
     with open(out / "history.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
 
-def note_eval_completed(run: PipelineRun, step: int) -> None:
-    append_checkpoint_event(run, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
+def note_eval_completed(model: Any, step: int) -> None:
+    append_checkpoint_event(model, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
 
 
-def _checkpoint_path(run: PipelineRun, result: Any, step: int) -> Path:
+def _checkpoint_path(book: CheckpointBook, result: Any, step: int) -> Path:
     path = getattr(result, "checkpoint_path", None)
     if isinstance(path, str) and path:
         return Path(path)
-    return _output_dir(run) / "checkpoints" / f"{step:04d}"
+    return _output_dir(book.context.model) / "checkpoints" / f"{step:04d}"
 
 
-async def after_step(run: PipelineRun, result: Any, step: int) -> None:
-    path = _checkpoint_path(run, result, step)
+async def after_step(book: CheckpointBook, result: Any, step: int) -> None:
+    path = _checkpoint_path(book, result, step)
     if path.exists():
         append_checkpoint_event(
-            run,
+            book.context.model,
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
-    prune = backend_hook(run.context.backend, "prune_model_adapters")
+    prune = backend_hook(book.context.backend, "prune_model_adapters")
     if prune is not None:
-        oldest = max(0, step - run.freshness.retention_window)
-        with run.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
-            await run.context.bridge.call(
-                prune, run.context.model, retain_steps=set(range(oldest, step + 1))
+        oldest = max(0, step - book.retention_window)
+        with book.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
+            await book.context.bridge.call(
+                prune, book.context.model, retain_steps=set(range(oldest, step + 1))
             )
-    await apply_retention(run, step)
+    await apply_retention(book, step)
 
 
-def _history_metrics_by_step(run: PipelineRun) -> dict[int, dict[str, float]]:
+def _history_metrics_by_step(book: CheckpointBook) -> dict[int, dict[str, float]]:
     """Mean of every numeric history value, per step (a step can have several rows)."""
-    path = _output_dir(run) / "history.jsonl"
+    path = _output_dir(book.context.model) / "history.jsonl"
     sums: dict[int, dict[str, list[float]]] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -129,11 +144,11 @@ def _history_metrics_by_step(run: PipelineRun) -> dict[int, dict[str, float]]:
     return {s: {k: sum(v) / len(v) for k, v in m.items()} for s, m in sums.items()}
 
 
-def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
-    directory = _output_dir(run) / "checkpoints"
+def checkpoint_infos(book: CheckpointBook) -> list[CheckpointInfo]:
+    directory = _output_dir(book.context.model) / "checkpoints"
     if not directory.is_dir():
         return []
-    history = _history_metrics_by_step(run)
+    history = _history_metrics_by_step(book)
     infos = []
     for path in directory.iterdir():
         if not (path.is_dir() and path.name.isdigit()):
@@ -147,7 +162,7 @@ def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
                 path=str(path),
                 created_at=datetime.fromtimestamp(created, UTC),
                 is_eval_step=(
-                    step in run.state.completed_eval_steps
+                    step in book.state.completed_eval_steps
                     or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
                     or any(k.startswith(("val/", "test/")) for k in metrics)
                 ),
@@ -157,14 +172,14 @@ def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
     return sorted(infos, key=lambda info: info.step)
 
 
-def protected_steps(run: PipelineRun, current_step: int) -> set[int]:
+def protected_steps(book: CheckpointBook, current_step: int) -> set[int]:
     """Checkpoints retention must keep: current, leased by a rollout or eval, awaiting eval,
     and the KL penalty's reference (see `kl_reference_steps`)."""
     return (
         {current_step}
-        | set(run.leased_steps)
-        | set(run.state.pending_eval_steps)
-        | kl_reference_steps(run.settings, current_step)
+        | set(book.leases.held)
+        | set(book.state.pending_eval_steps)
+        | kl_reference_steps(book.settings, current_step)
     )
 
 
@@ -187,12 +202,12 @@ def kl_reference_steps(settings: Any, current_step: int) -> set[int]:
     return set(range(max(0, current_step - lag), current_step + 1))
 
 
-async def apply_retention(run: PipelineRun, step: int) -> None:
-    strategy = run.settings.persistence.checkpoint_retention_strategy
-    if strategy is None or step % run.settings.persistence.checkpoint_retention_interval != 0:
+async def apply_retention(book: CheckpointBook, step: int) -> None:
+    strategy = book.settings.persistence.checkpoint_retention_strategy
+    if strategy is None or step % book.settings.persistence.checkpoint_retention_interval != 0:
         return
-    infos = checkpoint_infos(run)
-    protected = protected_steps(run, step)
+    infos = checkpoint_infos(book)
+    protected = protected_steps(book, step)
     eligible = [info for info in infos if info.step not in protected]
     if not eligible:
         return
@@ -202,6 +217,6 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
     if not delete:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
-    ctx = run.context
-    with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
+    ctx = book.context
+    with book.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
         await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)

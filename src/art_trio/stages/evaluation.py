@@ -12,114 +12,127 @@ in `completed_eval_steps`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..messages.errors import CallbackNotAwaitable, _BaseExceptionEscaped
-from ..messages.events import EvalEnded, EvalStarted
+from ..messages.events import EvalEnded, EvalStarted, RunEvent
 from ..plumbing.compat import policy_spans_reported
+from ..plumbing.eval_leases import EvalRetentionLeases
+from ..plumbing.ledger.state import PipelineState
+from ..plumbing.stop import StopControl
 from ..policy.batching import eval_splits, split_eval_items
 from ..policy.provenance import check_eval_provenance, describe_mode
-from ..run import PipelineRun
+from ..run import CallsInFlight, StageContext, StepLeases
 from .checkpoints import note_eval_completed
 
 logger = logging.getLogger("art_trio")
 
 
+@dataclass(kw_only=True, eq=False)
 class EvalStage:
     """Runs the evals the training stage requests, one at a time."""
 
     name = "eval"
 
-    def __init__(self, run: PipelineRun, receive: MemoryObjectReceiveStream[int]) -> None:
-        self.run = run
-        self._receive = receive
+    receive: MemoryObjectReceiveStream[int]
+    context: StageContext
+    state: PipelineState
+    stop: StopControl
+    calls: CallsInFlight
+    leases: StepLeases
+    eval_leases: EvalRetentionLeases
+    emit: Callable[[RunEvent], None]
+    clock: Callable[[], float]
+    persist: Callable[[], None]
 
     async def __call__(self) -> None:
-        run, receive = self.run, self._receive
-        stop = run.stop
+        receive, stop, eval_leases = self.receive, self.stop, self.eval_leases
         # Decided once, the model registered: whether the backend's served choices carry spans.
-        strict = policy_spans_reported(run.context.model)
+        strict = policy_spans_reported(self.context.model)
         logger.info(describe_mode(strict))
         try:
             async with receive:
                 async for step in receive:
-                    if run.stopping:
+                    if stop.stopping:
                         # Not started before the stop: resume evaluates it (it stays scheduled).
                         continue
                     try:
                         with stop.eval_begins():
                             # Held since the step was scheduled (or from now, for the start
                             # step and resumed evals) until the eval has ended.
-                            with run.calls.track("eval", f"the eval lease of step {step}"):
-                                await run.eval_leases.take(step)
-                            await run_eval(run, step, strict_provenance=strict)
+                            with self.calls.track("eval", f"the eval lease of step {step}"):
+                                await eval_leases.take(step)
+                            await self.evaluate(step, strict_provenance=strict)
                     finally:
-                        await run.eval_leases.release(step)
+                        await eval_leases.release(step)
                         stop.eval_ended()
         finally:
             # Evals that will not run now (a stop, the end): their steps need no holding.
-            await run.eval_leases.release_all()
+            await eval_leases.release_all()
             stop.stage_done("eval")
 
-
-async def run_eval(run: PipelineRun, step: int, *, strict_provenance: bool = False) -> None:
-    """Evaluate the policy at `step` and log each split the eval_fn returned (with
-    `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
-    model = run.context.model
-    run.emit(EvalStarted(step))
-    reward: float | None = None
-    completed = False
-    try:
-        token = model.activate_metrics_context("eval")
-        started = run.now()
+    async def evaluate(self, step: int, *, strict_provenance: bool = False) -> None:
+        """Evaluate the policy at `step` and log each split the eval_fn returned (with
+        `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
+        ctx, calls, state = self.context, self.calls, self.state
+        model = ctx.model
+        self.emit(EvalStarted(step))
+        reward: float | None = None
+        completed = False
         try:
-            with run.calls.track("eval", f"eval_fn (step {step})"):
-                result = await run.call_leased(
-                    step, run.context.eval_fn, model, step, run.context.config,
-                    lease=run.context.eval_lease,
-                )
-        finally:
-            token.var.reset(token)
-            elapsed = run.now() - started
-        splits = {split: split_eval_items(items) for split, items in eval_splits(result).items()}
-        # Every split checked before any is logged: an eval of another policy's tokens is
-        # dropped whole (ART 0.5.20+ checks each split as it logs it).
-        for _groups, trajectories in splits.values():
-            check_eval_provenance(step, trajectories, strict=strict_provenance)
-        timing_logged = False
-        for split, (groups, trajectories) in splits.items():
-            if split == "val":
-                rewards = [t.reward for t in trajectories]
-                reward = sum(rewards) / len(rewards) if rewards else None
-            if groups:
-                # The eval's duration rides on the first split logged.
-                metrics = None if timing_logged else {"time/step_eval_s": elapsed}
-                with run.calls.track("eval", f"model.log (eval of step {step}, {split})"):
-                    await run.context.bridge.call(
-                        model.log, groups, split=split, step=step, metrics=metrics
+            token = model.activate_metrics_context("eval")
+            started = self.clock()
+            try:
+                with calls.track("eval", f"eval_fn (step {step})"):
+                    result = await self.leases.call(
+                        step, ctx.eval_fn, model, step, ctx.config, lease=ctx.eval_lease
                     )
-                timing_logged = True
-        if not timing_logged and elapsed > 0:
-            await run.context.bridge.call(
-                model.log, None, split="val", step=step, metrics={"time/step_eval_s": elapsed}
-            )
-        note_eval_completed(run, step)
-        completed = True
-    except (anyio.get_cancelled_exc_class(), _BaseExceptionEscaped, CallbackNotAwaitable):
-        # A stop; a KeyboardInterrupt or SystemExit; an eval_fn that can never work: each
-        # ends the run, not just this eval.
-        raise
-    except Exception as exc:
-        kind = f"{type(exc).__module__}.{type(exc).__name__}"
-        logger.warning("eval at step %d failed (%s): %s; training goes on.", step, kind, exc)
-        # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
-        run.state.drop_eval(step)
-    finally:
-        run.emit(EvalEnded(step, completed, reward))
-        if completed:
-            run.state.complete_eval(step)
-            # Persisted now, as ART does, so a run killed before its next step does not
-            # evaluate this step again on resume.
-            run.persist()
+            finally:
+                token.var.reset(token)
+                elapsed = self.clock() - started
+            splits = {
+                split: split_eval_items(items) for split, items in eval_splits(result).items()
+            }
+            # Every split checked before any is logged: an eval of another policy's tokens is
+            # dropped whole (ART 0.5.20+ checks each split as it logs it).
+            for _groups, trajectories in splits.values():
+                check_eval_provenance(step, trajectories, strict=strict_provenance)
+            timing_logged = False
+            for split, (groups, trajectories) in splits.items():
+                if split == "val":
+                    rewards = [t.reward for t in trajectories]
+                    reward = sum(rewards) / len(rewards) if rewards else None
+                if groups:
+                    # The eval's duration rides on the first split logged.
+                    metrics = None if timing_logged else {"time/step_eval_s": elapsed}
+                    with calls.track("eval", f"model.log (eval of step {step}, {split})"):
+                        await ctx.bridge.call(
+                            model.log, groups, split=split, step=step, metrics=metrics
+                        )
+                    timing_logged = True
+            if not timing_logged and elapsed > 0:
+                await ctx.bridge.call(
+                    model.log, None, split="val", step=step, metrics={"time/step_eval_s": elapsed}
+                )
+            note_eval_completed(model, step)
+            completed = True
+        except (anyio.get_cancelled_exc_class(), _BaseExceptionEscaped, CallbackNotAwaitable):
+            # A stop; a KeyboardInterrupt or SystemExit; an eval_fn that can never work: each
+            # ends the run, not just this eval.
+            raise
+        except Exception as exc:
+            kind = f"{type(exc).__module__}.{type(exc).__name__}"
+            logger.warning("eval at step %d failed (%s): %s; training goes on.", step, kind, exc)
+            # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
+            state.drop_eval(step)
+        finally:
+            self.emit(EvalEnded(step, completed, reward))
+            if completed:
+                state.complete_eval(step)
+                # Persisted now, as ART does, so a run killed before its next step does not
+                # evaluate this step again on resume.
+                self.persist()

@@ -61,12 +61,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..messages.values import Delivered
+from ..messages.values import Delivered, TallyBase
 from ..observation.fates import RunCounters
 from ..plumbing.compat import TRAIN_METRIC_NAMES
-from ..policy.batching import average_steps_off_policy
+from ..policy.batching import Freshness, average_steps_off_policy
 from ..policy.freshness import tokens_by_version
-from ..run import PipelineRun
 
 #: ART 0.5.23's freshness time constant (steps) and critical rollout batch size.
 FRESHNESS_TAU_STEPS = 8.0
@@ -165,12 +164,20 @@ class TrainMetrics:
 
     def __init__(
         self,
-        run: PipelineRun,
+        *,
+        counters: RunCounters,
+        tally_base: TallyBase,
+        score_references: tuple[float | None, float | None],
+        freshness: Freshness,
         receive: Any,
         ready: list[Delivered],
         ready_capacity: Callable[[], int],
     ) -> None:
-        self._run = run
+        self._counters = counters
+        #: The persisted tallies as this run found them (earlier runs' share of the totals).
+        self._tally_base = tally_base
+        self._score_references = score_references
+        self._freshness = freshness
         self._receive = receive
         #: The training stage's ready pool (its groups wait for a batch too).
         self._ready = ready
@@ -184,8 +191,7 @@ class TrainMetrics:
         times: StepTimes,
         result_metrics: Mapping[str, float],
     ) -> dict[str, float]:
-        run = self._run
-        totals = _Totals.of(run.counters)
+        totals = _Totals.of(self._counters)
         step = totals.minus(self._seen)
         self._seen = totals
         if TRAIN_METRIC_NAMES == "0.5.23":
@@ -194,7 +200,7 @@ class TrainMetrics:
             metrics.update(self._score(batch, new_step, times, metrics))
             metrics.update(self._queue(new_step))
         else:
-            metrics = _art_0518(run.counters, batch, new_step, times)
+            metrics = _art_0518(self._counters, batch, new_step, times)
             metrics.update(result_metrics)
         metrics["art_trio/step/cancelled_rollouts"] = float(step.cancelled)
         metrics["art_trio/cum/cancelled_rollouts"] = float(totals.cancelled)
@@ -211,8 +217,8 @@ class TrainMetrics:
         step: _Totals,
     ) -> dict[str, float]:
         # Cumulative over the whole run, earlier train() calls included (ART persists them).
-        base = self._run.tally_base
-        accepted = base.accepted + self._run.counters.trained + len(batch)  # batch not counted
+        base = self._tally_base
+        accepted = base.accepted + self._counters.trained + len(batch)  # batch not counted
         stale, zero_variance = base.stale + totals.stale, base.zero_variance + totals.zero_variance
         completed = max(float(accepted + stale + zero_variance), 1.0)
         taken = max(len(batch) + step.stale + step.zero_variance, 1)
@@ -245,7 +251,7 @@ class TrainMetrics:
     ) -> dict[str, float]:
         sizes = [len(item.group.trajectories) for item in batch]
         per_group = sum(sizes) / len(sizes) if sizes else None
-        factor = batch_factor(len(batch), per_group, self._run.score_references)
+        factor = batch_factor(len(batch), per_group, self._score_references)
         metrics = {
             "sample_efficiency/accepted_groups_per_step": float(len(batch)),
             "sample_efficiency/batch_factor": factor,
@@ -265,12 +271,11 @@ class TrainMetrics:
         return metrics
 
     def _queue(self, new_step: int) -> dict[str, float]:
-        run = self._run
         stats = self._receive.statistics()
         waiting = [*self._ready, *self._receive.queue.queued()]
         depth = float(len(self._ready) + stats.current_buffer_used)
         capacity = float(stats.max_buffer_size + self._ready_capacity())
-        fresh = run.freshness
+        fresh = self._freshness
         # As ART: against the mean bound where set (with mean ages), else the hard bound.
         mean_bound = fresh.limit_mean_steps_off_policy
         bound = mean_bound if mean_bound is not None else fresh.max_steps_off_policy

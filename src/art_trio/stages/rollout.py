@@ -15,12 +15,15 @@ its scenario is never lost or trained twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 from art import TrajectoryGroup
 
+from ..config.settings import PipelineSettings
 from ..messages.errors import (
     CallbackNotAwaitable,
     ExecutorUnavailable,
@@ -33,15 +36,21 @@ from ..messages.errors import (
 from ..messages.events import (
     GroupQueued,
     HandOverBlocked,
+    Observers,
     RolloutEnded,
     RolloutGivenBack,
     RolloutStarted,
 )
 from ..messages.stall_report import RolloutInFlight
 from ..messages.values import Delivered, Fate
+from ..observation.fates import FateRecord
 from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..plumbing.group_queue import GroupSendEnd
+from ..plumbing.ledger.state import PipelineState
+from ..plumbing.source import ScenarioSource
+from ..plumbing.stop import StopControl
 from ..policy.batching import (
+    Freshness,
     copy_scenario_metadata,
     future_policy_error,
     newest_version,
@@ -51,7 +60,8 @@ from ..policy.batching import (
     version_type_error,
 )
 from ..policy.freshness import mean_policy_version, newest_token_version, token_count_error
-from ..run import PipelineRun
+from ..policy.gate import PolicyGate
+from ..run import StageContext, StepLeases
 
 logger = logging.getLogger("art_trio")
 
@@ -83,14 +93,30 @@ class _Rolling:
         self.started = 0.0
 
 
+@dataclass(kw_only=True, eq=False)
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
 
     name = "rollout"
 
-    def __init__(self, run: PipelineRun, send: GroupSendEnd[Delivered]) -> None:
-        self.run = run
-        self._send = send
+    send: GroupSendEnd[Delivered]
+    context: StageContext
+    #: The settings in force (a resize replaces them).
+    settings: Callable[[], PipelineSettings]
+    source: ScenarioSource[Any]
+    gate: PolicyGate
+    fates: FateRecord
+    observers: Observers
+    stop: StopControl
+    leases: StepLeases
+    state: PipelineState
+    freshness: Freshness
+    #: The backend updates weights under running rollouts (their tokens span policies).
+    in_flight_updates: bool
+    clock: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        self._emit = self.observers.emit
         #: Scenarios whose rollouts failed since the last one that did not (left unresolved
         #: until a success shows the failures were the scenarios' and not the setup's).
         self.failure_streak: list[int] = []
@@ -105,23 +131,22 @@ class RolloutStage:
         self._next_id = 0
 
     async def __call__(self) -> None:
-        run = self.run
         try:
-            with run.stop.rollout_scope:
-                async with self._send, anyio.create_task_group() as workers:
+            with self.stop.rollout_scope:
+                async with self.send, anyio.create_task_group() as workers:
                     self._workers = workers
-                    self.resize(run.settings.sizes.num_rollout_workers)
+                    self.resize(self.settings().sizes.num_rollout_workers)
         finally:
             self._workers = None
-            run.stop.rollouts_done.set()
-            run.stop.stage_done("rollout")
+            self.stop.rollouts_done.set()
+            self.stop.stage_done("rollout")
 
     # -- sizing ---------------------------------------------------------------------------
 
     def resize(self, workers: int) -> None:
         """Run `workers` workers from now on: start new ones, or let the extra ones leave."""
         self._target = workers
-        if self._workers is None or self.run.gate.closed:
+        if self._workers is None or self.gate.closed:
             # The stage has ended, or is ending (a closed gate admits no one): a new worker
             # would leave at once, and the task group may already be closed to new tasks.
             return
@@ -132,13 +157,13 @@ class RolloutStage:
             self._next_id += 1
             self._live.add(worker_id)
             self._workers.start_soon(
-                self._worker, worker_id, self._send.clone(), name=f"rollout worker {worker_id}"
+                self._worker, worker_id, self.send.clone(), name=f"rollout worker {worker_id}"
             )
         extra = len(self._live) - workers
         if extra > 0:
             # Waiting at the gate: sent away now. Busy ones leave after their rollout.
-            self.run.gate.dismiss(extra)
-        executor = self.run.context.executor
+            self.gate.dismiss(extra)
+        executor = self.context.executor
         if executor is not None:
             # The one place the executor learns the worker count (at start and on a resize).
             executor.set_target(workers)
@@ -180,7 +205,7 @@ class RolloutStage:
         except Exception as exc:
             # The run's first error, before the other workers are cancelled and settle what
             # they hold (an observer raising then must not replace it).
-            self.run.note_failure(exc)
+            self.observers.note_failure(exc)
             raise
         finally:
             self._live.discard(worker_id)
@@ -194,10 +219,10 @@ class RolloutStage:
     ) -> None:
         """Admit, roll out and hand over until the run ends, the worker is retired, or the
         gate dooms a rollout."""
-        run, gate = self.run, self.run.gate
+        gate = self.gate
         # When this worker's previous rollout ended: from then until the next starts it is
         # idle (handing the group over, waiting at the gate), which each step reports.
-        idle_since = run.now()
+        idle_since = self.clock()
         while not self._leaving():
             try:
                 version = await gate.admit()
@@ -206,7 +231,7 @@ class RolloutStage:
                     return
                 continue  # sent away by a resize: leave if still over the target
             try:
-                taken = None if run.stopping else await run.source.take()
+                taken = None if self.stop.stopping else await self.source.take()
             except BaseException:
                 gate.rollout_done(version)
                 raise
@@ -214,7 +239,7 @@ class RolloutStage:
                 gate.rollout_done(version)
                 return
             item = await self._roll(worker_id, version, taken, idle_since, doom_scope)
-            idle_since = run.now()
+            idle_since = self.clock()
             if item is None:
                 if doom_scope.cancel_called:
                     return  # leave the cancelled scope before anything awaits in it
@@ -226,22 +251,22 @@ class RolloutStage:
         self, item: Delivered, version: int, send: GroupSendEnd[Delivered]
     ) -> bool:
         """Put a group in the channel to the trainer; False once the trainer stopped taking."""
-        run, gate = self.run, self.run.gate
+        gate = self.gate
         gate.hand_over(version)
-        run.emit(GroupQueued(item.scenario_index, gate.queued))
+        self._emit(GroupQueued(item.scenario_index, gate.queued))
         try:
             try:
                 # Waits only when the channel is full: the worker yields at the gate next
                 # (a second trip through the scheduler per rollout costs ~3 us under trio).
                 send.send_nowait(item)
             except anyio.WouldBlock:
-                blocked = run.now()
+                blocked = self.clock()
                 await send.send(item)
-                run.emit(HandOverBlocked(run.now() - blocked))
+                self._emit(HandOverBlocked(self.clock() - blocked))
         except BaseException as exc:
             # Stopped or ended while handing over: neither trained nor resolved, so a
             # resumed run rolls this scenario again (and it leaves the gate's queue).
-            run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
+            self.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
             if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                 return False  # the trainer stopped receiving
             raise
@@ -262,10 +287,10 @@ class RolloutStage:
         cancels once no batch still to be taken could train it; the cancellation goes on up
         to the worker, which opens a new scope.
         """
-        run, gate = self.run, self.run.gate
+        gate = self.gate
         index, scenario = taken
-        run.emit(RolloutStarted(index))
-        started = run.now()
+        self._emit(RolloutStarted(index))
+        started = self.clock()
         rolling = self._rolling[worker_id]
         rolling.index, rolling.started = index, started
         handed = False
@@ -273,43 +298,43 @@ class RolloutStage:
         completed_s = idle_s = 0.0
         try:
             group = await self._call_tracked(worker_id, version, scenario, doom_scope)
-            wall = run.now() - started
+            wall = self.clock() - started
             if group is DOOMED:
                 # Its time counts as a censored latency sample (cancelled rollouts are the
                 # slow ones); the worker leaves its cancelled scope next.
                 gate.note_rollout_time(wall, completed=False)
-                run.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+                self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
                 return None
             gate.note_rollout_time(wall, completed=True)
             if isinstance(group, Exception):
                 self._failed(worker_id, index, scenario, group)
                 return None
-            if run.stopping:
+            if self.stop.stopping:
                 # Finished after the stop: not trained and not resolved, so a resumed run
                 # rolls it again.
-                run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+                self.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
                 return None
             completed_s, idle_s = wall, started - idle_since
             item = self._delivery(index, scenario, group, version, wall, idle_s)
             handed = item is not None
             return item
         except anyio.get_cancelled_exc_class():
-            wall = run.now() - started
+            wall = self.clock() - started
             if doom_scope.cancel_called:
                 # Doomed: its time counts as a censored latency sample (cancelled rollouts
                 # are the slow ones).
                 gate.note_rollout_time(wall, completed=False)
-                run.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+                self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
             else:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
-                run.fates.settle(Fate.DROPPED_AT_STOP, index)
+                self.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except ENDS_THE_RUN:
             # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, an executor
             # that cannot run anything, or ART's local inference gone
             # (LocalServingUnavailableError, 0.5.20+): not this scenario's failure. The run
             # ends; the scenario stays unresolved.
-            run.fates.settle(Fate.DROPPED_AT_STOP, index)
+            self.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
             if not self._give_back(index, scenario):
@@ -319,14 +344,14 @@ class RolloutStage:
             rolling.index = -1
             if not handed:
                 gate.rollout_done(version)
-            run.emit(RolloutEnded(index, run.now() - started, completed_s, idle_s))
+            self._emit(RolloutEnded(index, self.clock() - started, completed_s, idle_s))
 
     async def _call_tracked(
         self, worker_id: int, version: int, scenario: Any, doom_scope: anyio.CancelScope
     ) -> Any:
         """The rollout's group, the exception it failed with, or DOOMED if the gate doomed
         it (whatever it made of its cancellation)."""
-        gate = self.run.gate
+        gate = self.gate
         gate.track(version, doom_scope)
         try:
             group = await self._call_rollout(worker_id, scenario, version)
@@ -347,16 +372,16 @@ class RolloutStage:
         return group
 
     async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        run, ctx = self.run, self.run.context
+        ctx = self.context
         token = ctx.model.activate_metrics_context("train")
         try:
             # Leased for the whole call: the rollout samples from `version`'s weights.
             if ctx.executor is not None:
-                return await run.call_leased(
+                return await self.leases.call(
                     version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
                     ctx.config, lease=ctx.rollout_lease,
                 )
-            return await run.call_leased(
+            return await self.leases.call(
                 version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
                 lease=ctx.rollout_lease,
             )
@@ -373,9 +398,8 @@ class RolloutStage:
         idle_s: float,
     ) -> Delivered | None:
         """The completed group as it goes to the trainer; None if it settled here."""
-        run = self.run
         # A rollout got through: the failures before it were the scenarios' own.
-        run.state.ledger.resolve_all(self.failure_streak)
+        self.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
         copy_scenario_metadata(group, scenario)
         # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
@@ -383,9 +407,9 @@ class RolloutStage:
         for trajectory in group.trajectories:
             record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
-            group, initial=version, final=run.gate.policy_version
+            group, initial=version, final=self.gate.policy_version
         )
-        mean_bound = run.freshness.limit_mean_steps_off_policy is not None
+        mean_bound = self.freshness.limit_mean_steps_off_policy is not None
         # Checked before either bound: a version ahead of the trainer's would count as fresh
         # (a negative age). Policy versions only grow, so a group not ahead of the policy now
         # is not ahead of any step that trains it. Per-token versions matter only to the
@@ -398,23 +422,23 @@ class RolloutStage:
         # With in-flight updates, a server takes up a step as soon as `backend.train` has
         # made it, before the trainer publishes it: tokens of the step being trained are
         # not from the future (the batches that can take this group train from it or later).
-        trainer_version = run.gate.next_training_step if run.in_flight_updates else (
-            run.gate.policy_version
+        trainer_version = self.gate.next_training_step if self.in_flight_updates else (
+            self.gate.policy_version
         )
         future = future_policy_error(
             newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
         )
         if future is not None:
             # The run stops; the scenario is neither trained nor resolved.
-            run.note_failure(future)
-            run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+            self.observers.note_failure(future)
+            self.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
             raise future
         mean_version = mean_policy_version(group) if mean_bound else None
-        if run.policy.drops_stale_early and run.freshness.is_stale(
-            group_version, mean_version, run.gate.next_training_step
+        if self.gate.policy.drops_stale_early and self.freshness.is_stale(
+            group_version, mean_version, self.gate.next_training_step
         ):
             # No batch still to be taken would accept it: drop it now, not after it queued.
-            run.fates.settle(Fate.STALE, index, rollout_s=wall)
+            self.fates.settle(Fate.STALE, index, rollout_s=wall)
             return None
         return Delivered(
             group=group,
@@ -432,12 +456,11 @@ class RolloutStage:
             self.lost_rollouts.pop(index, None)
             return False
         self.lost_rollouts[index] = losses
-        self.run.emit(RolloutGivenBack(index))  # taken again when handed out again
-        self.run.source.give_back(index, scenario)
+        self._emit(RolloutGivenBack(index))  # taken again when handed out again
+        self.source.give_back(index, scenario)
         return True
 
     def _failed(self, worker_id: int, index: int, scenario: Any, failure: Exception) -> None:
-        run = self.run
         context = scenario_context(scenario)
         if isinstance(failure, RolloutLost):
             logger.warning(
@@ -448,13 +471,13 @@ class RolloutStage:
                 "Worker %d: rollout failed (%s): %r%s", worker_id, _kind(failure), failure,
                 context,
             )
-        if run.stopping:
+        if self.stop.stopping:
             # Failed after the stop: left unresolved like the rest of what was in flight.
-            run.fates.settle(Fate.DROPPED_AT_STOP, index)
+            self.fates.settle(Fate.DROPPED_AT_STOP, index)
             return
-        run.fates.settle(Fate.ERRORED, index)
+        self.fates.settle(Fate.ERRORED, index)
         self.failure_streak.append(index)
-        limit = run.settings.shutdown.max_consecutive_rollout_failures
+        limit = self.settings().shutdown.max_consecutive_rollout_failures
         if limit is None or len(self.failure_streak) != limit:
             return  # (past the limit: another worker already raised; all are cancelled)
         raise RolloutsKeepFailing(

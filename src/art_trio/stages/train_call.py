@@ -15,11 +15,12 @@ from typing import Any
 
 from art import TrajectoryGroup
 
+from ..config.settings import PipelineSettings
 from ..messages.errors import BackendStepError
 from ..messages.values import Delivered
 from ..plumbing.compat import line_train_kwargs
 from ..plumbing.hooks import backend_hook
-from ..run import PipelineRun
+from ..run import CallsInFlight, StageContext
 from .metrics import StepTimes, TrainMetrics
 
 
@@ -51,13 +52,13 @@ def batch_preparation(backend: object, model: Any) -> Callable[..., Any] | None:
 
 
 def train_kwargs(
-    run: PipelineRun, *, save_checkpoint: bool, current_step: int
+    settings: PipelineSettings, *, save_checkpoint: bool, current_step: int
 ) -> dict[str, Any]:
     """The keyword arguments of `backend.train`, as the installed ART's trainer passes them.
 
     `current_step` is the step the batch trains from (the KL reference step lags it).
     """
-    s = run.settings
+    s = settings
     kwargs: dict[str, Any] = {
         "learning_rate": s.training.learning_rate,
         "loss_fn": s.training.loss_fn,
@@ -82,7 +83,10 @@ def train_kwargs(
 
 
 async def train_and_log(
-    run: PipelineRun,
+    ctx: StageContext,
+    settings: PipelineSettings,
+    calls: CallsInFlight,
+    now: Callable[[], float],
     batch: CollectedBatch,
     groups: list[TrajectoryGroup],
     expected: int,
@@ -102,26 +106,26 @@ async def train_and_log(
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")
-    save_checkpoint = run.settings.persistence.save_checkpoint and eval_this_step
-    train_started = run.now()
+    save_checkpoint = settings.persistence.save_checkpoint and eval_this_step
+    train_started = now()
     try:
-        kwargs = train_kwargs(run, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        with run.calls.track("training", f"backend.train (step {expected})"):
-            result = await run.context.backend.train(run.context.model, groups, **kwargs)
+        kwargs = train_kwargs(settings, save_checkpoint=save_checkpoint, current_step=expected - 1)
+        with calls.track("training", f"backend.train (step {expected})"):
+            result = await ctx.backend.train(ctx.model, groups, **kwargs)
     finally:
-        train_seconds = clock.train_s = run.now() - train_started
+        train_seconds = clock.train_s = now() - train_started
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
 
     new_step = checked_step(result, expected)
-    step_seconds = run.now() - step_started
+    step_seconds = now() - step_started
     times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
     row = metrics.build(batch.items, new_step, times, result.metrics)
     # What backend.prepare_pipeline_batch reported: in the row, under the train result's
     # own metrics, as ART orders them.
     row = {**prepared, **row}
-    with run.calls.track("training", f"model.log (train row of step {new_step})"):
-        await run.context.model.log(groups, split="train", step=new_step, metrics=row)
+    with calls.track("training", f"model.log (train row of step {new_step})"):
+        await ctx.model.log(groups, split="train", step=new_step, metrics=row)
     return result
 
 

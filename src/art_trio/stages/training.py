@@ -12,29 +12,37 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
+from ..config.settings import PipelineSettings
 from ..messages.events import (
     BatchTaken,
     ChannelClosed,
     Collapsed,
     EmptyGroupReceived,
     GroupReceived,
+    Observers,
     PolicyPublished,
     StepTrained,
     TrainCallEnded,
     TrainCallStarted,
 )
 from ..messages.values import Delivered, Fate
+from ..observation.fates import FateRecord, RunCounters
 from ..observation.status import reward_summary
+from ..plumbing.eval_leases import EvalRetentionLeases
 from ..plumbing.group_queue import GroupReceiveEnd
-from ..policy.batching import all_failed_error, is_zero_variance
+from ..plumbing.ledger.state import PipelineState
+from ..plumbing.stop import StopControl
+from ..policy.batching import Freshness, all_failed_error, is_zero_variance
 from ..policy.freshness import token_policy_age
-from ..run import PipelineRun
-from .checkpoints import after_step
+from ..policy.gate import PolicyGate
+from ..run import CallsInFlight, StageContext
+from .checkpoints import CheckpointBook, after_step
 from .metrics import TrainMetrics
 from .train_call import CollectedBatch, TrainClock, batch_preparation, train_and_log
 
@@ -63,6 +71,7 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
+@dataclass(kw_only=True, eq=False)
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
 
@@ -72,40 +81,57 @@ class TrainingStage:
 
     name = "training"
 
-    def __init__(
-        self,
-        run: PipelineRun,
-        receive: GroupReceiveEnd[Delivered],
-        eval_send: MemoryObjectSendStream[int],
-    ) -> None:
-        self.run = run
-        self._receive = receive
-        self._eval_send = eval_send
+    receive: GroupReceiveEnd[Delivered]
+    eval_send: MemoryObjectSendStream[int]
+    context: StageContext
+    #: The settings in force (a resize replaces them).
+    settings: Callable[[], PipelineSettings]
+    state: PipelineState
+    gate: PolicyGate
+    fates: FateRecord
+    observers: Observers
+    stop: StopControl
+    calls: CallsInFlight
+    eval_leases: EvalRetentionLeases
+    checkpoints: CheckpointBook
+    freshness: Freshness
+    #: The train rows' builder, given the channel and the ready pool.
+    make_metrics: Callable[..., TrainMetrics]
+    counters: RunCounters
+    clock: Callable[[], float]
+    persist: Callable[[], None]
+    #: The run ended on its own: admit no more rollouts and cancel those in flight.
+    end_rollouts: Callable[[], None]
+
+    def __post_init__(self) -> None:
+        self._emit = self.observers.emit
         #: Usable groups received from the channel, waiting for a batch (see collect_batch).
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
-        self._preparation = batch_preparation(run.context.backend, run.context.model)
+        self._metrics = self.make_metrics(
+            receive=self.receive, ready=self.ready, ready_capacity=self._ready_capacity
+        )
+        self._preparation = batch_preparation(self.context.backend, self.context.model)
 
     async def __call__(self) -> None:
-        run = self.run
         try:
-            async with self._eval_send:
+            async with self.eval_send:
                 try:
                     await self._train_until_done()
                 except BaseException as exc:
                     # Noted first: an observer raising while the channel closes must not
                     # replace this error.
-                    run.note_failure(exc)
+                    self.observers.note_failure(exc)
                     self._close_channel()
                     raise
                 self._close_channel()
         finally:
-            if not run.stopping:
+            if not self.stop.stopping:
                 # Ended on its own (max_steps, end of source, collapse): rollouts still in
                 # flight can no longer be trained, so cancel them now rather than wait.
-                run.end_rollouts_now()
-            run.stop.stage_done("training")
+                self.end_rollouts()
+            self.stop.stage_done("training")
 
     def _close_channel(self) -> None:
         """Stop receiving; what is ready or still in the channel was never trained, and a
@@ -115,29 +141,28 @@ class TrainingStage:
         # What the event reports: the channel's own buffer (observers bound its occupancy
         # with it). The drain below also takes the groups of senders blocked on a full
         # channel, and the ready pool's were taken out of it already.
-        in_channel = self._receive.statistics().current_buffer_used
+        in_channel = self.receive.statistics().current_buffer_used
         while True:
             try:
-                left.append(self._receive.receive_nowait())
+                left.append(self.receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
-        self._receive.close()
-        self.run.fates.settle_many(
+        self.receive.close()
+        self.fates.settle_many(
             Fate.DROPPED_AT_STOP, ((item.scenario_index, 0.0) for item in left), queued=True
         )
-        self.run.emit(ChannelClosed(in_channel))
+        self._emit(ChannelClosed(in_channel))
 
     async def _train_until_done(self) -> None:
-        run = self.run
-        max_steps = run.settings.shutdown.max_steps
-        step = run.context.start_step
-        metrics = TrainMetrics(run, self._receive, self.ready, self._ready_capacity)
+        max_steps = self.settings().shutdown.max_steps
+        step = self.context.start_step
+        metrics = self._metrics
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
         # backend reports.
         steps_done = 0
-        while (max_steps is None or steps_done < max_steps) and not run.stopping:
-            step_started = run.now()
+        while (max_steps is None or steps_done < max_steps) and not self.stop.stopping:
+            step_started = self.clock()
             batch = await self.collect_batch(step)
             if batch is None or not batch.items:
                 return
@@ -159,12 +184,12 @@ class TrainingStage:
         prepare = self._preparation
         if prepare is None:
             return {}
-        run, groups = self.run, [item.group for item in batch.items]
-        s = run.settings
-        with run.calls.track("training", "backend.prepare_pipeline_batch"):
-            reported = await run.context.bridge.call(
+        groups = [item.group for item in batch.items]
+        s = self.settings()
+        with self.calls.track("training", "backend.prepare_pipeline_batch"):
+            reported = await self.context.bridge.call(
                 prepare,
-                run.context.model,
+                self.context.model,
                 groups,
                 normalize_advantages=s.training.normalize_advantages,
                 grad_accumulation_sequences=s.training.grad_accumulation_sequences,
@@ -177,7 +202,7 @@ class TrainingStage:
                 "groups; they are discarded.", len(groups),
             )
             for item in batch.items:
-                run.fates.settle(
+                self.fates.settle(
                     Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s,
                     queued=True,
                 )
@@ -186,9 +211,9 @@ class TrainingStage:
 
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
-        s = self.run.settings
+        s = self.settings()
         largest = s.sizes.max_batch_size
-        return self.run.policy.lookahead(largest, s.groups_capacity) - largest
+        return self.gate.policy.lookahead(largest, s.groups_capacity) - largest
 
     async def collect_batch(self, current_step: int) -> CollectedBatch | None:
         """The next batch, or None if the run stopped or collapsed while collecting.
@@ -198,20 +223,20 @@ class TrainingStage:
         policy pick up to `max_batch_size` of them (the reference takes arrival order;
         "staleness_aware" the oldest versions first). The rest stay ready for the next batch.
         """
-        run = self.run
-        stale = run.stale_for(current_step)
+        stale = self._stale_for(current_step)
         batch = CollectedBatch()
-        started = run.now()
+        started = self.clock()
         # Groups that aged out of the window while they waited for a batch.
         for item in [item for item in self.ready if stale(item)]:
             self.ready.remove(item)
             self._discard_stale(item)
         with (
             anyio.CancelScope() as scope,
-            run.calls.track("training", f"collecting a batch for step {current_step + 1}",
-                            phase=True),
+            self.calls.track(
+                "training", f"collecting a batch for step {current_step + 1}", phase=True
+            ),
         ):
-            forget = run.stop.on_stop(scope.cancel)
+            forget = self.stop.on_stop(scope.cancel)
             try:
                 if not await self._fill(stale, batch):
                     return None
@@ -221,8 +246,9 @@ class TrainingStage:
             # Stopped while collecting: the ready groups are neither trained nor resolved,
             # so a resumed run rolls their scenarios again.
             return None
-        batch.items = run.policy.take_batch(self.ready, run.settings.sizes.max_batch_size)
-        batch.idle_s = run.now() - started
+        largest = self.settings().sizes.max_batch_size
+        batch.items = self.gate.policy.take_batch(self.ready, largest)
+        batch.idle_s = self.clock() - started
         return batch
 
     async def _fill(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
@@ -230,10 +256,10 @@ class TrainingStage:
         False on collapse."""
         if not self._receive_ready(stale, batch):
             return False
-        while len(self.ready) < self.run.settings.sizes.min_batch_size and not batch.source_ended:
+        while len(self.ready) < self.settings().sizes.min_batch_size and not batch.source_ended:
             in_channel = self._in_channel()
             try:
-                item = await self._receive.receive()
+                item = await self.receive.receive()
             except anyio.EndOfStream:
                 batch.source_ended = True
                 break
@@ -244,12 +270,12 @@ class TrainingStage:
     def _receive_ready(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
         """Move groups waiting in the channel to the ready pool, up to the policy's
         lookahead; False on collapse."""
-        s = self.run.settings
-        lookahead = self.run.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
+        s = self.settings()
+        lookahead = self.gate.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
         while not batch.source_ended and len(self.ready) < lookahead:
             in_channel = self._in_channel()
             try:
-                item = self._receive.receive_nowait()
+                item = self.receive.receive_nowait()
             except anyio.WouldBlock:
                 return True
             except anyio.EndOfStream:
@@ -261,12 +287,12 @@ class TrainingStage:
 
     def _in_channel(self) -> int:
         """Groups in the channel now, for observers (not measured while nobody observes)."""
-        if not self.run.observers.watched:
+        if not self.observers.watched:
             return 0
-        return self._receive.statistics().current_buffer_used
+        return self.receive.statistics().current_buffer_used
 
     def _discard_stale(self, item: Delivered) -> None:
-        self.run.fates.settle(
+        self.fates.settle(
             Fate.STALE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
 
@@ -274,8 +300,8 @@ class TrainingStage:
         self, item: Delivered, stale: Callable[[Delivered], bool], in_channel: int
     ) -> bool:
         """Sort one received group into the ready pool or a discard pile; False on collapse."""
-        run, group = self.run, item.group
-        run.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+        group = item.group
+        self._emit(GroupReceived(item.scenario_index, item.version, in_channel))
         error = all_failed_error(group)
         if error is not None:
             raise error
@@ -286,18 +312,18 @@ class TrainingStage:
             self.ready.append(item)
             return True
         if not group.trajectories:
-            _note_empty_group(run, item)
-        run.fates.settle(
+            self._note_empty_group(item)
+        self.fates.settle(
             Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
         self.held_zero_variance.append(group)
-        limit = run.settings.discard_limit
+        limit = self.settings().discard_limit
         if len(self.held_zero_variance) < limit:
             return True
-        run.emit(Collapsed(len(self.held_zero_variance)))
+        self._emit(Collapsed(len(self.held_zero_variance)))
         logger.error(
             COLLAPSE_MESSAGE.format(
-                limit=limit, multiplier=run.settings.shutdown.discard_queue_multiplier
+                limit=limit, multiplier=self.settings().shutdown.discard_queue_multiplier
             )
         )
         return False
@@ -310,57 +336,57 @@ class TrainingStage:
         metrics: TrainMetrics,
         prepared: dict[str, float],
     ) -> int:
-        run = self.run
         expected = current_step + 1
-        eval_this_step = should_eval(run, expected)
+        eval_this_step = self._should_eval(expected)
         groups = [item.group for item in batch.items]
-        run.gate.begin_training(expected, batch_size=len(groups))
-        run.emit(BatchTaken(expected, len(groups)))
+        self.gate.begin_training(expected, batch_size=len(groups))
+        self._emit(BatchTaken(expected, len(groups)))
         # Written before the call: if the process dies inside backend.train, resume asks the
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.
-        run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-        run.state.at_step(current_step)
-        run.persist()
+        self.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
+        self.state.at_step(current_step)
+        self.persist()
 
         settled = False
         clock = TrainClock()
-        run.emit(TrainCallStarted(expected, run.now()))
+        self._emit(TrainCallStarted(expected, self.clock()))
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result = await run.context.bridge.call(
-                    train_and_log, run, batch, groups, expected, eval_this_step,
-                    step_started, metrics, prepared, clock,
+                result = await self.context.bridge.call(
+                    train_and_log, self.context, self.settings(), self.calls, self.clock,
+                    batch, groups, expected, eval_this_step, step_started, metrics, prepared,
+                    clock,
                 )
             except BaseException as exc:
                 # Noted first: an observer raising on the event must not replace this error.
-                run.note_failure(exc)
-                run.emit(TrainCallEnded(expected, clock.train_s or 0.0))
+                self.observers.note_failure(exc)
+                self._emit(TrainCallEnded(expected, clock.train_s or 0.0))
                 raise
             train_s = clock.train_s or 0.0
-            run.emit(TrainCallEnded(expected, train_s))
+            self._emit(TrainCallEnded(expected, train_s))
             new_step = int(result.step)
             await self._log_held_zero_variance(new_step)
             settled = True
             # Checkpointed: what ART's trainers ask for (eval steps), unless the run asks for
             # none at all (then nothing is tracked: the user keeps no checkpoints).
-            saved = eval_this_step or not run.settings.persistence.save_checkpoint
+            saved = eval_this_step or not self.settings().persistence.save_checkpoint
             self._settle_trained(batch, new_step, step_started, train_s, saved=saved)
         except BaseException as exc:
             if not settled:
-                run.note_failure(exc)
+                self.observers.note_failure(exc)
                 self._settle_unfinished(batch)
             raise
         if eval_this_step:
-            run.state.schedule_eval(new_step)
-            with run.calls.track("training", f"the eval lease of step {new_step}"):
-                await run.eval_leases.take(new_step)
-            self._eval_send.send_nowait(new_step)
-        await after_step(run, result, new_step)
-        run.gate.publish(new_step)
-        run.emit(PolicyPublished(run.gate.policy_version))
+            self.state.schedule_eval(new_step)
+            with self.calls.track("training", f"the eval lease of step {new_step}"):
+                await self.eval_leases.take(new_step)
+            self.eval_send.send_nowait(new_step)
+        await after_step(self.checkpoints, result, new_step)
+        self.gate.publish(new_step)
+        self._emit(PolicyPublished(self.gate.policy_version))
         return new_step
 
     def _settle_trained(
@@ -372,28 +398,27 @@ class TrainingStage:
         *,
         saved: bool,
     ) -> None:
-        run = self.run
-        run.state.ledger.commit_batch()
-        run.state.ledger.note_checkpoint(
+        self.state.ledger.commit_batch()
+        self.state.ledger.note_checkpoint(
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
-        run.state.at_step(new_step)
+        self.state.at_step(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
-        run.fates.settle_trained(
+        self.fates.settle_trained(
             (item.scenario_index for item in batch.items),
             (item.rollout_wall_s for item in batch.items),
         )
         reward_mean, reward_std_mean, flat = reward_summary([item.group for item in batch.items])
-        run.emit(
+        self._emit(
             StepTrained(
                 step=new_step,
                 batch_size=len(batch.items),
                 scenario_indices=tuple(item.scenario_index for item in batch.items),
                 staleness=staleness,
-                wall_s=run.now() - step_started,
+                wall_s=self.clock() - step_started,
                 train_s=train_s,
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
@@ -413,7 +438,7 @@ class TrainingStage:
         taken still ends in exactly one fate (with its event). Its groups left the gate's
         queue with the batch (`BatchTaken`), so they are not "queued" any more.
         """
-        self.run.fates.settle_many(
+        self.fates.settle_many(
             Fate.DROPPED_AT_STOP,
             ((item.scenario_index, item.rollout_wall_s) for item in batch.items),
         )
@@ -423,31 +448,35 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        ctx = self.run.context
-        with self.run.calls.track("training", "model.log (discarded groups)"):
+        ctx = self.context
+        with self.calls.track("training", "model.log (discarded groups)"):
             await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
+    def _stale_for(self, step: int) -> Callable[[Delivered], bool]:
+        """Whether a group is too old for the batch trained from `step`."""
+        fresh = self.freshness
+        return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
-def _note_empty_group(run: PipelineRun, item: Delivered) -> None:
-    """A group with no trajectories (and no exceptions): zero variance, as in ART, but said.
+    def _note_empty_group(self, item: Delivered) -> None:
+        """A group with no trajectories (and no exceptions): zero variance, as in ART, but
+        said.
 
-    Counting it silently let a rollout_fn that only returned empty groups use up a whole
-    source without training a step and return normally.
-    """
-    run.emit(EmptyGroupReceived(item.scenario_index))
-    if run.counters.empty_groups == 1:  # the first of the run
-        warnings.warn(
-            f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
-            f"index {item.scenario_index}; it is discarded as zero variance (nothing to learn "
-            "from). If every group is empty, rollout_fn is not returning its trajectories; "
-            "the run's total is in trainer.last_counters.empty_groups.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        Counting it silently let a rollout_fn that only returned empty groups use up a whole
+        source without training a step and return normally.
+        """
+        self._emit(EmptyGroupReceived(item.scenario_index))
+        if self.counters.empty_groups == 1:  # the first of the run
+            warnings.warn(
+                f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
+                f"index {item.scenario_index}; it is discarded as zero variance (nothing to "
+                "learn from). If every group is empty, rollout_fn is not returning its "
+                "trajectories; the run's total is in trainer.last_counters.empty_groups.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
-
-def should_eval(run: PipelineRun, step: int) -> bool:
-    every = run.settings.evaluation.eval_every_n_steps
-    if run.context.eval_fn is None or every <= 0:
-        return False
-    return step - run.state.last_eval_step >= every
+    def _should_eval(self, step: int) -> bool:
+        every = self.settings().evaluation.eval_every_n_steps
+        if self.context.eval_fn is None or every <= 0:
+            return False
+        return step - self.state.last_eval_step >= every

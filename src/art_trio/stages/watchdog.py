@@ -31,18 +31,23 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
 
 import anyio
 import sniffio
 
 from ..config.settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
 from ..messages.errors import PipelineStalled
-from ..messages.events import Stalled
+from ..messages.events import RunEvent, Stalled
 from ..messages.stall_report import RolloutInFlight, StageWait, StallReport
+from ..observation.fates import RunCounters
+from ..observation.status import StatusReporter
+from ..plumbing.bridge.calls import Bridge
 from ..plumbing.group_queue import GroupQueueStatistics
+from ..plumbing.stop import StopControl
 from ..plumbing.tasktree import task_tree, thread_stack
-from ..run import PipelineRun
+from ..policy.gate import PolicyGate
+from ..run import CallsInFlight
 
 logger = logging.getLogger("art_trio")
 
@@ -50,37 +55,39 @@ logger = logging.getLogger("art_trio")
 PING_INTERVAL_S = 1.0
 
 
+@dataclass(kw_only=True, eq=False)
 class WatchdogStage:
     """Reports a run that stopped moving, and a loop that stopped answering."""
 
     name = "watchdog"
 
-    def __init__(
-        self,
-        run: PipelineRun,
-        *,
-        rollouts_in_flight: Callable[[float], tuple[RolloutInFlight, ...]],
-        workers_running: Callable[[], int],
-        ready: Callable[[], int],
-        queue: Callable[[], GroupQueueStatistics],
-    ) -> None:
-        self.run = run
-        self._rollouts_in_flight = rollouts_in_flight
-        self._workers_running = workers_running
-        self._ready = ready
-        self._queue = queue
+    stall_seconds: float | str | None
+    stall_action: str
+    counters: RunCounters
+    gate: PolicyGate
+    calls: CallsInFlight
+    stop: StopControl
+    bridge: Bridge
+    status: StatusReporter
+    emit: Callable[[RunEvent], None]
+    clock: Callable[[], float]
+    rollouts_in_flight: Callable[[float], tuple[RolloutInFlight, ...]]
+    workers_running: Callable[[], int]
+    ready: Callable[[], int]
+    queue: Callable[[], GroupQueueStatistics]
+
+    def __post_init__(self) -> None:
         #: The threshold in force (read by the blocked-loop thread).
         self.threshold_s = STALL_FLOOR_SECONDS
         self._threshold_rule = ""
         #: Blocked-loop reports the thread made, for the loop to deliver once it runs again.
         self._delivered: list[StallReport] = []
         self._wake = anyio.Event()
-        self._stopped = False
 
     async def __call__(self) -> None:
-        run = self.run
-        if run.settings.status.stall_seconds is None:
-            await run.stop.finished.wait()
+        stop = self.stop
+        if self.stall_seconds is None:
+            await stop.finished.wait()
             return
         self._update_threshold()
         watcher = _LoopWatcher(self)
@@ -88,33 +95,33 @@ class WatchdogStage:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch)
-                await run.stop.finished.wait()
+                await stop.finished.wait()
                 tg.cancel_scope.cancel()
         finally:
             watcher.stop()
         # A blocked-loop report the run ended before delivering: still heard and counted.
         while self._delivered:
             report = self._delivered.pop(0)
-            run.emit(Stalled(report.seconds, report))
+            self.emit(Stalled(report.seconds, report))
 
     # -- the run's clock ------------------------------------------------------------------
 
     def _moved(self) -> tuple[int, int, int]:
-        c = self.run.counters
+        c = self.counters
         return c.rollouts_ended, c.steps, c.evals_ended
 
     def _update_threshold(self) -> float:
-        setting = self.run.settings.status.stall_seconds
+        setting = self.stall_seconds
         if setting is not None and setting != "auto":
             self.threshold_s = float(setting)
             self._threshold_rule = f"{self.threshold_s:g} s (set)"
             return self.threshold_s
-        gate = self.run.gate
+        gate = self.gate
         times = [t for t in gate.snapshot().recent_rollout_times if t != float("inf")]
         measured = {
             "median rollout": statistics.median(times) if times else 0.0,
             "step period": gate.step_period or 0.0,
-            "longest call": self.run.calls.longest_s,
+            "longest call": self.calls.longest_s,
         }
         longest = max(measured, key=lambda k: measured[k])
         derived = STALL_MULTIPLE * measured[longest]
@@ -128,9 +135,8 @@ class WatchdogStage:
         return self.threshold_s
 
     async def _watch(self) -> None:
-        run = self.run
         moved = self._moved()
-        last_move = run.now()
+        last_move = self.clock()
         repeat = 0
         while True:
             threshold = self._update_threshold()
@@ -142,9 +148,9 @@ class WatchdogStage:
                 await self._act(self._delivered.pop(0))
             now = self._moved()
             if now != moved:
-                moved, last_move, repeat = now, run.now(), 0
+                moved, last_move, repeat = now, self.clock(), 0
                 continue
-            stalled = run.now() - last_move
+            stalled = self.clock() - last_move
             if stalled >= threshold * 2**repeat:
                 repeat += 1
                 report = self.report(stalled, repeat)
@@ -153,36 +159,34 @@ class WatchdogStage:
 
     def report(self, seconds: float, repeat: int) -> StallReport:
         """The report now (in the loop): each stage, what is in flight, the task tree."""
-        report = self._state(seconds, repeat, self.run.now(), blocked=False)
-        return _with_tasks(report, task_tree(self.run.context.bridge.asyncio_loop))
+        report = self._state(seconds, repeat, self.clock(), blocked=False)
+        return replace(report, tasks=task_tree(self.bridge.asyncio_loop))
 
     def _say(self, report: StallReport) -> None:
         """The log record and the line beside the status line (any thread)."""
         logger.warning("%s", report.text())
-        self.run.status.write_line(f"[stalled] {report.headline()}")
+        self.status.write_line(f"[stalled] {report.headline()}")
 
     async def _act(self, report: StallReport) -> None:
-        run = self.run
-        run.emit(Stalled(report.seconds, report))
-        action = run.settings.status.stall_action
+        self.emit(Stalled(report.seconds, report))
+        action = self.stall_action
         if action == "raise":
             raise PipelineStalled(report)
-        if action == "stop" and not run.stopping:
+        if action == "stop" and not self.stop.stopping:
             logger.warning("Stopping the stalled run (stall_action='stop').")
-            run.request_stop()
+            self.stop.request(graceful=True)
 
     # -- what each stage waits on ---------------------------------------------------------
 
     def _state(self, seconds: float, repeat: int, now: float, *, blocked: bool) -> StallReport:
-        run = self.run
-        rollouts = self._rollouts_in_flight(now)
-        calls = run.calls.in_flight(now)
+        rollouts = self.rollouts_in_flight(now)
+        calls = self.calls.in_flight(now)
         try:
-            queue = self._queue()
+            queue = self.queue()
         except RuntimeError:  # read from the watcher thread before the queue knew its clock
             queue = GroupQueueStatistics(0, 0, 0, 0, 0, 0, 0.0)
-        gate = run.gate
-        workers = self._workers_running()
+        gate = self.gate
+        workers = self.workers_running()
         waiting_workers = max(0, workers - len(rollouts) - queue.waiting_senders)
         snapshot = gate.snapshot()
         headroom = gate.policy.headroom(snapshot)
@@ -209,7 +213,7 @@ class WatchdogStage:
         queue_text = (
             f"{queue.queued}/{capacity} queued, {queue.waiting_senders} workers blocked "
             f"handing over, {queue.waiting_receivers} receivers waiting, oldest group "
-            f"{queue.oldest_age_s:.1f} s; {self._ready()} ready for a batch"
+            f"{queue.oldest_age_s:.1f} s; {self.ready()} ready for a batch"
         )
         return StallReport(
             seconds=seconds,
@@ -247,7 +251,7 @@ class WatchdogStage:
                 f"{queue.waiting_senders} workers blocked on the full "
                 "groups queue (training does not take groups)",
             )
-        if waiting and headroom <= 0 and not self.run.gate.closed:
+        if waiting and headroom <= 0 and not self.gate.closed:
             return StageWait(
                 "rollout",
                 f"{waiting} workers held at the gate by the staleness bound (waiting for a policy)",
@@ -259,7 +263,7 @@ class WatchdogStage:
         return StageWait("rollout", "idle")
 
     def _stage_wait(self, stage: str, now: float, *, idle: str) -> StageWait:
-        current = self.run.calls.innermost(stage)
+        current = self.calls.innermost(stage)
         if current is None:
             return StageWait(stage, idle)
         call, since = current
@@ -286,7 +290,7 @@ class WatchdogStage:
                 gate="?",
             )
         frames, blocking = thread_stack(thread_id)
-        report = _replace(report, blocking_frames=frames, blocking_frame=blocking)
+        report = replace(report, blocking_frames=frames, blocking_frame=blocking)
         # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
         self._delivered.append(report)
         self._say(report)
@@ -297,16 +301,6 @@ class WatchdogStage:
             self._wake.set()
 
 
-def _replace(report: StallReport, **changes: Any) -> StallReport:
-    import dataclasses
-
-    return dataclasses.replace(report, **changes)
-
-
-def _with_tasks(report: StallReport, tasks: tuple[Any, ...]) -> StallReport:
-    return _replace(report, tasks=tasks)
-
-
 class _LoopWatcher:
     """A daemon thread that pings the loop and reports it blocked (see the module doc)."""
 
@@ -314,7 +308,7 @@ class _LoopWatcher:
         self._stage = stage
         self._loop_thread = threading.get_ident()
         self._schedule = _scheduler()
-        self._clock = stage.run.now
+        self._clock = stage.clock
         self._done = threading.Event()
         #: Wall time the unanswered ping was sent (None: answered).
         self._pending: float | None = None

@@ -559,7 +559,7 @@ def make_rollout_fn(observer: Observer) -> Any:
             attempt.outcome = "cancelled" if cancelled else "raise"
             ended(False if cancelled else run.stop_requested)
             raise
-        # No await from here to the return: the worker reads `run.stopping` in the same
+        # No await from here to the return: the worker reads `stop.stopping` in the same
         # step, so `stopping_at_end` is exactly what the trainer saw.
         ended(run.stop_requested)
         if user_fn is None:
