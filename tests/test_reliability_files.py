@@ -599,17 +599,13 @@ async def test_one_of_the_runs_files_deleted_mid_run_stops_it_and_nothing_trains
     _assert_exactly_once(model, backend)
 
 
-def _rmtree_while_written(directory: Path) -> None:
-    """`rm -rf` of a directory a live process keeps writing into (retried if it refills)."""
-    for _ in range(100):
-        try:
-            shutil.rmtree(directory)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            continue
-    raise AssertionError(f"could not delete {directory}")
+def _delete_while_written(directory: Path) -> None:
+    """Delete a directory a live process keeps writing into: moved away at once (so the
+    process sees it gone at its next write), then removed. An `rm -rf` retried until the
+    directory stays empty would also delete the resume state the process writes back."""
+    doomed = directory.with_name(directory.name + ".deleted")
+    directory.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def test_the_model_directory_deleted_under_a_live_process_then_kill_9_and_resume(
@@ -622,7 +618,7 @@ def test_the_model_directory_deleted_under_a_live_process_then_kill_9_and_resume
     out = _run_dir_model_dir(run_dir)
     first = Child(harness, f"train {run_dir} 100000 5")
     assert first.wait_for("step", 3), first.lines
-    _rmtree_while_written(out)
+    _delete_while_written(out)
     first.wait_for("never")  # it ends on its own, at its next state write
     assert first.exit_code == 1, first.lines
     stderr = (tmp_path / "harness-stderr.txt").read_text()
