@@ -445,43 +445,70 @@ def _mean(rows: list[dict[str, Any]], kind: str, key: str, m: int) -> float | No
     return statistics.fmean(values) if values else None
 
 
+def _reached(rows: list[dict[str, Any]], kind: str, m: int) -> tuple[int, int]:
+    """(runs of the arm at ``m`` that reached the reward target, runs)."""
+    runs = [r for r in rows if r["kind"] == kind and r["max_steps_off_policy"] == m]
+    return sum(r["time_to_target_s"] is not None for r in runs), len(runs)
+
+
 def ratios(rows: list[dict[str, Any]]) -> str:
-    """Each arm against ART (the first arm) per max_steps_off_policy: means over seeds
-    (None where unreached)."""
+    """Each arm against ART (the first arm) per max_steps_off_policy: means over seeds. The
+    time-to-target ratio is over the seeds where both reached the target; a target counts as
+    met only where the arm reached it at every seed."""
     out = [
-        "| M | arm | inference-s per trained group (arm / ART) | time to target (arm / ART) "
-        "| targets: <= 0.6 and <= 0.85 |",
-        "|---|---|---|---|---|",
+        "| M | arm | inference-s per trained group (arm / ART) | reached the reward target "
+        "(arm, ART) | time to target (arm / ART, seeds both reached) | targets: <= 0.6 and "
+        "<= 0.85 |",
+        "|---|---|---|---|---|---|",
     ]
     base = ARMS[0].name
     others = [a for a in ARMS[1:] if any(r["kind"] == a.name for r in rows)]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
-
-        def mean(kind: str, key: str, m: int = m) -> float | None:
-            return _mean(rows, kind, key, m)
-
         for arm in others:
-
-            def ratio(key: str, name: str = arm.name) -> float | None:
-                a, b = mean(name, key), mean(base, key)
-                return a / b if a is not None and b else None
-
-            inf, ttt = ratio("inference_s_per_trained_group"), ratio("time_to_target_s")
+            a, b = (
+                _mean(rows, kind, "inference_s_per_trained_group", m) for kind in (arm.name, base)
+            )
+            inf = a / b if a is not None and b else None
+            ttt = _paired_ratio(rows, arm.name, base, "time_to_target_s", m)
+            reached, runs = _reached(rows, arm.name, m)
+            base_reached, base_runs = _reached(rows, base, m)
             met = (
-                "-"
-                if inf is None or ttt is None
+                "not met"
+                if reached < runs or inf is None or ttt is None
                 else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
             )
-            out.append(f"| {m} | {arm.label} | {_fmt(inf)} | {_fmt(ttt)} | {met} |")
+            out.append(
+                f"| {m} | {arm.label} | {_fmt(inf)} | {reached}/{runs}, "
+                f"{base_reached}/{base_runs} | {_fmt(ttt)} | {met} |"
+            )
     return "\n".join(out)
+
+
+def _paired_ratio(
+    rows: list[dict[str, Any]], kind: str, base: str, key: str, m: int
+) -> float | None:
+    """Mean of ``key`` for ``kind`` over mean for ``base``, over the seeds where both have it."""
+
+    def by_seed(name: str) -> dict[int, float]:
+        return {
+            r["seed"]: r[key]
+            for r in rows
+            if r["kind"] == name and r["max_steps_off_policy"] == m and r[key] is not None
+        }
+
+    a, b = by_seed(kind), by_seed(base)
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    return statistics.fmean(a[s] for s in seeds) / statistics.fmean(b[s] for s in seeds)
 
 
 def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
     """In-flight / cancellation (``art_trio``) per max_steps_off_policy, means over seeds."""
     out = [
         "| M | inference-s per trained group (in-flight / cancellation) | mean policy age "
-        "(in-flight - cancellation) | time to target (in-flight / cancellation) | tokens "
-        "thrown away (in-flight / cancellation) |",
+        "(in-flight - cancellation) | time to target (in-flight / cancellation, seeds both "
+        "reached) | tokens thrown away (in-flight / cancellation) |",
         "|---|---|---|---|---|",
     ]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
@@ -497,7 +524,8 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
         out.append(
             f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
             f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
-            f"{_fmt(ratio('time_to_target_s'))} | {_fmt(ratio('tokens_thrown_away'))} |"
+            f"{_fmt(_paired_ratio(rows, 'art_trio_inflight', 'art_trio', 'time_to_target_s', m))}"
+            f" | {_fmt(ratio('tokens_thrown_away'))} |"
         )
     return "\n".join(out)
 

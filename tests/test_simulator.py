@@ -16,7 +16,6 @@ from unittest import mock
 import pytest
 
 from art_trio.policy.gate_snapshot import GateSnapshot
-
 from art_trio.sim.report import plot_sweep, run_table, sweep_summary, sweep_table
 from art_trio.sim.simulate import (
     SimReport,

@@ -13,8 +13,9 @@ have reward variance; a policy that learns the first word and stops there scores
 answers stay long. (Asking for the reason in the prompt, ", then explain why in two or three
 sentences", made the model answer with yes/no/maybe in 5 of 64 instead of 13.)
 
-**The list task**, a short conversation with an environment that checks a format. The user asks for exactly ``k`` things of a category (5 to 8 fruits,
-colors, ...), comma-separated and nothing else. The environment counts the answer's items;
+**The list task**, a short conversation with an environment that checks a format. The user
+asks for exactly ``k`` things of a category (5 to 8 fruits, colors, ...), comma-separated and
+nothing else. The environment counts the answer's items;
 when the count or the format is off, it says what was wrong and asks again (up to ``turns``
 model turns). A rollout's reward is the mean of its turns' scores, a turn that was already
 right counting for the turns it saved, so getting it right at once scores 1.0 and fixing it
