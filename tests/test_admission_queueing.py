@@ -125,6 +125,24 @@ def _fields(snap: GateSnapshot) -> dict[str, object]:
     return {name: getattr(snap, name) for name in GateSnapshot.__dataclass_fields__}
 
 
+def _measure(spec: SimSpec, *, without: tuple[str, object] | None = None) -> dict[str, float]:
+    """The simulated run's rollouts started and cancelled, rollout-seconds per trained group and
+    wall time; `without=(name, value)` runs it with the `GateSnapshot` property `name` pinned to
+    `value` (the gate without that rule)."""
+    if without is None:
+        report = simulate(spec)
+    else:
+        name, value = without
+        with mock.patch.object(GateSnapshot, name, property(lambda s: value)):
+            report = simulate(spec)
+    return {
+        "started": report.rollouts_started,
+        "cancelled": report.cancelled_rollouts,
+        "rollout_s_per_group": report.rollout_s_per_trained_group,
+        "wall": report.sim_wall_s,
+    }
+
+
 def _shared_server_run(load_model: bool) -> dict[str, float]:
     """16 rollout workers against a server that serves 2 rollouts at full speed (beyond, they
     share it), max_steps_off_policy=1, 40 steps in virtual time."""
@@ -137,16 +155,7 @@ def _shared_server_run(load_model: bool) -> dict[str, float]:
             num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
         ),
     )
-    if load_model:
-        report = simulate(spec)
-    else:
-        with mock.patch.object(GateSnapshot, "load_cap", property(lambda s: None)):
-            report = simulate(spec)
-    return {
-        "cancelled": report.cancelled_rollouts,
-        "rollout_s_per_group": report.rollout_s_per_trained_group,
-        "wall": report.sim_wall_s,
-    }
+    return _measure(spec, without=None if load_model else ("load_cap", None))
 
 
 def test_shared_server_admission_keeps_its_promise() -> None:
@@ -210,16 +219,7 @@ def _on_policy_race(capped: bool) -> dict[str, float]:
             num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0
         ),
     )
-    if capped:
-        report = simulate(spec)
-    else:
-        with mock.patch.object(GateSnapshot, "racers_end_together", property(lambda s: False)):
-            report = simulate(spec)
-    return {
-        "started": report.rollouts_started,
-        "rollout_s_per_group": report.rollout_s_per_trained_group,
-        "wall": report.sim_wall_s,
-    }
+    return _measure(spec, without=None if capped else ("racers_end_together", False))
 
 
 def test_on_policy_race_at_a_batching_server_costs_less_and_ends_sooner() -> None:
