@@ -85,9 +85,17 @@ async def test_a_rollout_past_the_start_version_window_is_trained_when_its_mix_i
 
     backend.record = keep  # type: ignore[method-assign]
     trainer = PipelineTrainer(
-        model, backend, in_flight_rollout(backend, slow={1}), scenarios(6), None,
-        num_rollout_workers=2, min_batch_size=1, max_batch_size=1,
-        max_steps_off_policy=None, limit_mean_steps_off_policy=1.0, max_steps=4,
+        model,
+        backend,
+        in_flight_rollout(backend, slow={1}),
+        scenarios(6),
+        None,
+        num_rollout_workers=2,
+        min_batch_size=1,
+        max_batch_size=1,
+        max_steps_off_policy=None,
+        limit_mean_steps_off_policy=1.0,
+        max_steps=4,
     )
     await trainer.train(handle_signals=False)
     trained = [i for call in backend.calls for i in call.scenario_ids]
@@ -164,3 +172,36 @@ def test_tokens_no_span_accounts_for_count_at_the_start_version() -> None:
     plain = _served(3, _choice(10))
     plain.metrics["completion_tokens"] = 10
     assert version_tokens(plain) == [(3, 10.0)]
+
+
+def test_per_token_counts_and_served_exchanges_weigh_the_versions() -> None:
+    """ART 0.5.20+ can carry the per-version counts on the trajectory itself
+    (`_policy_token_counts`, a private attribute) and the served turns in `exchanges`; both
+    are read, so a mixed trajectory is never aged by its start version alone."""
+    trajectory = _served(3, _choice(10))
+    if "_policy_token_counts" not in type(trajectory).__private_attributes__:
+        pytest.skip("this ART's Trajectory has no _policy_token_counts (0.5.17-0.5.18)")
+    trajectory._policy_token_counts = {3: 4, 5: 6}
+    assert sorted(version_tokens(trajectory)) == [(3, 4.0), (5, 6.0)]
+    assert mean_policy_version(art.TrajectoryGroup([trajectory, trajectory])) == 4.2
+
+    from art.trajectories import ChatCompletionsExchange, TrajectoryExchanges
+    from openai.types.chat import ChatCompletion
+
+    response = ChatCompletion(
+        id="c",
+        object="chat.completion",
+        created=0,
+        model="m",
+        choices=[_choice(7, [_span(5, 0, 7)])],
+    )
+    exchange = ChatCompletionsExchange(
+        start_time=trajectory.start_time,
+        end_time=trajectory.start_time,
+        request={"model": "m", "messages": []},
+        response=response,
+    )
+    served = art.Trajectory(
+        exchanges=TrajectoryExchanges(chat_completions=[exchange]), initial_policy_version=3
+    )
+    assert version_tokens(served) == [(5, 7.0)]

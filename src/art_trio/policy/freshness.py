@@ -9,16 +9,33 @@ same ones. Knows no run and no stage: it reads trajectories only.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pydantic
 from art import Trajectory
 
 from ..plumbing.compat import record_completion_tokens
 
 _warned_missing_tokens = False
+
+
+def _attribute(model: Any, name: str) -> Any:
+    """`getattr(model, name, None)` without pydantic's slow miss.
+
+    These rules read every trajectory of every group, twice; where the installed ART's
+    `Trajectory` lacks a field or private attribute (0.5.18 has no `exchanges` and no
+    `_policy_token_counts`), a plain getattr raises and catches an AttributeError inside
+    pydantic's `__getattr__`, which cost the batch-32 overhead workload ~40% of its CPU.
+    """
+    if isinstance(model, pydantic.BaseModel):
+        if name.startswith("_"):
+            return (model.__pydantic_private__ or {}).get(name)
+        return model.__dict__.get(name)
+    return getattr(model, name, None)
 
 
 def _is_number(value: object) -> bool:
@@ -58,7 +75,7 @@ def token_count_error(group: Any) -> str | None:
                 "age cannot weigh it. Record a finite, non-negative count (the serving "
                 "response's usage.completion_tokens), or leave the metric out"
             )
-        counts = getattr(trajectory, "_policy_token_counts", None) or {}
+        counts = _attribute(trajectory, "_policy_token_counts") or {}
         for version, count in counts.items():
             if _is_number(count) and (not math.isfinite(count) or count < 0):
                 return (
@@ -91,7 +108,7 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     otherwise its `initial_policy_version`, weighted by its `completion_tokens` (one unit and
     a one-time warning where that is missing). Empty when no version is known.
     """
-    counts = getattr(trajectory, "_policy_token_counts", None)
+    counts = _attribute(trajectory, "_policy_token_counts")
     if counts:
         return [
             (int(v), float(n) if math.isfinite(n) else math.nan)
@@ -102,6 +119,8 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     spans: list[tuple[int, float]] = []
     unattributed = 0.0
     for item in _served_items(trajectory):
+        if type(item) is dict and "policy_token_spans" not in item:
+            continue  # a message the user or the rollout wrote (the common case, kept cheap)
         found, missing = _choice_versions(item)
         spans += found
         unattributed += missing
@@ -121,12 +140,15 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
 
 
 def _served_items(trajectory: Trajectory) -> Iterable[Any]:
-    exchanges = getattr(getattr(trajectory, "exchanges", None), "chat_completions", None) or ()
-    for exchange in exchanges:
-        yield from exchange.response.choices
-    yield from trajectory.messages_and_choices
-    for history in getattr(trajectory, "additional_histories", None) or ():
-        yield from history.messages_and_choices
+    chats = getattr(_attribute(trajectory, "exchanges"), "chat_completions", None)
+    histories = _attribute(trajectory, "additional_histories")
+    if not chats and not histories:
+        return trajectory.messages_and_choices
+    return itertools.chain(
+        (choice for exchange in chats or () for choice in exchange.response.choices),
+        trajectory.messages_and_choices,
+        *(history.messages_and_choices for history in histories or ()),
+    )
 
 
 def _choice_versions(item: Any) -> tuple[list[tuple[int, float]], float]:

@@ -38,12 +38,12 @@ ART 0.5.23 names, with art_trio's meaning where it differs in detail:
   and `throughput/accepted_train_tok_per_s`, `objective/score` where the backend reports
   `data/step_trainable_assistant_tokens`: ART's formulas.
 
-Left out: per-token policy spans (`_policy_token_counts`, in-flight LoRA: art_trio never swaps
-weights under a running rollout, so a trajectory's tokens all come from its initial version);
-`queue/packed_*`, `time/step_batch_{selection,prepare}_s` (ART's packing stage, which art_trio
-does not have, and which ART logs only when packing); `queue/data_plane_*` and `lease_*`
-(ART's distributed queue); `pipeline_settings/*` (ART logs them only under autotuning, which
-art_trio refuses).
+Tokens carry the version that produced them where the trajectory says so (in-flight updates:
+`policy_token_spans` on served choices, ART 0.5.20+'s `_policy_token_counts`), read by
+`freshness.version_tokens`. Left out: `queue/packed_*`, `time/step_batch_{selection,prepare}_s`
+(ART's packing stage, which art_trio does not have, and which ART logs only when packing);
+`queue/data_plane_*` and `lease_*` (ART's distributed queue); `pipeline_settings/*` (ART logs
+them only under autotuning, which art_trio refuses).
 
 art_trio's own, on both lines (ART's `model.log` files them as `train/art_trio/...`):
 `art_trio/{step,cum}/cancelled_rollouts` (doomed rollouts the gate cancelled),
