@@ -477,7 +477,7 @@ async def test_a_state_directory_of_the_previous_format_resumes_exactly(
     assert state is not None
     assert state.completed_eval_steps == set(range(8)) and state.ledger.watermark == 16
     sidecar = json.loads((_out(model) / SIDECAR_FILE).read_text())
-    assert sidecar["format"] == "art_trio/3" and sidecar["completed_eval_runs"] == [[0, 1, 8]]
+    assert sidecar["format"] == "art_trio/4" and sidecar["completed_eval_runs"] == [[0, 1, 8]]
 
 
 def test_an_eval_set_changed_behind_complete_eval_is_journaled_whole_once(

@@ -484,6 +484,51 @@ def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exact
     assert max(len(r) for r in records) < 400, max(len(r) for r in records)
 
 
+def test_journal_records_carry_unsaved_batches_as_changes_and_replay_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints rare or off: up to 64 trained steps are unsaved, and a resume rolls them
+    back. Each record carries the batches that joined and how many left, not the whole list
+    (which made every record O(64 x batch size)); failed writes, the cap and checkpoints in
+    between still replay to the exact list."""
+    from art_trio.plumbing.ledger import store as ledger_store
+    from art_trio.plumbing.ledger.files import JOURNAL_FILE
+    from art_trio.plumbing.ledger.scenarios import MAX_UNSAVED_STEPS
+
+    monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
+    directory = tmp_path / "m"
+    store, state = StateStore(directory), PipelineState()
+    store.write(state)
+    batch = 32
+
+    def unsaved(s: PipelineState) -> list[tuple[int | None, list[int]]]:
+        return [(b.step, b.scenario_indices) for b in s.ledger.unsaved]
+
+    for step in range(1, 301):
+        indices = list(range(batch * step, batch * (step + 1)))
+        state.ledger.begin_batch(step, indices)
+        state.ledger.commit_batch()
+        state.training_step = step
+        # A checkpoint at steps 40 and 250 only: the list reaches the cap in between.
+        state.ledger.note_checkpoint(step, indices, saved=step in (40, 250))
+        if step in (100, 101, 250):  # a full disk: the record is cut back, the next carries it
+            _fail_once(monkeypatch)
+            with pytest.raises(StateWriteError):
+                store.append(state)
+            continue
+        store.append(state)
+        if step % 50 == 0 or step in (41, 102, 251):
+            replayed = StateStore(directory).read()
+            assert replayed is not None
+            assert unsaved(replayed) == unsaved(state)
+    assert len(state.ledger.unsaved) == 50  # steps 251-300
+    store.close()
+    records = (directory / JOURNAL_FILE).read_bytes().splitlines()
+    # A record after a failed write carries two steps: 2 x 32 resolved and 2 x 32 unsaved
+    # indices of ~6 bytes each. The whole list would be MAX_UNSAVED_STEPS x 32 of them.
+    assert max(len(r) for r in records) < 2_000 < 6 * batch * MAX_UNSAVED_STEPS
+
+
 def _fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from art_trio.plumbing.ledger import files as ledger_files
 

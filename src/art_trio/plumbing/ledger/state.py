@@ -14,9 +14,10 @@ from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger
 PIPELINE_STATE_KEY = "_pipeline_trainer"
 """Key of the pipeline state inside ART's `state.json` (the reference's, so ART can read it)."""
 
-STATE_FORMAT = "art_trio/3"
-"""3: pending evals as changes in records; 2: completed evals as runs in the snapshot and as
-increments in records; 1: whole lists. All three are read."""
+STATE_FORMAT = "art_trio/4"
+"""4: unsaved batches as changes in records; 3: pending evals as changes in records; 2:
+completed evals as runs in the snapshot and as increments in records; 1: whole lists. All four
+are read."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
@@ -59,6 +60,12 @@ class PipelineState:
     #: The pending evals (not completed) as the journal and snapshot hold them: a record
     #: carries the change from these, not the whole backlog.
     pending_journaled: set[int] = field(default_factory=set)
+    #: The unsaved batches as the journal and snapshot hold them (and as they held them
+    #: before the last record, for a record that fails): a record carries how many left
+    #: from the front and which joined, not the whole list, which reaches 64 batches when
+    #: no step is checkpointed and would make every record O(64 x batch size).
+    unsaved_journaled: list[PendingBatch] = field(default_factory=list)
+    unsaved_before: list[PendingBatch] = field(default_factory=list)
 
     # -- the changes a run makes (each persisted with the next record or snapshot) ---------
 
@@ -105,6 +112,7 @@ class PipelineState:
         self.evals_unjournaled.clear()
         self.evals_journaled = len(self.completed_eval_steps)
         self.pending_journaled = set(self._pending_evals())
+        self.unsaved_journaled = list(self.ledger.unsaved)
 
     def _small_fields(self) -> dict[str, Any]:
         pending = self.ledger.pending
@@ -117,9 +125,21 @@ class PipelineState:
                 if pending is None
                 else {"step": pending.step, "scenario_indices": pending.scenario_indices}
             ),
-            **self._unsaved(),
+            **self._unsaved_change(),
             **self._tallies(),
         }
+
+    def _unsaved_change(self) -> dict[str, Any]:
+        old, new = self.unsaved_journaled, self.ledger.unsaved
+        self.unsaved_before, self.unsaved_journaled = old, list(new)
+        # Batches leave from the front (a checkpoint covers every step before it; the cap)
+        # and join at the end, so the list is some of the old ones followed by new ones.
+        dropped = next((i for i, b in enumerate(old) if new and b is new[0]), len(old))
+        kept = len(old) - dropped
+        if any(a is not b for a, b in zip(old[dropped:], new[:kept], strict=False)):
+            return self._unsaved()  # changed some other way: the whole list, once
+        added = [{"step": b.step, "scenario_indices": b.scenario_indices} for b in new[kept:]]
+        return {"unsaved_dropped": dropped, **({"unsaved_added": added} if added else {})}
 
     def _unsaved(self) -> dict[str, Any]:
         # Left out when empty (most records: every step checkpointed, or none since the last).
@@ -188,6 +208,7 @@ class PipelineState:
             self.evals_journaled = -1  # the next record carries the whole list again
         if "scenario_digests" in record:
             self.digests_unjournaled = True
+        self.unsaved_journaled = self.unsaved_before
 
     def apply_record(self, record: dict[str, Any], where: str = "journal record") -> None:
         """Replay one journal record onto this (older) state."""
@@ -196,7 +217,13 @@ class PipelineState:
         self.ledger.resolve_all(resolved)
         self.ledger.unjournaled.clear()
         self.ledger.pending = newer.ledger.pending
-        self.ledger.unsaved = newer.ledger.unsaved
+        if "unsaved_dropped" in record:
+            dropped = _count(record, "unsaved_dropped", where, default=0)
+            added = _unsaved_batches(record, 0, where, key="unsaved_added")
+            self.ledger.unsaved = (self.ledger.unsaved[dropped:] + added)[-MAX_UNSAVED_STEPS:]
+        else:  # formats 1-3, or a list changed other than at its ends: the whole list
+            self.ledger.unsaved = newer.ledger.unsaved
+        self.unsaved_journaled = list(self.ledger.unsaved)
         self.total_scenarios_consumed = newer.total_scenarios_consumed
         self.training_step = newer.training_step
         self.last_eval_step = newer.last_eval_step
@@ -316,6 +343,7 @@ class PipelineState:
             evals_journaled=len(completed),
             pending_eval_steps=set(_index_list(data, "pending_eval_steps", where)),
             pending_journaled=set(_index_list(data, "pending_eval_steps", where)) - completed,
+            unsaved_journaled=list(ledger.unsaved),
             scenario_digests=list(digests),
             accepted_trainable_groups=_count(data, TALLY_FIELDS[0], where, default=0),
             discarded_stale_groups=_count(data, TALLY_FIELDS[1], where, default=0),
@@ -328,26 +356,28 @@ class PipelineState:
 MAX_UNSAVED_SPAN = 1_000_000
 
 
-def _unsaved_batches(data: Mapping[str, Any], offset: int, where: str) -> list[PendingBatch]:
-    raw = data.get("unsaved_batches", [])
+def _unsaved_batches(
+    data: Mapping[str, Any], offset: int, where: str, key: str = "unsaved_batches"
+) -> list[PendingBatch]:
+    raw = data.get(key, [])
     if not isinstance(raw, list) or len(raw) > MAX_UNSAVED_STEPS or not all(
         isinstance(b, Mapping) and "step" in b and "scenario_indices" in b for b in raw
     ):
         raise StateFileError(
-            f"{where}: `unsaved_batches` must be a list of at most {MAX_UNSAVED_STEPS} objects "
+            f"{where}: `{key}` must be a list of at most {MAX_UNSAVED_STEPS} objects "
             f"with `step` and `scenario_indices`, found {raw!r:.80}"
         )
     batches = [
         PendingBatch(
-            step=_count(b, "step", f"{where} unsaved_batches", default=None),
-            scenario_indices=_index_list(b, "scenario_indices", f"{where} unsaved_batches"),
+            step=_count(b, "step", f"{where} {key}", default=None),
+            scenario_indices=_index_list(b, "scenario_indices", f"{where} {key}"),
         )
         for b in raw
     ]
     low = min((i for b in batches for i in b.scenario_indices), default=offset)
     if offset - low > MAX_UNSAVED_SPAN:
         raise StateFileError(
-            f"{where}: `unsaved_batches` holds scenario {low}, {offset - low} below the "
+            f"{where}: `{key}` holds scenario {low}, {offset - low} below the "
             f"watermark {offset} (at most {MAX_UNSAVED_SPAN}): the file was edited or is not "
             "art_trio's; delete it to start over"
         )
