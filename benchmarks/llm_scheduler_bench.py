@@ -198,6 +198,15 @@ class Probe:
     #: Trained completion tokens x their policy age, and trained completion tokens.
     token_age_sum: float = 0.0
     tokens_trained: int = 0
+    #: Answer lengths (completion tokens per choice) of every completed rollout's group and,
+    #: per step, of the groups trained: a scheduler that trains the rollouts that finish
+    #: first trains shorter answers than the policy gives (a length bias), seen before the
+    #: policies of two trainers part.
+    answers_completed: list[int] = field(default_factory=list)
+    answers_trained: list[list[int]] = field(default_factory=list)
+    #: Per step, the answers of the rollouts completed since the step before.
+    answers_completed_by_step: list[list[int]] = field(default_factory=list)
+    answers_since_step: list[int] = field(default_factory=list)
     #: The serving engine's counters at the end of the run.
     engine: dict[str, float] = field(default_factory=dict)
     rollout_ids: Iterator[int] = field(default_factory=lambda: itertools.count())
@@ -223,12 +232,26 @@ def recorded_rollout(task: LLMTask, probe: Probe) -> Any:
         except BaseException:
             probe.recorder.rollout_finished(sid, time.monotonic(), "failed")
             raise
+        answers = answer_tokens([group])
+        probe.answers_completed += answers
+        probe.answers_since_step += answers
         rewards = {t.reward for t in group.trajectories}
         outcome: Outcome = "zero_variance" if len(rewards) <= 1 else "ok"
         probe.recorder.rollout_finished(sid, time.monotonic(), outcome)
         return group
 
     return rollout
+
+
+def answer_tokens(groups: list[Any]) -> list[int]:
+    """The completion tokens of every served choice in the groups."""
+    return [
+        len(extra["token_ids"])
+        for group in groups
+        for trajectory in group.trajectories
+        for item in trajectory.messages_and_choices
+        if "token_ids" in (extra := getattr(item, "model_extra", None) or {})
+    ]
 
 
 def token_ages(groups: list[Any], base_version: int) -> tuple[float, int]:
@@ -270,6 +293,9 @@ def recorded_train(backend: CPUBackend, probe: Probe) -> Any:
         age_sum, tokens = token_ages(groups, result.step - 1)
         probe.token_age_sum += age_sum
         probe.tokens_trained += tokens
+        probe.answers_trained.append(answer_tokens(groups))
+        probe.answers_completed_by_step.append(probe.answers_since_step)
+        probe.answers_since_step = []
         return result
 
     return train
@@ -395,7 +421,17 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "token_policy_age": probe.token_age_sum / probe.tokens_trained
         if probe.tokens_trained
         else math.nan,
+        "answer_tokens_completed": _mean_of(probe.answers_completed),
+        "answer_tokens_trained": _mean_of([n for step in probe.answers_trained for n in step]),
+        "step_answer_tokens_trained": [round(_mean_of(step), 1) for step in probe.answers_trained],
+        "step_answer_tokens_completed": [
+            round(_mean_of(step), 1) for step in probe.answers_completed_by_step
+        ],
     }
+
+
+def _mean_of(values: list[int]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _fmt(value: Any, spec: str = ".2f") -> str:
