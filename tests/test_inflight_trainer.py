@@ -85,17 +85,9 @@ async def test_a_rollout_past_the_start_version_window_is_trained_when_its_mix_i
 
     backend.record = keep  # type: ignore[method-assign]
     trainer = PipelineTrainer(
-        model,
-        backend,
-        in_flight_rollout(backend, slow={1}),
-        scenarios(6),
-        None,
-        num_rollout_workers=2,
-        min_batch_size=1,
-        max_batch_size=1,
-        max_steps_off_policy=None,
-        limit_mean_steps_off_policy=1.0,
-        max_steps=4,
+        model, backend, in_flight_rollout(backend, slow={1}), scenarios(6), None,
+        num_rollout_workers=2, min_batch_size=1, max_batch_size=1,
+        max_steps_off_policy=None, limit_mean_steps_off_policy=1.0, max_steps=4,
     )
     await trainer.train(handle_signals=False)
     trained = [i for call in backend.calls for i in call.scenario_ids]
