@@ -80,13 +80,14 @@ class StallReport:
     #: 1 for a stall's first report, 2 for the next while it persists, ...
     repeat: int
     blocked_loop: bool
-    stages: tuple[StageWait, ...]
-    rollouts: tuple[RolloutInFlight, ...]
-    calls: tuple[CallInFlight, ...]
-    #: The groups queue: queued / capacity, blocked senders, the oldest group's age.
-    queue: str
+    stages: tuple[StageWait, ...] = ()
+    rollouts: tuple[RolloutInFlight, ...] = ()
+    calls: tuple[CallInFlight, ...] = ()
+    #: The groups queue: queued / capacity, blocked senders, the oldest group's age ("?":
+    #: not read).
+    queue: str = "?"
     #: The policy gate: versions, workers waiting, whether the bound holds them.
-    gate: str
+    gate: str = "?"
     tasks: tuple[TaskFrame, ...] = ()
     blocking_frames: tuple[str, ...] = ()
     blocking_frame: str = ""
