@@ -262,7 +262,7 @@ def resolve_runtime(
     ValueError.
     """
     given = {name: value for name, value in direct.items() if value is not None}
-    mode = getattr(autotune, "mode", "off") if autotune is not None else "off"
+    mode = getattr(autotune, "mode", "off")
     if mode != "off":
         if pipeline is not None or given:
             raise ValueError(
@@ -336,9 +336,6 @@ def score_references(
     """ART 0.5.20's objective-score references, as ART resolves them for `objective/score`:
     given > `pipeline=` > its defaults."""
     config = pipeline if pipeline is not None else PipelineRuntimeConfig()
-    return (
-        groups_per_step if groups_per_step is not None else config.score_reference_groups_per_step,
-        rollouts_per_group
-        if rollouts_per_group is not None
-        else config.score_reference_rollouts_per_group,
-    )
+    groups = config.score_reference_groups_per_step if groups_per_step is None else groups_per_step
+    rollouts = rollouts_per_group
+    return groups, config.score_reference_rollouts_per_group if rollouts is None else rollouts
