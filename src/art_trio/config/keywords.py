@@ -223,23 +223,14 @@ def resolve_settings(
     explicit_workers = direct["num_rollout_workers"] is not None or (
         "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
     )
-    workers = runtime["num_rollout_workers"]
-    if workers is not None:  # (always set: a default or a validated config field)
-        runtime["num_rollout_workers"] = fit_executor(
-            rollout_executor, workers, explicit=explicit_workers
-        )
+    runtime["num_rollout_workers"] = fit_executor(  # (always set: a default or a config's)
+        rollout_executor, cast(int, runtime["num_rollout_workers"]), explicit=explicit_workers
+    )
+    if runtime["max_batch_size"] is None:  # (a given one is checked as given, as ART does)
+        runtime["max_batch_size"] = default_max_batch_size(runtime["min_batch_size"])
     eval_at_start = flat.pop("eval_at_start", None)
-    min_batch_size = runtime["min_batch_size"]
-    max_batch_size = runtime["max_batch_size"]
     settings = PipelineSettings.from_flat({
-        **flat,
-        **runtime,
-        # The reference checks a given max_batch_size before defaulting it.
-        "max_batch_size": (
-            max_batch_size if max_batch_size is not None
-            else default_max_batch_size(min_batch_size)
-        ),
-        "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start,
+        **flat, **runtime, "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start
     })
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.

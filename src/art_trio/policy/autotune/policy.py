@@ -148,12 +148,10 @@ class AutotunePolicy:
     def sync(self, num_rollout_workers: int, min_batch_size: int, max_batch_size: int) -> None:
         """Adopt the run's live settings before judging (an executor's clamp, a resize the
         tuner was not told of): decisions start from what runs, never from a stale copy."""
-        live = (num_rollout_workers, min_batch_size, max_batch_size)
-        if live == (self.num_rollout_workers, self.min_batch_size, self.max_batch_size):
-            return
         if num_rollout_workers != self.num_rollout_workers:
             self._restart_window()  # the window so far measured another count
-        self.num_rollout_workers, self.min_batch_size, self.max_batch_size = live
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
 
     def user_resized(
         self,
@@ -216,10 +214,9 @@ class AutotunePolicy:
             )
             self.num_rollout_workers = decision.num_rollout_workers
             self.min_batch_size = decision.min_batch_size
-            self._skip = self.skip_steps_after_change
-            self._start = None if self._skip > 0 else stats
-            self._here = 0
-            self._starved_in_a_row = 0
+            self._restart_window()
+            if self._skip == 0:
+                self._start = stats
             self.settled_at_step = None
         elif decision.settled and self.settled_at_step is None:
             self.settled_at_step = stats.steps
