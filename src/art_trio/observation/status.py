@@ -63,10 +63,6 @@ ZERO_VARIANCE_NOTE = (
 )
 
 
-def _count(value: int | None) -> str:
-    return "n/a" if value is None else str(value)
-
-
 def _num(value: float | None, decimals: int, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:.{decimals}f}"
 
@@ -127,8 +123,8 @@ class StatusReporter:
             GroupQueued: self._counted,
             GroupReceived: self._counted,
             ScenarioSettled: self._counted,
-            BatchTaken: self._batch_taken,
-            TrainCallEnded: self._train_ended,
+            BatchTaken: self._training,
+            TrainCallEnded: self._training,
             StepTrained: self._step_trained,
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
@@ -203,12 +199,9 @@ class StatusReporter:
         if self._bar is not None:
             self._refresh()
 
-    def _batch_taken(self, event: BatchTaken) -> None:
-        self.training = event.batch_size
-        self._refresh()
-
-    def _train_ended(self, event: TrainCallEnded) -> None:
-        self.training = 0
+    def _training(self, event: BatchTaken | TrainCallEnded) -> None:
+        """A batch went into training, or its `backend.train` call ended."""
+        self.training = event.batch_size if isinstance(event, BatchTaken) else 0
         self._refresh()
 
     def _step_trained(self, event: StepTrained) -> None:
@@ -297,12 +290,12 @@ class StatusReporter:
         self.parts.append(part)
 
     def _step_part(self) -> str:
-        return f"step {_count(self.step)}"
+        return f"step {'n/a' if self.step is None else self.step}"
 
     def _groups_part(self) -> str:
         # A scenario's rollouts form one group, and the trainer trains or skips whole groups.
-        words = [f"trained {self.trained} groups", f"{self.queued} queued"]
-        words.append(f"{self.training} in training")
+        words = [f"trained {self.trained} groups", f"{self.queued} queued",
+                 f"{self.training} in training"]
         if self.remaining is not None:
             words.append(f"{self.remaining} scenarios left")
         return ", ".join(words)
