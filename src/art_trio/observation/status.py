@@ -264,20 +264,8 @@ class StatusReporter:
         return self.counters.zero_variance + self.counters.trained_flat
 
     @property
-    def stale(self) -> int:
-        return self.counters.stale
-
-    @property
-    def errored(self) -> int:
-        return self.counters.errored
-
-    @property
-    def stalls(self) -> int:
-        return self.counters.stalls
-
-    @property
     def discarded(self) -> int:
-        return self.zero_variance + self.stale + self.errored
+        return self.zero_variance + self.counters.stale + self.counters.errored
 
     def full_line(self) -> str:
         """The periodic log line: the parts, in plain words, separated by `` | ``."""
@@ -303,8 +291,8 @@ class StatusReporter:
     def _skipped_part(self) -> str:
         reasons = [
             (self.zero_variance, "with identical rewards (no learning signal)"),
-            (self.stale, "too stale (beyond max_steps_off_policy)"),
-            (self.errored, "whose rollout failed"),
+            (self.counters.stale, "too stale (beyond max_steps_off_policy)"),
+            (self.counters.errored, "whose rollout failed"),
         ]
         said = [f"{n} {why}" for n, why in reasons if n]
         return "skipped " + (f"{self.discarded} groups: " + ", ".join(said) if said else "none")
@@ -319,9 +307,8 @@ class StatusReporter:
         )
 
     def _stalls_part(self) -> str | None:
-        if not self.stalls:
-            return None
-        return f"STALLED {self.stalls} times (last: {self.last_stall})"
+        stalls = self.counters.stalls
+        return f"STALLED {stalls} times (last: {self.last_stall})" if stalls else None
 
     def _val_part(self) -> str:
         text = f"val: reward {_num(self.val_reward, 3)}"
@@ -363,8 +350,8 @@ class StatusReporter:
             if "eval" in optional and self.val_running_step is not None:
                 val += " (evaluating)"
             words.append(val)
-            if self.stalls:
-                words.append(f"STALLED x{self.stalls}")
+            if self.counters.stalls:
+                words.append(f"STALLED x{self.counters.stalls}")
             line = " · ".join(words)
             if len(line) <= width or not optional:
                 return line

@@ -6,7 +6,6 @@ saved beside the model (validated on load, replaced atomically on save).
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -178,14 +177,8 @@ def profile_document(
 def save_profile(path: Path, document: dict[str, Any]) -> None:
     """Replace the profile durably: the old one or the new one survives a crash, never a torn
     or empty file (temporary file, fsync, rename, fsync of the directory: the ledger's write)."""
-    # Through JSON once so that what the ledger's writer dumps is plain JSON (no NaN/inf,
-    # no objects it cannot encode).
-    plain = json.loads(json.dumps(document, default=_json_default, allow_nan=True),
+    # Through JSON once so that what the ledger's writer dumps is plain JSON: a non-finite
+    # float becomes null, an object JSON cannot encode its repr.
+    plain = json.loads(json.dumps(document, default=repr, allow_nan=True),
                        parse_constant=lambda _: None)
     atomic_write_json(path, plain, fsync=True)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return repr(value)
