@@ -295,7 +295,10 @@ class AutotunePolicy:
             # A count once seen feeding the trainer starves it now: drift, or noise.
             drift = self._drift()
             if drift is None:
-                return self._hold(w, step, n, f"{util}; {self._drift_so_far()}")
+                return self._hold(
+                    w, step, n, f"{util}; drift? ({self._starved_in_a_row}/{self.drift_windows}"
+                    f" windows below {self.target - self.drift_margin:.2f}; average of "
+                    f"{self._here} windows here {self._here_utilization:.3f})")
             util = f"{util}; drift: {drift}"
             # A slow slide (the average, not a clear drop): a notch more is the next thing
             # to try, not a jump sized by one window's shortfall.
@@ -303,21 +306,32 @@ class AutotunePolicy:
             self.high = None
         cap = self._starved_cap(w)
         if cap is not None and n >= cap:
-            return self._back_to_cap(w, step, n, cap, util)
+            # Far more in flight than the trainer's pace needs, and still starved: the
+            # staleness bound or the train step holds it back. Fewer workers feed it as well.
+            self.ceiling = cap = max(self.min_workers, cap)
+            why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
+                   f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
+                   "feed it")
+            if cap < n:
+                return self._change(w, step, n, cap, "decrease_workers", why)
+            return self._hold(w, step, n, why, settled=True)
         self.low = n if self.low is None else max(self.low, n)
-        held = self._cannot_add(w, step, n, util, inference)
-        if held is not None:
-            return held
+        # Where no worker may be added: hold for a saturated inference server; at
+        # `max_workers`, smaller batches or hold.
+        if inference is not None and inference.pressure > self.inference_pressure_limit:
+            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
+                              f"running {inference.pressure:.2f}): more workers would queue")
+        if n >= self.max_workers and self.min_batch_size > 1:
+            smaller = max(1, self.min_batch_size * 3 // 4)
+            return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
+                            f"{self.max_workers}: smaller batches start steps sooner",
+                            n, n, smaller, False, w)
+        if n >= self.max_workers:
+            return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
         up, why = self._step_up(w, n, util, slide)
         if cap is not None and up > cap:
             up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
-
-    def _drift_so_far(self) -> str:
-        """Why a starved window at a count once seen feeding the trainer holds (noise yet)."""
-        return (f"drift? ({self._starved_in_a_row}/{self.drift_windows} windows below "
-                f"{self.target - self.drift_margin:.2f}; average of {self._here} windows here "
-                f"{self._here_utilization:.3f})")
 
     def _starved_cap(self, w: Window) -> int | None:
         """The most workers a starved trainer is given: the ceiling, unless rollouts got much
@@ -334,34 +348,6 @@ class AutotunePolicy:
             self.ceiling = self._ceiling_latency = None
             return cap
         return self.ceiling
-
-    def _back_to_cap(self, w: Window, step: int, n: int, cap: int, util: str) -> Decision:
-        """Far more in flight than the trainer's pace needs, and still starved: the staleness
-        bound or the train step holds it back. Fewer workers feed it as well."""
-        self.ceiling = cap = max(self.min_workers, cap)
-        why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
-               f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
-               "feed it")
-        if cap < n:
-            return self._change(w, step, n, cap, "decrease_workers", why)
-        return self._hold(w, step, n, why, settled=True)
-
-    def _cannot_add(
-        self, w: Window, step: int, n: int, util: str, inference: InferenceLoad | None
-    ) -> Decision | None:
-        """What to do instead of adding workers when none may be added, else None: hold for a
-        saturated inference server; at `max_workers`, smaller batches or hold."""
-        if inference is not None and inference.pressure > self.inference_pressure_limit:
-            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
-                              f"running {inference.pressure:.2f}): more workers would queue")
-        if n < self.max_workers:
-            return None
-        if self.min_batch_size > 1:
-            smaller = max(1, self.min_batch_size * 3 // 4)
-            return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
-                            f"{self.max_workers}: smaller batches start steps sooner",
-                            n, n, smaller, False, w)
-        return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
 
     def _step_up(self, w: Window, n: int, util: str, slide: bool) -> tuple[int, str]:
         """How many workers a starved trainer gets next (before the cap), and why."""
