@@ -277,11 +277,8 @@ def autotune_start(
 ) -> dict[str, int | None]:
     """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
     always with mode "profile", with "online" when `profile=` names one)."""
-    mode = getattr(config, "mode", "off")
-    if mode == "off" or model is None:
-        return runtime
-    name = getattr(config, "profile", None)
-    if mode == "online" and not name:
+    mode, name = getattr(config, "mode", "off"), getattr(config, "profile", None)
+    if mode == "off" or model is None or (mode == "online" and not name):
         return runtime
     path = profile_path(model._get_output_dir(), name)
     if not path.exists():

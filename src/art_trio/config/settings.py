@@ -44,11 +44,10 @@ period and the longest backend or callback call measured so far (when above the 
 
 
 def _stall_seconds_ok(value: object) -> bool:
-    if value == "auto":
-        return True
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return False
-    return math.isfinite(value) and float(value) > 0
+    return value == "auto" or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool)
+        and math.isfinite(value) and float(value) > 0
+    )
 
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 """How long a stop lets in-flight rollouts and a running eval finish before cancelling them.
