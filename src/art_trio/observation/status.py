@@ -118,13 +118,11 @@ class StatusReporter:
         self._bar: tqdm[None] | None = None
         #: The events the reporter follows, and how (see `Observers.begin_run`).
         self.routes: dict[type, Callable[[Any], None]] = {
-            RolloutStarted: self._counted,
-            RolloutEnded: self._counted,
-            GroupQueued: self._counted,
-            GroupReceived: self._counted,
-            ScenarioSettled: self._counted,
-            BatchTaken: self._training,
-            TrainCallEnded: self._training,
+            **dict.fromkeys(
+                (RolloutStarted, RolloutEnded, GroupQueued, GroupReceived, ScenarioSettled),
+                self._counted,
+            ),
+            **dict.fromkeys((BatchTaken, TrainCallEnded), self._training),
             StepTrained: self._step_trained,
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
