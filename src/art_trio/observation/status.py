@@ -327,33 +327,28 @@ class StatusReporter:
     def condensed_line(self, width: int | None = None) -> str:
         """The live line, dropping the least useful fields until it fits `width` columns."""
         width = width or shutil.get_terminal_size(fallback=(120, 20)).columns
-        # Dropped in this order when too wide.
-        optional = ["std", "eval", "left", "training", "queued"]
+        val = f"val {_num(self.val_reward, 2, missing='-')}"
+        # The fields dropped when too wide, in this order (None: not shown anyway).
+        optional = {
+            "std": f"std {_num(self.reward_std_ewa, 2, missing='-')}",
+            "eval": None if self.val_running_step is None else f"{val} (evaluating)",
+            "left": None if self.remaining is None else f"{self.remaining} left",
+            "training": f"{self.training} training",
+            "queued": f"{self.queued} queued",
+        }
         while True:
-            words = [f"step {'-' if self.step is None else self.step}", f"{self.trained} trained"]
-            if self.remaining is not None and "left" in optional:
-                words.append(f"{self.remaining} left")
-            if "queued" in optional:
-                words.append(f"{self.queued} queued")
-            if "training" in optional:
-                words.append(f"{self.training} training")
-            words += [
-                f"{self.discarded} skipped",
-                f"reward {_num(self.reward_ewa, 2, missing='-')}",
-                f"{_num(self.step_seconds_ewa, 1, missing='-')} s/step",
+            words = [
+                f"step {'-' if self.step is None else self.step}", f"{self.trained} trained",
+                optional.get("left"), optional.get("queued"), optional.get("training"),
+                f"{self.discarded} skipped", f"reward {_num(self.reward_ewa, 2, missing='-')}",
+                f"{_num(self.step_seconds_ewa, 1, missing='-')} s/step", optional.get("std"),
+                optional.get("eval") or val,
+                f"STALLED x{self.counters.stalls}" if self.counters.stalls else None,
             ]
-            if "std" in optional:
-                words.append(f"std {_num(self.reward_std_ewa, 2, missing='-')}")
-            val = f"val {_num(self.val_reward, 2, missing='-')}"
-            if "eval" in optional and self.val_running_step is not None:
-                val += " (evaluating)"
-            words.append(val)
-            if self.counters.stalls:
-                words.append(f"STALLED x{self.counters.stalls}")
-            line = " · ".join(words)
+            line = " · ".join(word for word in words if word)
             if len(line) <= width or not optional:
                 return line
-            optional.pop(0)
+            del optional[next(iter(optional))]
 
     def write_line(self, line: str) -> None:
         """Print one line of its own beside the status line (the autotuner's decisions)."""
