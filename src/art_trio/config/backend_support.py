@@ -30,21 +30,14 @@ def check_backend_support(backend: Any, model: Any, settings: PipelineSettings) 
             "trainer_gpu_ids and inference_gpu_ids on the TrainableModel "
             "_internal_config to use LocalBackend with PipelineTrainer."
         )
-    if training.loss_fn not in {"cispo", "ppo"}:
-        raise ValueError(
-            "PipelineTrainer + LocalBackend(dedicated) only supports "
-            "loss_fn='cispo' or loss_fn='ppo'."
-        )
-    if training.loss_fn_config is not None:
-        raise ValueError(
-            "PipelineTrainer + LocalBackend(dedicated) requires loss_fn_config=None."
-        )
-    if not training.normalize_advantages:
+    refusals = [
+        (training.loss_fn not in {"cispo", "ppo"},
+         "only supports loss_fn='cispo' or loss_fn='ppo'."),
+        (training.loss_fn_config is not None, "requires loss_fn_config=None."),
         # The reference (0.5.17) refuses this; ART 0.5.18 dropped the check.
-        raise ValueError(
-            "PipelineTrainer + LocalBackend(dedicated) requires normalize_advantages=True."
-        )
-    if training.adam_params is not None:
-        raise ValueError(
-            "PipelineTrainer + LocalBackend(dedicated) requires adam_params=None."
-        )
+        (not training.normalize_advantages, "requires normalize_advantages=True."),
+        (training.adam_params is not None, "requires adam_params=None."),
+    ]
+    for refused, requirement in refusals:
+        if refused:
+            raise ValueError(f"PipelineTrainer + LocalBackend(dedicated) {requirement}")

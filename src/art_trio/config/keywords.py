@@ -223,23 +223,14 @@ def resolve_settings(
     explicit_workers = direct["num_rollout_workers"] is not None or (
         "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
     )
-    workers = runtime["num_rollout_workers"]
-    if workers is not None:  # (always set: a default or a validated config field)
-        runtime["num_rollout_workers"] = fit_executor(
-            rollout_executor, workers, explicit=explicit_workers
-        )
+    runtime["num_rollout_workers"] = fit_executor(  # (always set: a default or a config's)
+        rollout_executor, cast(int, runtime["num_rollout_workers"]), explicit=explicit_workers
+    )
+    if runtime["max_batch_size"] is None:  # (a given one is checked as given, as ART does)
+        runtime["max_batch_size"] = default_max_batch_size(runtime["min_batch_size"])
     eval_at_start = flat.pop("eval_at_start", None)
-    min_batch_size = runtime["min_batch_size"]
-    max_batch_size = runtime["max_batch_size"]
     settings = PipelineSettings.from_flat({
-        **flat,
-        **runtime,
-        # The reference checks a given max_batch_size before defaulting it.
-        "max_batch_size": (
-            max_batch_size if max_batch_size is not None
-            else default_max_batch_size(min_batch_size)
-        ),
-        "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start,
+        **flat, **runtime, "eval_at_start": eval_step_0 if eval_at_start is None else eval_at_start
     })
     # `eval_step_0` keeps its reference default (True), so only an explicit False can be told
     # apart from the default: that, against eval_at_start=True, is a contradiction.
@@ -262,7 +253,7 @@ def resolve_runtime(
     ValueError.
     """
     given = {name: value for name, value in direct.items() if value is not None}
-    mode = getattr(autotune, "mode", "off") if autotune is not None else "off"
+    mode = getattr(autotune, "mode", "off")
     if mode != "off":
         if pipeline is not None or given:
             raise ValueError(
@@ -286,11 +277,8 @@ def autotune_start(
 ) -> dict[str, int | None]:
     """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
     always with mode "profile", with "online" when `profile=` names one)."""
-    mode = getattr(config, "mode", "off")
-    if mode == "off" or model is None:
-        return runtime
-    name = getattr(config, "profile", None)
-    if mode == "online" and not name:
+    mode, name = getattr(config, "mode", "off"), getattr(config, "profile", None)
+    if mode == "off" or model is None or (mode == "online" and not name):
         return runtime
     path = profile_path(model._get_output_dir(), name)
     if not path.exists():
@@ -336,9 +324,6 @@ def score_references(
     """ART 0.5.20's objective-score references, as ART resolves them for `objective/score`:
     given > `pipeline=` > its defaults."""
     config = pipeline if pipeline is not None else PipelineRuntimeConfig()
-    return (
-        groups_per_step if groups_per_step is not None else config.score_reference_groups_per_step,
-        rollouts_per_group
-        if rollouts_per_group is not None
-        else config.score_reference_rollouts_per_group,
-    )
+    groups = config.score_reference_groups_per_step if groups_per_step is None else groups_per_step
+    rollouts = rollouts_per_group
+    return groups, config.score_reference_rollouts_per_group if rollouts is None else rollouts

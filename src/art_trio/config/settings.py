@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -44,11 +44,10 @@ period and the longest backend or callback call measured so far (when above the 
 
 
 def _stall_seconds_ok(value: object) -> bool:
-    if value == "auto":
-        return True
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return False
-    return math.isfinite(value) and float(value) > 0
+    return value == "auto" or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool)
+        and math.isfinite(value) and float(value) > 0
+    )
 
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 """How long a stop lets in-flight rollouts and a running eval finish before cancelling them.
@@ -352,45 +351,33 @@ def optional(name: str) -> bool:
 # -- the checks ---------------------------------------------------------------------------
 
 
-def _type_problem(name: str, value: object) -> str | None:
-    if DECLARATIONS[name].metadata["number"] is None:
-        return None
-    return not_a_number(name, value, optional(name))
-
-
-def _range_problem(name: str, value: object) -> str | None:
-    rule: Rule | None = DECLARATIONS[name].metadata["rule"]
-    if rule is None or (value is None and optional(name)):
-        return None
-    return rule.problem(name, value)
-
-
-def _whole_problem(name: str, value: object) -> str | None:
-    number = DECLARATIONS[name].metadata["number"]
-    if number == "count":
-        return count_error(name, value, optional=optional(name))
-    if number == "finite":
-        return not_finite(name, value)
-    return None
-
-
-def validate(settings: PipelineSettings) -> None:
-    """Raise the first problem's ValueError: not-a-number values, then ranges (with each
-    group's own cross checks after its fields'), then whole numbers and finiteness."""
+def _problems(settings: PipelineSettings) -> Iterator[str | None]:
+    """Each check's verdict in order (None: passed): not-a-number values, then ranges (with
+    each group's own cross checks after its fields'), then whole numbers and finiteness."""
     values = settings.flat()
     for name, value in values.items():
-        _raise(_type_problem(name, value))
+        if DECLARATIONS[name].metadata["number"] is not None:
+            yield not_a_number(name, value, optional(name))
     for group in GROUPS:
         part = getattr(settings, group)
         for name, value in _values(part).items():
-            _raise(_range_problem(name, value))
-        for problem in getattr(part, "problems", list)():
-            _raise(problem)
+            rule: Rule | None = DECLARATIONS[name].metadata["rule"]
+            if rule is not None and not (value is None and optional(name)):
+                yield rule.problem(name, value)
+        yield from getattr(part, "problems", list)()
     for name, value in values.items():
-        _raise(_whole_problem(name, value))
-    check_line_supports(grad_accumulation_sequences=values["grad_accumulation_sequences"])
+        number = DECLARATIONS[name].metadata["number"]
+        if number == "count":
+            yield count_error(name, value, optional=optional(name))
+        elif number == "finite":
+            yield not_finite(name, value)
 
 
-def _raise(problem: str | None) -> None:
+def validate(settings: PipelineSettings) -> None:
+    """Raise the first problem's ValueError (in `_problems`' order)."""
+    problem = next(filter(None, _problems(settings)), None)
     if problem is not None:
         raise ValueError(problem)
+    check_line_supports(
+        grad_accumulation_sequences=settings.training.grad_accumulation_sequences
+    )

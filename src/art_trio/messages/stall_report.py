@@ -80,13 +80,14 @@ class StallReport:
     #: 1 for a stall's first report, 2 for the next while it persists, ...
     repeat: int
     blocked_loop: bool
-    stages: tuple[StageWait, ...]
-    rollouts: tuple[RolloutInFlight, ...]
-    calls: tuple[CallInFlight, ...]
-    #: The groups queue: queued / capacity, blocked senders, the oldest group's age.
-    queue: str
+    stages: tuple[StageWait, ...] = ()
+    rollouts: tuple[RolloutInFlight, ...] = ()
+    calls: tuple[CallInFlight, ...] = ()
+    #: The groups queue: queued / capacity, blocked senders, the oldest group's age ("?":
+    #: not read).
+    queue: str = "?"
     #: The policy gate: versions, workers waiting, whether the bound holds them.
-    gate: str
+    gate: str = "?"
     tasks: tuple[TaskFrame, ...] = ()
     blocking_frames: tuple[str, ...] = ()
     blocking_frame: str = ""
@@ -123,10 +124,8 @@ class StallReport:
                 f"  rollouts in flight ({len(self.rollouts)}, oldest first): {shown}"
                 + (f", and {more} more" if more > 0 else "")
             )
-        for call in self.calls:
-            lines.append(f"  call in flight: {call.stage}: {call.call} for {call.age_s:.1f} s")
-        lines.append(f"  groups queue: {self.queue}")
-        lines.append(f"  gate: {self.gate}")
+        lines += [f"  call in flight: {c.stage}: {c.call} for {c.age_s:.1f} s" for c in self.calls]
+        lines += [f"  groups queue: {self.queue}", f"  gate: {self.gate}"]
         if self.blocking_frames:
             lines.append("  the loop thread's stack (innermost last):")
             lines.extend(f"    {frame}" for frame in self.blocking_frames)

@@ -63,10 +63,6 @@ ZERO_VARIANCE_NOTE = (
 )
 
 
-def _count(value: int | None) -> str:
-    return "n/a" if value is None else str(value)
-
-
 def _num(value: float | None, decimals: int, missing: str = "n/a") -> str:
     return missing if value is None else f"{value:.{decimals}f}"
 
@@ -122,13 +118,11 @@ class StatusReporter:
         self._bar: tqdm[None] | None = None
         #: The events the reporter follows, and how (see `Observers.begin_run`).
         self.routes: dict[type, Callable[[Any], None]] = {
-            RolloutStarted: self._counted,
-            RolloutEnded: self._counted,
-            GroupQueued: self._counted,
-            GroupReceived: self._counted,
-            ScenarioSettled: self._counted,
-            BatchTaken: self._batch_taken,
-            TrainCallEnded: self._train_ended,
+            **dict.fromkeys(
+                (RolloutStarted, RolloutEnded, GroupQueued, GroupReceived, ScenarioSettled),
+                self._counted,
+            ),
+            **dict.fromkeys((BatchTaken, TrainCallEnded), self._training),
             StepTrained: self._step_trained,
             EvalStarted: self._eval_started,
             EvalEnded: self._eval_ended,
@@ -203,12 +197,9 @@ class StatusReporter:
         if self._bar is not None:
             self._refresh()
 
-    def _batch_taken(self, event: BatchTaken) -> None:
-        self.training = event.batch_size
-        self._refresh()
-
-    def _train_ended(self, event: TrainCallEnded) -> None:
-        self.training = 0
+    def _training(self, event: BatchTaken | TrainCallEnded) -> None:
+        """A batch went into training, or its `backend.train` call ended."""
+        self.training = event.batch_size if isinstance(event, BatchTaken) else 0
         self._refresh()
 
     def _step_trained(self, event: StepTrained) -> None:
@@ -271,20 +262,8 @@ class StatusReporter:
         return self.counters.zero_variance + self.counters.trained_flat
 
     @property
-    def stale(self) -> int:
-        return self.counters.stale
-
-    @property
-    def errored(self) -> int:
-        return self.counters.errored
-
-    @property
-    def stalls(self) -> int:
-        return self.counters.stalls
-
-    @property
     def discarded(self) -> int:
-        return self.zero_variance + self.stale + self.errored
+        return self.zero_variance + self.counters.stale + self.counters.errored
 
     def full_line(self) -> str:
         """The periodic log line: the parts, in plain words, separated by `` | ``."""
@@ -297,12 +276,12 @@ class StatusReporter:
         self.parts.append(part)
 
     def _step_part(self) -> str:
-        return f"step {_count(self.step)}"
+        return f"step {'n/a' if self.step is None else self.step}"
 
     def _groups_part(self) -> str:
         # A scenario's rollouts form one group, and the trainer trains or skips whole groups.
-        words = [f"trained {self.trained} groups", f"{self.queued} queued"]
-        words.append(f"{self.training} in training")
+        words = [f"trained {self.trained} groups", f"{self.queued} queued",
+                 f"{self.training} in training"]
         if self.remaining is not None:
             words.append(f"{self.remaining} scenarios left")
         return ", ".join(words)
@@ -310,8 +289,8 @@ class StatusReporter:
     def _skipped_part(self) -> str:
         reasons = [
             (self.zero_variance, "with identical rewards (no learning signal)"),
-            (self.stale, "too stale (beyond max_steps_off_policy)"),
-            (self.errored, "whose rollout failed"),
+            (self.counters.stale, "too stale (beyond max_steps_off_policy)"),
+            (self.counters.errored, "whose rollout failed"),
         ]
         said = [f"{n} {why}" for n, why in reasons if n]
         return "skipped " + (f"{self.discarded} groups: " + ", ".join(said) if said else "none")
@@ -326,9 +305,8 @@ class StatusReporter:
         )
 
     def _stalls_part(self) -> str | None:
-        if not self.stalls:
-            return None
-        return f"STALLED {self.stalls} times (last: {self.last_stall})"
+        stalls = self.counters.stalls
+        return f"STALLED {stalls} times (last: {self.last_stall})" if stalls else None
 
     def _val_part(self) -> str:
         text = f"val: reward {_num(self.val_reward, 3)}"
@@ -349,33 +327,28 @@ class StatusReporter:
     def condensed_line(self, width: int | None = None) -> str:
         """The live line, dropping the least useful fields until it fits `width` columns."""
         width = width or shutil.get_terminal_size(fallback=(120, 20)).columns
-        # Dropped in this order when too wide.
-        optional = ["std", "eval", "left", "training", "queued"]
+        val = f"val {_num(self.val_reward, 2, missing='-')}"
+        # The fields dropped when too wide, in this order (None: not shown anyway).
+        optional = {
+            "std": f"std {_num(self.reward_std_ewa, 2, missing='-')}",
+            "eval": None if self.val_running_step is None else f"{val} (evaluating)",
+            "left": None if self.remaining is None else f"{self.remaining} left",
+            "training": f"{self.training} training",
+            "queued": f"{self.queued} queued",
+        }
         while True:
-            words = [f"step {'-' if self.step is None else self.step}", f"{self.trained} trained"]
-            if self.remaining is not None and "left" in optional:
-                words.append(f"{self.remaining} left")
-            if "queued" in optional:
-                words.append(f"{self.queued} queued")
-            if "training" in optional:
-                words.append(f"{self.training} training")
-            words += [
-                f"{self.discarded} skipped",
-                f"reward {_num(self.reward_ewa, 2, missing='-')}",
-                f"{_num(self.step_seconds_ewa, 1, missing='-')} s/step",
+            words = [
+                f"step {'-' if self.step is None else self.step}", f"{self.trained} trained",
+                optional.get("left"), optional.get("queued"), optional.get("training"),
+                f"{self.discarded} skipped", f"reward {_num(self.reward_ewa, 2, missing='-')}",
+                f"{_num(self.step_seconds_ewa, 1, missing='-')} s/step", optional.get("std"),
+                optional.get("eval") or val,
+                f"STALLED x{self.counters.stalls}" if self.counters.stalls else None,
             ]
-            if "std" in optional:
-                words.append(f"std {_num(self.reward_std_ewa, 2, missing='-')}")
-            val = f"val {_num(self.val_reward, 2, missing='-')}"
-            if "eval" in optional and self.val_running_step is not None:
-                val += " (evaluating)"
-            words.append(val)
-            if self.stalls:
-                words.append(f"STALLED x{self.stalls}")
-            line = " · ".join(words)
+            line = " · ".join(word for word in words if word)
             if len(line) <= width or not optional:
                 return line
-            optional.pop(0)
+            del optional[next(iter(optional))]
 
     def write_line(self, line: str) -> None:
         """Print one line of its own beside the status line (the autotuner's decisions)."""

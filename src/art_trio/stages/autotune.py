@@ -54,18 +54,12 @@ class AutotuneStage:
         #: True while the stage's own resize runs (a resize otherwise is the user's).
         self._applying = False
 
-    def resized(
-        self,
-        *,
-        num_rollout_workers: int | None = None,
-        min_batch_size: int | None = None,
-        max_batch_size: int | None = None,
-    ) -> None:
-        """The trainer was resized; unless by this stage, by the user, whose values win."""
+    def resized(self, **sizes: int | None) -> None:
+        """The trainer was resized (`AutotunePolicy.user_resized`'s keywords); unless by this
+        stage, by the user, whose values win."""
         if self._applying:
             return
-        self.policy.user_resized(num_rollout_workers=num_rollout_workers,
-                                 min_batch_size=min_batch_size, max_batch_size=max_batch_size)
+        self.policy.user_resized(**sizes)
         logger.info("autotune: the user resized the run; left alone from now on: %s",
                     ", ".join(f"{k}={v}" for k, v in self.policy.pinned.items()))
 
@@ -133,6 +127,11 @@ class AutotuneStage:
                 self._applying = False
             logger.info("autotune step %d: %s", decision.step, decision.reason)
             self._save()
+            self.status.write_line(
+                f"[autotune] step={decision.step} {decision.action} "
+                f"workers={decision.previous_workers}->{decision.num_rollout_workers} "
+                f"min_batch={decision.min_batch_size} reason={decision.reason}"
+            )
         else:
             logger.debug("autotune step %d: hold: %s", decision.step, decision.reason)
         w = decision.window
@@ -143,15 +142,9 @@ class AutotuneStage:
             "settled": float(decision.settled),
         }
         if w is not None:
-            row["trainer_utilization"] = w.utilization
-            row["rollout_s_per_trained_group"] = w.rollout_s_per_group
+            row |= {"trainer_utilization": w.utilization,
+                    "rollout_s_per_trained_group": w.rollout_s_per_group}
         append_metrics_row(self.model, "autotune/", decision.step, row)
-        if decision.changed:
-            self.status.write_line(
-                f"[autotune] step={decision.step} {decision.action} "
-                f"workers={decision.previous_workers}->{decision.num_rollout_workers} "
-                f"min_batch={decision.min_batch_size} reason={decision.reason}"
-            )
 
     def _save(self) -> None:
         try:

@@ -83,6 +83,10 @@ class WatchdogStage:
         #: Blocked-loop reports the thread made, for the loop to deliver once it runs again.
         self._delivered: list[StallReport] = []
         self._wake = anyio.Event()
+        #: Wall time the thread's unanswered ping was sent (None: answered).
+        self._pending: float | None = None
+        #: The loop's clock and the wall clock when it last answered.
+        self._answered = (0.0, 0.0)
 
     async def __call__(self) -> None:
         stop = self.stop
@@ -90,7 +94,12 @@ class WatchdogStage:
             await stop.finished.wait()
             return
         self._update_threshold()
-        watcher = _LoopWatcher(self)
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=self._ping_loop, args=(done, threading.get_ident(), _scheduler()),
+            name="art_trio stall watchdog", daemon=True,
+        )
+        self._answered = (self.clock(), time.monotonic())
         watcher.start()
         try:
             async with anyio.create_task_group() as tg:
@@ -98,7 +107,8 @@ class WatchdogStage:
                 await stop.finished.wait()
                 tg.cancel_scope.cancel()
         finally:
-            watcher.stop()
+            done.set()
+            watcher.join(timeout=5.0)
         # A blocked-loop report the run ended before delivering: still heard and counted.
         while self._delivered:
             report = self._delivered.pop(0)
@@ -153,14 +163,13 @@ class WatchdogStage:
             stalled = self.clock() - last_move
             if stalled >= threshold * 2**repeat:
                 repeat += 1
-                report = self.report(stalled, repeat)
+                # Made in the loop, so the task tree can be read too.
+                report = replace(
+                    self._state(stalled, repeat, self.clock(), blocked=False),
+                    tasks=task_tree(self.bridge.asyncio_loop),
+                )
                 self._say(report)
                 await self._act(report)
-
-    def report(self, seconds: float, repeat: int) -> StallReport:
-        """The report now (in the loop): each stage, what is in flight, the task tree."""
-        report = self._state(seconds, repeat, self.clock(), blocked=False)
-        return replace(report, tasks=task_tree(self.bridge.asyncio_loop))
 
     def _say(self, report: StallReport) -> None:
         """The log record and the line beside the status line (any thread)."""
@@ -179,88 +188,70 @@ class WatchdogStage:
     # -- what each stage waits on ---------------------------------------------------------
 
     def _state(self, seconds: float, repeat: int, now: float, *, blocked: bool) -> StallReport:
+        """The report: each stage, what is in flight, the queue and the gate."""
         rollouts = self.rollouts_in_flight(now)
-        calls = self.calls.in_flight(now)
         try:
             queue = self.queue()
         except RuntimeError:  # read from the watcher thread before the queue knew its clock
             queue = GroupQueueStatistics(0, 0, 0, 0, 0, 0, 0.0)
         gate = self.gate
         workers = self.workers_running()
-        waiting_workers = max(0, workers - len(rollouts) - queue.waiting_senders)
-        snapshot = gate.snapshot()
-        headroom = gate.policy.headroom(snapshot)
-        stages = [
-            self._rollout_wait(rollouts, workers, waiting_workers, queue, headroom),
-            self._stage_wait("training", now, idle="idle (not collecting, not training)"),
-            self._stage_wait("eval", now, idle="idle"),
-        ]
-        if gate.closed:
-            gate_text = "closed (the run is ending: no rollout starts)"
-        elif waiting_workers and headroom <= 0:
-            gate_text = (
-                f"holds {waiting_workers} workers: the staleness bound admits no rollout at "
-                f"policy version {gate.policy_version} until step {gate.next_training_step} "
-                "is published (waiting for a policy)"
-            )
-        else:
-            gate_text = f"admits {max(0, int(headroom))} more rollouts now"
-        gate_text = (
-            f"policy version {gate.policy_version}, producing step {gate.next_training_step}; "
-            f"{gate_text}; {gate.in_flight} in flight, {gate.queued} groups queued"
-        )
-        capacity = "unbounded" if queue.capacity == float("inf") else f"{queue.capacity:g}"
-        queue_text = (
-            f"{queue.queued}/{capacity} queued, {queue.waiting_senders} workers blocked "
-            f"handing over, {queue.waiting_receivers} receivers waiting, oldest group "
-            f"{queue.oldest_age_s:.1f} s; {self.ready()} ready for a batch"
-        )
-        return StallReport(
-            seconds=seconds,
-            threshold_s=self.threshold_s,
-            threshold_rule=self._threshold_rule,
-            repeat=repeat,
-            blocked_loop=blocked,
-            stages=tuple(stages),
-            rollouts=rollouts,
-            calls=calls,
-            queue=queue_text,
-            gate=gate_text,
-        )
-
-    def _rollout_wait(
-        self,
-        rollouts: tuple[RolloutInFlight, ...],
-        workers: int,
-        waiting: int,
-        queue: GroupQueueStatistics,
-        headroom: float,
-    ) -> StageWait:
+        waiting = max(0, workers - len(rollouts) - queue.waiting_senders)
+        headroom = gate.policy.headroom(gate.snapshot())
+        held = waiting and headroom <= 0 and not gate.closed
         if rollouts:
             oldest = rollouts[0]
-            return StageWait(
+            rollout_wait = StageWait(
                 "rollout",
                 f"{len(rollouts)} of {workers} workers in rollouts (oldest: scenario "
                 f"{oldest.scenario_index}, {oldest.age_s:.1f} s), {waiting} waiting at the "
                 f"gate, {queue.waiting_senders} blocked on the full groups queue",
                 oldest.age_s,
             )
-        if queue.waiting_senders:
-            return StageWait(
-                "rollout",
-                f"{queue.waiting_senders} workers blocked on the full "
-                "groups queue (training does not take groups)",
+        elif queue.waiting_senders:
+            rollout_wait = StageWait("rollout", f"{queue.waiting_senders} workers blocked on "
+                                     "the full groups queue (training does not take groups)")
+        elif held:
+            rollout_wait = StageWait("rollout", f"{waiting} workers held at the gate by the "
+                                     "staleness bound (waiting for a policy)")
+        else:
+            rollout_wait = StageWait("rollout", f"{waiting} workers waiting at the gate or on "
+                                     "the scenario source" if waiting else "idle")
+        if gate.closed:
+            gate_text = "closed (the run is ending: no rollout starts)"
+        elif held:
+            gate_text = (
+                f"holds {waiting} workers: the staleness bound admits no rollout at "
+                f"policy version {gate.policy_version} until step {gate.next_training_step} "
+                "is published (waiting for a policy)"
             )
-        if waiting and headroom <= 0 and not self.gate.closed:
-            return StageWait(
-                "rollout",
-                f"{waiting} workers held at the gate by the staleness bound (waiting for a policy)",
-            )
-        if waiting:
-            return StageWait(
-                "rollout", f"{waiting} workers waiting at the gate or on the scenario source"
-            )
-        return StageWait("rollout", "idle")
+        else:
+            gate_text = f"admits {max(0, int(headroom))} more rollouts now"
+        capacity = "unbounded" if queue.capacity == float("inf") else f"{queue.capacity:g}"
+        return StallReport(
+            seconds=seconds,
+            threshold_s=self.threshold_s,
+            threshold_rule=self._threshold_rule,
+            repeat=repeat,
+            blocked_loop=blocked,
+            stages=(
+                rollout_wait,
+                self._stage_wait("training", now, idle="idle (not collecting, not training)"),
+                self._stage_wait("eval", now, idle="idle"),
+            ),
+            rollouts=rollouts,
+            calls=self.calls.in_flight(now),
+            queue=(
+                f"{queue.queued}/{capacity} queued, {queue.waiting_senders} workers blocked "
+                f"handing over, {queue.waiting_receivers} receivers waiting, oldest group "
+                f"{queue.oldest_age_s:.1f} s; {self.ready()} ready for a batch"
+            ),
+            gate=(
+                f"policy version {gate.policy_version}, producing step "
+                f"{gate.next_training_step}; {gate_text}; {gate.in_flight} in flight, "
+                f"{gate.queued} groups queued"
+            ),
+        )
 
     def _stage_wait(self, stage: str, now: float, *, idle: str) -> StageWait:
         current = self.calls.innermost(stage)
@@ -269,73 +260,17 @@ class WatchdogStage:
         call, since = current
         return StageWait(stage, call, now - since)
 
-    # -- the blocked-loop thread's side ---------------------------------------------------
+    # -- the blocked-loop thread ----------------------------------------------------------
 
-    def blocked(self, seconds: float, repeat: int, loop_now: float, thread_id: int) -> None:
-        """Called by the watcher thread while the loop does not answer: report it now (log,
-        status line), and hand the report to the loop for the event and the action."""
-        try:
-            report = self._state(seconds, repeat, loop_now, blocked=True)
-        except Exception:  # the loop's state, read while it is blocked mid-change
-            report = StallReport(
-                seconds=seconds,
-                threshold_s=self.threshold_s,
-                threshold_rule=self._threshold_rule,
-                repeat=repeat,
-                blocked_loop=True,
-                stages=(),
-                rollouts=(),
-                calls=(),
-                queue="?",
-                gate="?",
-            )
-        frames, blocking = thread_stack(thread_id)
-        report = replace(report, blocking_frames=frames, blocking_frame=blocking)
-        # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
-        self._delivered.append(report)
-        self._say(report)
-
-    def deliver(self) -> None:
-        """In the loop, after it answered again: wake the watch to emit and act."""
-        if self._delivered:
-            self._wake.set()
-
-
-class _LoopWatcher:
-    """A daemon thread that pings the loop and reports it blocked (see the module doc)."""
-
-    def __init__(self, stage: WatchdogStage) -> None:
-        self._stage = stage
-        self._loop_thread = threading.get_ident()
-        self._schedule = _scheduler()
-        self._clock = stage.clock
-        self._done = threading.Event()
-        #: Wall time the unanswered ping was sent (None: answered).
-        self._pending: float | None = None
-        #: The loop's clock and the wall clock when it last answered.
-        self._answered = (self._clock(), time.monotonic())
-        self._thread = threading.Thread(
-            target=self._run, name="art_trio stall watchdog", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=5.0)
-
-    def _answer(self) -> None:
-        # In the loop's thread.
-        self._answered = (self._clock(), time.monotonic())
-        self._pending = None
-        self._stage.deliver()
-
-    def _run(self) -> None:
+    def _ping_loop(
+        self, done: threading.Event, loop_thread: int,
+        schedule: Callable[[Callable[[], None]], object],
+    ) -> None:
+        """The watcher thread: pings the loop and reports it blocked (see the module doc)."""
         repeat = 0
         while True:
-            threshold = self._stage.threshold_s
-            if self._done.wait(min(PING_INTERVAL_S, threshold / 4)):
+            threshold = self.threshold_s
+            if done.wait(min(PING_INTERVAL_S, threshold / 4)):
                 return
             pending = self._pending
             now = time.monotonic()
@@ -343,15 +278,36 @@ class _LoopWatcher:
                 repeat = 0
                 self._pending = now
                 try:
-                    self._schedule(self._answer)
+                    schedule(self._answer)
                 except Exception:  # the loop has ended: so has the run
                     return
-                continue
-            blocked = now - pending
-            if blocked >= threshold * 2**repeat:
+            elif now - pending >= threshold * 2**repeat:
                 repeat += 1
                 loop_now, wall = self._answered
-                self._stage.blocked(blocked, repeat, loop_now + (now - wall), self._loop_thread)
+                self._blocked(now - pending, repeat, loop_now + (now - wall), loop_thread)
+
+    def _answer(self) -> None:
+        """In the loop, answering the ping; a blocked-loop report wakes the watch to emit and
+        act on it."""
+        self._answered = (self.clock(), time.monotonic())
+        self._pending = None
+        if self._delivered:
+            self._wake.set()
+
+    def _blocked(self, seconds: float, repeat: int, loop_now: float, thread_id: int) -> None:
+        """In the watcher thread while the loop does not answer: report it now (log, status
+        line), and hand the report to the loop for the event and the action."""
+        try:
+            report = self._state(seconds, repeat, loop_now, blocked=True)
+        except Exception:  # the loop's state, read while it is blocked mid-change
+            report = StallReport(
+                seconds, self.threshold_s, self._threshold_rule, repeat, blocked_loop=True
+            )
+        frames, blocking = thread_stack(thread_id)
+        report = replace(report, blocking_frames=frames, blocking_frame=blocking)
+        # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
+        self._delivered.append(report)
+        self._say(report)
 
 
 def _scheduler() -> Callable[[Callable[[], None]], object]:

@@ -148,12 +148,10 @@ class AutotunePolicy:
     def sync(self, num_rollout_workers: int, min_batch_size: int, max_batch_size: int) -> None:
         """Adopt the run's live settings before judging (an executor's clamp, a resize the
         tuner was not told of): decisions start from what runs, never from a stale copy."""
-        live = (num_rollout_workers, min_batch_size, max_batch_size)
-        if live == (self.num_rollout_workers, self.min_batch_size, self.max_batch_size):
-            return
         if num_rollout_workers != self.num_rollout_workers:
             self._restart_window()  # the window so far measured another count
-        self.num_rollout_workers, self.min_batch_size, self.max_batch_size = live
+        self.num_rollout_workers = num_rollout_workers
+        self.min_batch_size, self.max_batch_size = min_batch_size, max_batch_size
 
     def user_resized(
         self,
@@ -216,10 +214,9 @@ class AutotunePolicy:
             )
             self.num_rollout_workers = decision.num_rollout_workers
             self.min_batch_size = decision.min_batch_size
-            self._skip = self.skip_steps_after_change
-            self._start = None if self._skip > 0 else stats
-            self._here = 0
-            self._starved_in_a_row = 0
+            self._restart_window()
+            if self._skip == 0:
+                self._start = stats
             self.settled_at_step = None
         elif decision.settled and self.settled_at_step is None:
             self.settled_at_step = stats.steps
@@ -298,7 +295,10 @@ class AutotunePolicy:
             # A count once seen feeding the trainer starves it now: drift, or noise.
             drift = self._drift()
             if drift is None:
-                return self._hold(w, step, n, f"{util}; {self._drift_so_far()}")
+                return self._hold(
+                    w, step, n, f"{util}; drift? ({self._starved_in_a_row}/{self.drift_windows}"
+                    f" windows below {self.target - self.drift_margin:.2f}; average of "
+                    f"{self._here} windows here {self._here_utilization:.3f})")
             util = f"{util}; drift: {drift}"
             # A slow slide (the average, not a clear drop): a notch more is the next thing
             # to try, not a jump sized by one window's shortfall.
@@ -306,21 +306,32 @@ class AutotunePolicy:
             self.high = None
         cap = self._starved_cap(w)
         if cap is not None and n >= cap:
-            return self._back_to_cap(w, step, n, cap, util)
+            # Far more in flight than the trainer's pace needs, and still starved: the
+            # staleness bound or the train step holds it back. Fewer workers feed it as well.
+            self.ceiling = cap = max(self.min_workers, cap)
+            why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
+                   f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
+                   "feed it")
+            if cap < n:
+                return self._change(w, step, n, cap, "decrease_workers", why)
+            return self._hold(w, step, n, why, settled=True)
         self.low = n if self.low is None else max(self.low, n)
-        held = self._cannot_add(w, step, n, util, inference)
-        if held is not None:
-            return held
+        # Where no worker may be added: hold for a saturated inference server; at
+        # `max_workers`, smaller batches or hold.
+        if inference is not None and inference.pressure > self.inference_pressure_limit:
+            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
+                              f"running {inference.pressure:.2f}): more workers would queue")
+        if n >= self.max_workers and self.min_batch_size > 1:
+            smaller = max(1, self.min_batch_size * 3 // 4)
+            return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
+                            f"{self.max_workers}: smaller batches start steps sooner",
+                            n, n, smaller, False, w)
+        if n >= self.max_workers:
+            return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
         up, why = self._step_up(w, n, util, slide)
         if cap is not None and up > cap:
             up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
-
-    def _drift_so_far(self) -> str:
-        """Why a starved window at a count once seen feeding the trainer holds (noise yet)."""
-        return (f"drift? ({self._starved_in_a_row}/{self.drift_windows} windows below "
-                f"{self.target - self.drift_margin:.2f}; average of {self._here} windows here "
-                f"{self._here_utilization:.3f})")
 
     def _starved_cap(self, w: Window) -> int | None:
         """The most workers a starved trainer is given: the ceiling, unless rollouts got much
@@ -337,34 +348,6 @@ class AutotunePolicy:
             self.ceiling = self._ceiling_latency = None
             return cap
         return self.ceiling
-
-    def _back_to_cap(self, w: Window, step: int, n: int, cap: int, util: str) -> Decision:
-        """Far more in flight than the trainer's pace needs, and still starved: the staleness
-        bound or the train step holds it back. Fewer workers feed it as well."""
-        self.ceiling = cap = max(self.min_workers, cap)
-        why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
-               f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
-               "feed it")
-        if cap < n:
-            return self._change(w, step, n, cap, "decrease_workers", why)
-        return self._hold(w, step, n, why, settled=True)
-
-    def _cannot_add(
-        self, w: Window, step: int, n: int, util: str, inference: InferenceLoad | None
-    ) -> Decision | None:
-        """What to do instead of adding workers when none may be added, else None: hold for a
-        saturated inference server; at `max_workers`, smaller batches or hold."""
-        if inference is not None and inference.pressure > self.inference_pressure_limit:
-            return self._hold(w, step, n, f"{util}; inference server saturated (waiting/"
-                              f"running {inference.pressure:.2f}): more workers would queue")
-        if n < self.max_workers:
-            return None
-        if self.min_batch_size > 1:
-            smaller = max(1, self.min_batch_size * 3 // 4)
-            return Decision(step, "lower_min_batch_size", f"{util}; at max_workers "
-                            f"{self.max_workers}: smaller batches start steps sooner",
-                            n, n, smaller, False, w)
-        return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
 
     def _step_up(self, w: Window, n: int, util: str, slide: bool) -> tuple[int, str]:
         """How many workers a starved trainer gets next (before the cap), and why."""

@@ -6,7 +6,6 @@ saved beside the model (validated on load, replaced atomically on save).
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -101,45 +100,42 @@ def load_profile_settings(
     field). A profile saved for another model is used, with a warning (as ART does for other
     mismatches: it may fit, a retune is recommended).
     """
+
+    def broken(problem: str, fix: str = _PROFILE_FIX) -> ProfileError:
+        return ProfileError(f"autotune profile {path}{problem}: {fix}")
+
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise ProfileError(f"autotune profile {path} is not UTF-8 text ({exc}): "
-                           f"{_PROFILE_FIX}") from None
-    try:
-        data = json.loads(text)
+        raise broken(f" is not UTF-8 text ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ProfileError(
-            f"autotune profile {path} is not valid JSON ({exc.msg} at line {exc.lineno}, "
-            f"column {exc.colno}; a torn or hand-edited file): {_PROFILE_FIX}"
-        ) from None
+        raise broken(f" is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; "
+                     "a torn or hand-edited file)") from None
     if not isinstance(data, dict):
-        raise ProfileError(f"autotune profile {path} must hold a JSON object with a "
-                           f"`settings` object, found {type(data).__name__}: {_PROFILE_FIX}")
+        raise broken(" must hold a JSON object with a `settings` object, found "
+                     f"{type(data).__name__}")
     settings = data.get("settings")
     if not isinstance(settings, dict):
         found = "none" if settings is None else f"{settings!r:.60}"
-        raise ProfileError(f"autotune profile {path}: `settings` must be an object with "
-                           f"num_rollout_workers, min_batch_size and max_batch_size, found "
-                           f"{found}: {_PROFILE_FIX}")
+        raise broken(": `settings` must be an object with num_rollout_workers, min_batch_size "
+                     f"and max_batch_size, found {found}")
     loaded: dict[str, int | None] = {}
     for name in ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize"):
-        value = settings.get(name)
+        value = loaded[name] = settings.get(name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise ProfileError(f"autotune profile {path}: `settings.{name}` must be a whole "
-                               f"number >= 1 (or null), found {value!r:.60}: {_PROFILE_FIX}")
-        loaded[name] = value
+            raise broken(f": `settings.{name}` must be a whole number >= 1 (or null), found "
+                         f"{value!r:.60}")
     low, high = loaded["min_batch_size"], loaded["max_batch_size"]
     if low is not None and high is not None and low > high:
-        raise ProfileError(f"autotune profile {path}: `settings.min_batch_size` ({low}) is "
-                           f"above `settings.max_batch_size` ({high}): {_PROFILE_FIX}")
+        raise broken(f": `settings.min_batch_size` ({low}) is above `settings.max_batch_size` "
+                     f"({high})")
     workers = loaded["num_rollout_workers"]
     if max_workers is not None and workers is not None and workers > max_workers:
-        raise ProfileError(f"autotune profile {path}: `settings.num_rollout_workers` "
-                           f"({workers}) exceeds max_rollout_workers={max_workers}: raise "
-                           "max_rollout_workers, or " + _PROFILE_FIX)
+        raise broken(f": `settings.num_rollout_workers` ({workers}) exceeds "
+                     f"max_rollout_workers={max_workers}",
+                     fix="raise max_rollout_workers, or " + _PROFILE_FIX)
     saved_for = data.get("model_name")
     if model_name is not None and isinstance(saved_for, str) and saved_for != model_name:
         warnings.warn(
@@ -181,14 +177,8 @@ def profile_document(
 def save_profile(path: Path, document: dict[str, Any]) -> None:
     """Replace the profile durably: the old one or the new one survives a crash, never a torn
     or empty file (temporary file, fsync, rename, fsync of the directory: the ledger's write)."""
-    # Through JSON once so that what the ledger's writer dumps is plain JSON (no NaN/inf,
-    # no objects it cannot encode).
-    plain = json.loads(json.dumps(document, default=_json_default, allow_nan=True),
+    # Through JSON once so that what the ledger's writer dumps is plain JSON: a non-finite
+    # float becomes null, an object JSON cannot encode its repr.
+    plain = json.loads(json.dumps(document, default=repr, allow_nan=True),
                        parse_constant=lambda _: None)
     atomic_write_json(path, plain, fsync=True)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return repr(value)

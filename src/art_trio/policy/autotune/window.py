@@ -33,13 +33,10 @@ _VLLM_LINE = re.compile(r"^vllm:num_requests_(running|waiting)(?:\{[^}]*\})?\s+(
 def parse_vllm_metrics(text: str) -> InferenceLoad | None:
     """Running and waiting requests from a vLLM Prometheus page (summed over its engines)."""
     found = {"running": 0.0, "waiting": 0.0}
-    seen = False
-    for line in text.splitlines():
-        match = _VLLM_LINE.match(line)
-        if match:
-            found[match.group(1)] += float(match.group(2))
-            seen = True
-    return InferenceLoad(found["running"], found["waiting"]) if seen else None
+    matches = [m for m in map(_VLLM_LINE.match, text.splitlines()) if m]
+    for match in matches:
+        found[match.group(1)] += float(match.group(2))
+    return InferenceLoad(**found) if matches else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +82,6 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
 
 
 def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
