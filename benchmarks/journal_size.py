@@ -9,9 +9,9 @@ one more completed eval), as a run with `eval_every_n_steps=1` does, with period
 turned off so the whole journal stays; then one snapshot is written. With `backlog`, evals
 are slower than steps (issue 32): one is scheduled every step and one completes every other
 step, so the pending evals grow to steps / 2. With `unsaved`, no step is checkpointed (no
-evals) and batches are 32 scenarios, so up to 64 trained batches stay unsaved. Runs against whichever
-art_trio is on the path (a tree before issue 25 adds to the set directly), so two revisions
-compare like with like.
+evals) and batches are 32 scenarios, so up to 64 trained batches stay unsaved. Runs against
+whichever art_trio is on the path (a tree before issue 25 adds to the set directly), so two
+revisions compare like with like.
 """
 
 from __future__ import annotations
