@@ -325,5 +325,9 @@ def score_references(
     given > `pipeline=` > its defaults."""
     config = pipeline if pipeline is not None else PipelineRuntimeConfig()
     groups = config.score_reference_groups_per_step if groups_per_step is None else groups_per_step
-    rollouts = rollouts_per_group
-    return groups, config.score_reference_rollouts_per_group if rollouts is None else rollouts
+    rollouts = (
+        config.score_reference_rollouts_per_group
+        if rollouts_per_group is None
+        else rollouts_per_group
+    )
+    return groups, rollouts

@@ -49,6 +49,7 @@ def _stall_seconds_ok(value: object) -> bool:
         and math.isfinite(value) and float(value) > 0
     )
 
+
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 30.0
 """How long a stop lets in-flight rollouts and a running eval finish before cancelling them.
 
