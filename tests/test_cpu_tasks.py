@@ -20,6 +20,7 @@ from art_trio.cpu.tasks import (  # noqa: E402
     rollout_reward,
     score_explained,
     score_list,
+    score_reasoned,
 )
 from art_trio.demo.cli import main  # noqa: E402
 
@@ -79,9 +80,26 @@ def test_explained_answers_score_the_first_word_and_the_reason() -> None:
     assert config.score is score_explained
 
 
+def test_reasoned_answers_earn_the_verdict_in_proportion_to_the_reason() -> None:
+    reason = " ".join(["because"] * EXPLAIN_WORDS)
+    half_reason = " ".join(["because"] * (EXPLAIN_WORDS // 2))
+    assert score_reasoned(f"Maybe. {reason}") == 1.0
+    assert score_reasoned(f"no, {reason} and more words") == 0.75  # full at EXPLAIN_WORDS
+    assert score_reasoned(f"Maybe {half_reason}") == 0.75
+    assert score_reasoned("Maybe.") == 0.5  # a bare verdict: half
+    assert score_reasoned(f"I'd say maybe: {reason}") == 0.5  # a late verdict: half
+    assert score_reasoned(f"\u201cNo\u201d {reason}") == 0.75
+    assert score_reasoned(f"One two three four five six maybe {reason}") == 0.0  # too late
+    assert score_reasoned(f"Well, {reason}") == 0.0
+    assert score_reasoned("") == 0.0
+    config = TASKS["reasoned"].config(group_size=4, seed=1)
+    assert config.max_tokens >= 32
+    assert config.score is score_reasoned
+
+
 def test_tasks_by_name() -> None:
-    assert set(TASKS) == {"yes-no-maybe", "explain", "list"}
-    with pytest.raises(ValueError, match="choose one of explain, list, yes-no-maybe"):
+    assert set(TASKS) == {"yes-no-maybe", "explain", "reasoned", "list"}
+    with pytest.raises(ValueError, match="choose one of explain, list, reasoned, yes-no-maybe"):
         get_task("chess")
 
 

@@ -1,8 +1,8 @@
-"""Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, and a multi-turn list.
+"""Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, reasoned, and a list.
 
 ``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
-training is most of a step's work. ``explain`` and ``list`` are ones where inference matters,
-as it does for ART's users.
+training is most of a step's work. ``explain``, ``reasoned`` and ``list`` are ones where
+inference matters, as it does for ART's users.
 
 **The explain task.** ART's 48 yes/no/maybe prompts with answers of up to 64 tokens, scored
 as a verifiable format: the yes/no/maybe task's first-word score (maybe 1.0, no 0.75, yes 0.5,
@@ -12,6 +12,17 @@ more than 24 words in 31 of 64 (8 prompts x 8 samples of up to 48 tokens), so mo
 have reward variance; a policy that learns the first word and stops there scores half, so
 answers stay long. (Asking for the reason in the prompt, ", then explain why in two or three
 sentences", made the model answer with yes/no/maybe in 5 of 64 instead of 13.)
+
+**The reasoned task.** The explain task's prompts and 64-token answers, scored so that every
+word of the reason counts: the verdict's score (the answer's first yes/no/maybe word, scored
+as above, in full when it is the first word and halved when it comes later among the first
+``VERDICT_WORDS``) times the reason's share (from 1/2 with no reason to 1 at ``EXPLAIN_WORDS``
+words after the first, in proportion). A bare "no" scores 0.375, "no" with 12 words of reason
+0.56, with 24 words 0.75; an answer without a verdict scores 0. On the explain task, where a
+reason shorter than 24 words earned nothing more than none, both trainers' policies learned to
+answer with the first word alone. At step 0 (8 prompts x 8 samples) the mean score is 0.10
+and 7 of 8 groups have reward variance (12 of 64 answers lead with a verdict, 9 more have one
+among their first five words).
 
 **The list task**, a short conversation with an environment that checks a format. The user
 asks for exactly ``k`` things of a category (5 to 8 fruits, colors, ...), comma-separated and
@@ -43,7 +54,7 @@ from typing import Any
 import art
 import numpy as np
 
-from ..demo.task import reward_for_answer
+from ..demo.task import REWARDS, reward_for_answer
 from . import demo
 
 #: Things the list task asks for; each scenario asks for ``k`` of one of them.
@@ -72,12 +83,29 @@ MAX_ITEM_WORDS = 3
 
 #: Words that must follow an explain answer's first word for full marks.
 EXPLAIN_WORDS = 24
+#: The reasoned task's half-credit window: a verdict among these first words counts half.
+VERDICT_WORDS = 5
+_PUNCTUATION = ".,!?:;\"'()[]{}\u2018\u2019\u201c\u201d"
 
 
 def score_explained(text: str) -> float:
     """The first word's yes/no/maybe score, halved unless ``EXPLAIN_WORDS`` words follow it."""
     score = reward_for_answer(text)
     return score if len(text.split()) > EXPLAIN_WORDS else score / 2
+
+
+def score_reasoned(text: str) -> float:
+    """The verdict's score times the reason's share: the first yes/no/maybe word scores in full
+    as the first word and half among the first ``VERDICT_WORDS``; the reason (the words after
+    the first) earns from half credit with none to full credit at ``EXPLAIN_WORDS``."""
+    words = [word.strip(_PUNCTUATION).lower() for word in text.split()]
+    verdict = 0.0
+    for position, word in enumerate(words[:VERDICT_WORDS]):
+        if word in REWARDS:
+            verdict = REWARDS[word] if position == 0 else REWARDS[word] / 2
+            break
+    reason = min(1.0, max(0, len(words) - 1) / EXPLAIN_WORDS)
+    return verdict * (1.0 + reason) / 2
 
 
 _NUMBERING = re.compile(r"^\s*(\d+[.)]|[-*•])\s*")
@@ -332,6 +360,16 @@ TASKS: dict[str, LLMTask] = {
         group_size=8,
         reward_target=0.5,
     ),
+    "reasoned": LLMTask(
+        name="reasoned",
+        description="the yes/no/maybe verdict's score times a reason's share, full at 24 words",
+        config=partial(demo.LLMTaskConfig, max_tokens=64, score=score_reasoned),
+        scenarios=demo.scenarios,
+        rollout=demo.rollout,
+        eval_fn=demo.eval_fn,
+        group_size=8,
+        reward_target=0.5,
+    ),
     "list": LLMTask(
         name="list",
         description="exactly k comma-separated items, up to 2 turns of 48 tokens with feedback",
@@ -369,4 +407,5 @@ __all__ = [
     "rollout_reward",
     "score_explained",
     "score_list",
+    "score_reasoned",
 ]

@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--task",
         default=None,
         help="with --model: the task, 'yes-no-maybe' (default), 'explain' (yes/no/maybe and "
-        "a reason of >= 24 words) or 'list' (exactly k comma-separated items, up to two turns "
-        "with feedback); see art_trio.cpu.tasks",
+        "a reason of >= 24 words), 'reasoned' (the verdict's score times the reason's share, "
+        "full at 24 words) or 'list' (exactly k comma-separated items, up to two turns with "
+        "feedback); see art_trio.cpu.tasks",
     )
     return parser
 
