@@ -339,36 +339,36 @@ class LLMTask:
     reward_target: float
 
 
+def _on_art_prompts(name: str, description: str, **config: Any) -> LLMTask:
+    """A single-turn task on ART's yes/no/maybe prompts (``art_trio.cpu.demo``): ``config``
+    sets its answer length and score."""
+    return LLMTask(
+        name=name,
+        description=description,
+        config=partial(demo.LLMTaskConfig, **config),
+        scenarios=demo.scenarios,
+        rollout=demo.rollout,
+        eval_fn=demo.eval_fn,
+        group_size=8,
+        reward_target=0.5,
+    )
+
+
 TASKS: dict[str, LLMTask] = {
-    "yes-no-maybe": LLMTask(
-        name="yes-no-maybe",
-        description="ART's yes/no/maybe prompts, two-token answers",
-        config=demo.LLMTaskConfig,
-        scenarios=demo.scenarios,
-        rollout=demo.rollout,
-        eval_fn=demo.eval_fn,
-        group_size=8,
-        reward_target=0.5,
+    "yes-no-maybe": _on_art_prompts(
+        "yes-no-maybe", "ART's yes/no/maybe prompts, two-token answers"
     ),
-    "explain": LLMTask(
-        name="explain",
-        description="yes/no/maybe, then a reason of >= 24 words, in up to 64 tokens",
-        config=partial(demo.LLMTaskConfig, max_tokens=64, score=score_explained),
-        scenarios=demo.scenarios,
-        rollout=demo.rollout,
-        eval_fn=demo.eval_fn,
-        group_size=8,
-        reward_target=0.5,
+    "explain": _on_art_prompts(
+        "explain",
+        "yes/no/maybe, then a reason of >= 24 words, in up to 64 tokens",
+        max_tokens=64,
+        score=score_explained,
     ),
-    "reasoned": LLMTask(
-        name="reasoned",
-        description="the yes/no/maybe verdict's score times a reason's share, full at 24 words",
-        config=partial(demo.LLMTaskConfig, max_tokens=64, score=score_reasoned),
-        scenarios=demo.scenarios,
-        rollout=demo.rollout,
-        eval_fn=demo.eval_fn,
-        group_size=8,
-        reward_target=0.5,
+    "reasoned": _on_art_prompts(
+        "reasoned",
+        "the yes/no/maybe verdict's score times a reason's share, full at 24 words",
+        max_tokens=64,
+        score=score_reasoned,
     ),
     "list": LLMTask(
         name="list",
