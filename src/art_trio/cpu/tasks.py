@@ -19,10 +19,10 @@ as above, in full when it is the first word and halved when it comes later among
 ``VERDICT_WORDS``) times the reason's share (from 1/2 with no reason to 1 at ``EXPLAIN_WORDS``
 words after the first, in proportion). A bare "no" scores 0.375, "no" with 12 words of reason
 0.56, with 24 words 0.75; an answer without a verdict scores 0. On the explain task, where a
-reason shorter than 24 words earned nothing more than none, both trainers' policies learned to
-answer with the first word alone. At step 0 (8 prompts x 8 samples) the mean score is 0.10
-and 7 of 8 groups have reward variance (12 of 64 answers lead with a verdict, 9 more have one
-among their first five words).
+reason shorter than 24 words earned no more than none at all, both trainers' policies
+learned to answer with the first word alone. At step 0 (8 prompts x 8 samples) the mean
+score is 0.10 and 7 of 8 groups have reward variance (12 of 64 answers lead with a verdict,
+9 more have one among their first five words).
 
 **The list task**, a short conversation with an environment that checks a format. The user
 asks for exactly ``k`` things of a category (5 to 8 fruits, colors, ...), comma-separated and
