@@ -54,7 +54,7 @@ from typing import Any
 import art
 import numpy as np
 
-from ..demo.task import REWARDS, reward_for_answer
+from ..demo.task import ANSWER_PUNCTUATION, REWARDS, reward_for_answer
 from . import demo
 
 #: Things the list task asks for; each scenario asks for ``k`` of one of them.
@@ -85,7 +85,9 @@ MAX_ITEM_WORDS = 3
 EXPLAIN_WORDS = 24
 #: The reasoned task's half-credit window: a verdict among these first words counts half.
 VERDICT_WORDS = 5
-_PUNCTUATION = ".,!?:;\"'()[]{}\u2018\u2019\u201c\u201d"
+#: The yes/no/maybe task's punctuation, and the curly quotes SmolLM2 often writes around a
+#: verdict inside a longer answer.
+_PUNCTUATION = ANSWER_PUNCTUATION + "\u2018\u2019\u201c\u201d"
 
 
 def score_explained(text: str) -> float:

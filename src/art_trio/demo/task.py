@@ -65,11 +65,15 @@ def scenarios(seed: int = 0) -> Iterator[Scenario]:
             }
 
 
+#: What is stripped from an answer's words before they are compared with ``REWARDS``.
+ANSWER_PUNCTUATION = ".,!?:;\"'()[]{}"
+
+
 def reward_for_answer(text: str) -> float:
     """Score the first word of an answer: maybe=1.0, no=0.75, yes=0.5, other=0.0."""
     if not text:
         return 0.0
-    first_word = re.split(r"\s+", text.strip().lower())[0].strip(".,!?:;\"'()[]{}")
+    first_word = re.split(r"\s+", text.strip().lower())[0].strip(ANSWER_PUNCTUATION)
     return REWARDS.get(first_word, 0.0)
 
 
