@@ -15,6 +15,11 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
 
 - **inference-s per trained group**: the seconds the server was busy sampling (the union of
   ``CPUBackend.busy``'s inference intervals) over groups trained. Eval is off;
+- **tokens per trained token**: completion tokens the server generated over those trained,
+  leaving out the tokens of groups whose samples all scored alike (no trainer trains those,
+  and how many there are depends on what the policy has learnt, not on the schedule): the
+  scheduler's own waste (stale groups, cancelled and aborted requests, groups left at the
+  end), on which neither answer length nor a saturated reward weighs. 1.0 wastes nothing;
 - **rollout-s per trained group**: the rollouts' own run time over groups trained;
 - **wasted**: rollouts that completed with a trainable group and were never trained (stale),
   not counting those the run's end left behind; **cancelled**: rollouts cancelled before they
@@ -23,7 +28,9 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
 - **trainer utilization**: time inside ``backend.train`` over the train window;
 - **time to target**: seconds from ``train()`` until the mean reward of the groups trained in
   a step and the step before first reaches the task's ``reward_target`` (stated before
-  measuring: ``art_trio.cpu.tasks``), or "-" if it never does within ``--steps``;
+  measuring: ``art_trio.cpu.tasks``), or "-" if it never does within ``--steps``. With
+  ``--run-timeout``, a run still short of its steps then is stopped there (its row says
+  "timed out"): a policy whose samples all score alike gives groups no trainer trains;
 - **train s per step**: ``backend.train``'s seconds per step, the same work in every run: on
   a shared machine, the gauge of how loaded it was while that run's seconds were measured;
 - **load cap measured / held back / race capped**: art_trio's admission decisions where the
@@ -67,6 +74,7 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+import anyio
 import trio
 
 from art_trio import PipelineTrainer, StalenessAwareAdmission, trainable_model
@@ -198,6 +206,10 @@ class Probe:
     #: Trained completion tokens x their policy age, and trained completion tokens.
     token_age_sum: float = 0.0
     tokens_trained: int = 0
+    #: The run hit ``--run-timeout`` before its last step.
+    timed_out: bool = False
+    #: The model's checkpoints, for ``benchmarks/llm_answers.py``.
+    model_dir: str = ""
     #: Answer lengths (completion tokens per choice) of every completed rollout's group and,
     #: per step, of the groups trained: a scheduler that trains the rollouts that finish
     #: first trains shorter answers than the policy gives (a length bias), seen before the
@@ -207,6 +219,9 @@ class Probe:
     #: Per step, the answers of the rollouts completed since the step before.
     answers_completed_by_step: list[list[int]] = field(default_factory=list)
     answers_since_step: list[int] = field(default_factory=list)
+    #: Completion tokens of the groups whose samples all scored alike: no trainer trains
+    #: them, whatever its schedule; how many there are depends on what the policy has learnt.
+    zero_variance_tokens: int = 0
     #: The serving engine's counters at the end of the run.
     engine: dict[str, float] = field(default_factory=dict)
     rollout_ids: Iterator[int] = field(default_factory=lambda: itertools.count())
@@ -237,6 +252,8 @@ def recorded_rollout(task: LLMTask, probe: Probe) -> Any:
         probe.answers_since_step += answers
         rewards = {t.reward for t in group.trajectories}
         outcome: Outcome = "zero_variance" if len(rewards) <= 1 else "ok"
+        if outcome == "zero_variance":
+            probe.zero_variance_tokens += sum(answers)
         probe.recorder.rollout_finished(sid, time.monotonic(), outcome)
         return group
 
@@ -312,6 +329,8 @@ class Setting:
     group_size: int
     max_tokens: int | None
     turns: int | None
+    #: Seconds after which a run is stopped where it is (None: it runs its steps).
+    run_timeout: float | None = None
 
     def trainer_kwargs(self) -> dict[str, Any]:
         return dict(
@@ -343,6 +362,7 @@ async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe
             base_path=base,
         )
         await model.register(backend)
+        probe.model_dir = model._get_output_dir()
         args = (
             model,
             backend,
@@ -353,7 +373,11 @@ async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe
         )
         trainer = arm.build(args, setting)
         probe.recorder.train_called_at = time.monotonic()
-        await trainer.train(handle_signals=False)
+        # A policy whose groups all score alike trains no more steps and samples on: the
+        # deadline keeps such a run from taking the whole benchmark.
+        with anyio.move_on_after(setting.run_timeout) as deadline:
+            await trainer.train(handle_signals=False)
+        probe.timed_out = deadline.cancelled_caught
         probe.recorder.train_returned_at = time.monotonic()
         probe.engine = backend.statistics()
 
@@ -395,6 +419,8 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "max_steps_off_policy": setting.max_steps_off_policy,
         "wall_s": end - start,
         "steps": report.steps,
+        "timed_out": probe.timed_out,
+        "model_dir": probe.model_dir,
         "groups": groups,
         "inference_s": inference,
         "training_s": training,
@@ -418,6 +444,14 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "tokens_trained": probe.tokens_trained,
         "tokens_thrown_away": int(probe.engine.get("tokens_generated", 0)) - probe.tokens_trained,
         "rows_updated_in_flight": int(probe.engine.get("rows_updated", 0)),
+        "zero_variance_groups": report.zero_variance,
+        "tokens_zero_variance": probe.zero_variance_tokens,
+        "scheduling_tokens_per_trained_token": (
+            (int(probe.engine.get("tokens_generated", 0)) - probe.zero_variance_tokens)
+            / probe.tokens_trained
+            if probe.tokens_trained
+            else math.nan
+        ),
         "token_policy_age": probe.token_age_sum / probe.tokens_trained
         if probe.tokens_trained
         else math.nan,
@@ -444,19 +478,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| M | seed | trainer | wall s | steps | inference-s per trained group | rollout-s per "
         "trained group | started | wasted | cancelled | tokens generated | tokens aborted | "
-        "tokens thrown away | mean policy age (token-weighted) | trainer utilization | "
-        "inference share | time to target s | train s per step (load gauge) | "
-        "load cap measured / held back / race capped | step rewards |"
+        "tokens thrown away | tokens per trained token | mean policy age (token-weighted) | "
+        "trainer utilization | inference share | time to target s | "
+        "train s per step (load gauge) | load cap measured / held back / race capped | "
+        "step rewards |"
     )
-    lines = [header, "|" + "---|" * 20]
+    lines = [header, "|" + "---|" * 21]
     for r in rows:
         lines.append(
             f"| {r['max_steps_off_policy']} | {r['seed']} | "
             f"{get_arm(r['kind']).label} | {_fmt(r['wall_s'], '.0f')} | "
-            f"{r['steps']} | {_fmt(r['inference_s_per_trained_group'])} | "
+            f"{r['steps']}{' (timed out)' if r.get('timed_out') else ''} | "
+            f"{_fmt(r['inference_s_per_trained_group'])} | "
             f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
             f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {r.get('tokens_generated', '-')} | "
             f"{r.get('tokens_aborted', '-')} | {r.get('tokens_thrown_away', '-')} | "
+            f"{_fmt(r.get('scheduling_tokens_per_trained_token'))} | "
             f"{_fmt(r.get('token_policy_age'))} | {_fmt(r['trainer_utilization'])} | "
             f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
             f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
@@ -492,10 +529,10 @@ def ratios(rows: list[dict[str, Any]]) -> str:
     time-to-target ratio is over the seeds where both reached the target; a target counts as
     met only where the arm reached it at every seed."""
     out = [
-        "| M | arm | inference-s per trained group (arm / ART) | reached the reward target "
-        "(arm, ART) | time to target (arm / ART, seeds both reached) | targets: <= 0.6 and "
-        "<= 0.85 |",
-        "|---|---|---|---|---|---|",
+        "| M | arm | inference-s per trained group (arm / ART) | tokens per trained token "
+        "(arm / ART) | reached the reward target (arm, ART) | time to target (arm / ART, "
+        "seeds both reached) | targets: <= 0.6 and <= 0.85 |",
+        "|---|---|---|---|---|---|---|",
     ]
     base = ARMS[0].name
     others = [a for a in ARMS[1:] if any(r["kind"] == a.name for r in rows)]
@@ -505,6 +542,11 @@ def ratios(rows: list[dict[str, Any]]) -> str:
                 _mean(rows, kind, "inference_s_per_trained_group", m) for kind in (arm.name, base)
             )
             inf = a / b if a is not None and b else None
+            a, b = (
+                _mean(rows, kind, "scheduling_tokens_per_trained_token", m)
+                for kind in (arm.name, base)
+            )
+            waste = a / b if a is not None and b else None
             ttt = _paired_ratio(rows, arm.name, base, "time_to_target_s", m)
             reached, runs = _reached(rows, arm.name, m)
             base_reached, base_runs = _reached(rows, base, m)
@@ -514,7 +556,7 @@ def ratios(rows: list[dict[str, Any]]) -> str:
                 else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
             )
             out.append(
-                f"| {m} | {arm.label} | {_fmt(inf)} | {reached}/{runs}, "
+                f"| {m} | {arm.label} | {_fmt(inf)} | {_fmt(waste)} | {reached}/{runs}, "
                 f"{base_reached}/{base_runs} | {_fmt(ttt)} | {met} |"
             )
     return "\n".join(out)
@@ -579,6 +621,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the task's")
     parser.add_argument("--turns", type=int, default=None, help="list task: model turns")
+    parser.add_argument(
+        "--run-timeout", type=float, default=None, help="seconds after which a run stops"
+    )
     parser.add_argument("--json", default=None, help="also write every row to this file")
     args = parser.parse_args(argv)
     task = get_task(args.task)
@@ -606,6 +651,7 @@ def main(argv: list[str] | None = None) -> None:
                 group_size=args.group_size or task.group_size,
                 max_tokens=args.max_tokens,
                 turns=args.turns,
+                run_timeout=args.run_timeout,
             )
             for arm in arms if seed % 2 == 0 else arms[::-1]:
                 row = run_one(backend, arm, setting, seed)
