@@ -586,8 +586,9 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
     out = [
         "| M | inference-s per trained group (in-flight / cancellation) | mean policy age "
         "(in-flight - cancellation) | time to target (in-flight / cancellation, seeds both "
-        "reached) | tokens thrown away (in-flight / cancellation) |",
-        "|---|---|---|---|---|",
+        "reached) | tokens thrown away (in-flight / cancellation) | tokens per trained token "
+        "(in-flight / cancellation) |",
+        "|---|---|---|---|---|---|",
     ]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
@@ -603,7 +604,8 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
             f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
             f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
             f"{_fmt(_paired_ratio(rows, 'art_trio_inflight', 'art_trio', 'time_to_target_s', m))}"
-            f" | {_fmt(ratio('tokens_thrown_away'))} |"
+            f" | {_fmt(ratio('tokens_thrown_away'))} | "
+            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} |"
         )
     return "\n".join(out)
 
