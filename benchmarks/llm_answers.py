@@ -21,7 +21,6 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import art
-from openai.types.chat.chat_completion import Choice
 
 from art_trio import trainable_model
 from art_trio.cpu import CPUBackend
@@ -41,19 +40,20 @@ def answers(trajectories: list[art.Trajectory | art.TrajectoryGroup]) -> list[tu
         for item in trajectories
         for t in (item.trajectories if isinstance(item, art.TrajectoryGroup) else [item])
     ]
-    out = []
-    for t in flat:
-        last = t.messages_and_choices[-1]  # a Choice as served, or a message dict
-        text = last.message.content if isinstance(last, Choice) else last.get("content")
-        out.append((t.reward, str(text or "")))
-    return out
+    return [(t.reward, str(t.messages()[-1].get("content") or "")) for t in flat]
 
 
-async def report(task_name: str, model_dirs: list[Path], shown: int) -> None:
+def last_step(directory: Path) -> int | None:
+    """The newest checkpoint step in ART's layout (``checkpoints/NNNN``), None if it has none."""
+    root = directory / "checkpoints"
+    steps = [int(p.name) for p in root.iterdir() if p.name.isdigit()] if root.is_dir() else []
+    return max(steps, default=None)
+
+
+async def report(task_name: str, checkpoints: dict[Path, int], shown: int) -> None:
     task = get_task(task_name)
     async with CPUBackend() as backend:
-        for directory in model_dirs:
-            steps = sorted(int(p.name) for p in (directory / "checkpoints").iterdir())
+        for directory, step in checkpoints.items():
             model = trainable_model(
                 name=directory.name,
                 project=directory.parent.parent.name,
@@ -61,15 +61,15 @@ async def report(task_name: str, model_dirs: list[Path], shown: int) -> None:
                 base_path=str(directory.parent.parent.parent),
             )
             await model.register(backend)
-            scored = answers(await task.eval_fn(model, steps[-1], task.config()))
+            scored = answers(await task.eval_fn(model, step, task.config()))
             print(
-                f"== {directory} step {steps[-1]}: mean score "
+                f"== {directory} step {step}: mean score "
                 f"{statistics.fmean(r for r, _ in scored):.3f}, distinct-word share "
                 f"{statistics.fmean(distinct_word_share(t) for _, t in scored):.2f} "
                 f"({len(scored)} answers)",
                 flush=True,
             )
-            for reward, text in scored[:: max(1, len(scored) // shown)][:shown]:
+            for reward, text in scored[:: max(1, len(scored) // max(1, shown))][:shown]:
                 print(f"   {reward:.2f} {text[:200]!r}", flush=True)
 
 
@@ -79,7 +79,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", default="reasoned", help="a task of art_trio.cpu.tasks")
     parser.add_argument("--shown", type=int, default=4, help="answers printed per model")
     args = parser.parse_args(argv)
-    asyncio.run(report(args.task, args.model_dirs, args.shown))
+    try:
+        get_task(args.task)
+    except ValueError as e:
+        parser.error(str(e))
+    # Checked before the model loads (about a minute): a wrong path fails at once.
+    checkpoints: dict[Path, int] = {}
+    for directory in args.model_dirs:
+        step = last_step(directory)
+        if step is None:
+            parser.error(
+                f"{directory} holds no checkpoints/NNNN: pass model directories "
+                "(<base>/<project>/models/<name>, each benchmark row's model_dir)"
+            )
+        checkpoints[directory] = step
+    asyncio.run(report(args.task, checkpoints, args.shown))
 
 
 if __name__ == "__main__":

@@ -403,6 +403,7 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         del backend.train
         backend.in_flight_updates = False
     report = measure(probe.recorder)
+    generated = int(probe.engine.get("tokens_generated", 0))
     inference = union_seconds([(a, b) for k, a, b in backend.busy if k == "inference"], start, end)
     training = sum(b - a for k, a, b in backend.busy if k == "train")
     groups = report.groups or 0
@@ -439,16 +440,15 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "step_rewards": [round(r, 3) for _, r in probe.step_rewards],
         "time_to_target_s": reached,
         **admission.summary(),
-        "tokens_generated": int(probe.engine.get("tokens_generated", 0)),
+        "tokens_generated": generated,
         "tokens_aborted": int(probe.engine.get("tokens_aborted", 0)),
         "tokens_trained": probe.tokens_trained,
-        "tokens_thrown_away": int(probe.engine.get("tokens_generated", 0)) - probe.tokens_trained,
+        "tokens_thrown_away": generated - probe.tokens_trained,
         "rows_updated_in_flight": int(probe.engine.get("rows_updated", 0)),
         "zero_variance_groups": report.zero_variance,
         "tokens_zero_variance": probe.zero_variance_tokens,
         "scheduling_tokens_per_trained_token": (
-            (int(probe.engine.get("tokens_generated", 0)) - probe.zero_variance_tokens)
-            / probe.tokens_trained
+            (generated - probe.zero_variance_tokens) / probe.tokens_trained
             if probe.tokens_trained
             else math.nan
         ),
