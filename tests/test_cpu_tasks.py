@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from art_trio.cpu.tasks import (  # noqa: E402
+    DISTINCT_WORDS,
     EXPLAIN_WORDS,
     TASKS,
     feedback,
@@ -18,6 +19,7 @@ from art_trio.cpu.tasks import (  # noqa: E402
     list_items,
     list_scenarios,
     rollout_reward,
+    score_distinct,
     score_explained,
     score_list,
     score_reasoned,
@@ -97,9 +99,30 @@ def test_reasoned_answers_earn_the_verdict_in_proportion_to_the_reason() -> None
     assert config.score is score_reasoned
 
 
+def test_distinct_answers_earn_the_reason_by_its_distinct_words() -> None:
+    varied = " ".join(f"w{i}" for i in range(DISTINCT_WORDS))
+    half_varied = " ".join(f"w{i}" for i in range(DISTINCT_WORDS // 2))
+    assert score_distinct(f"Maybe. {varied}") == 1.0
+    assert score_distinct(f"No, {half_varied}") == pytest.approx(0.75 * 0.75)
+    # Padding: one word repeated is one distinct word, whatever its length.
+    padded = " ".join(["no"] * DISTINCT_WORDS)
+    assert score_distinct(f"No {padded}") == pytest.approx(0.75 * (1 + 1 / DISTINCT_WORDS) / 2)
+    assert score_distinct(f"Maybe. {half_varied}, {half_varied.upper()}!") == score_distinct(
+        f"Maybe {half_varied}"
+    )  # case and punctuation do not make a word new
+    assert score_distinct(f"I'd say maybe: {varied}") == 0.5  # a late verdict: half
+    assert score_distinct(f"Well, {varied}") == 0.0
+    assert score_distinct("") == 0.0
+    config = TASKS["distinct"].config(group_size=4, seed=1)
+    assert config.max_tokens >= 32
+    assert config.score is score_distinct
+
+
 def test_tasks_by_name() -> None:
-    assert set(TASKS) == {"yes-no-maybe", "explain", "reasoned", "list"}
-    with pytest.raises(ValueError, match="choose one of explain, list, reasoned, yes-no-maybe"):
+    assert set(TASKS) == {"yes-no-maybe", "explain", "reasoned", "distinct", "list"}
+    with pytest.raises(
+        ValueError, match="choose one of distinct, explain, list, reasoned, yes-no-maybe"
+    ):
         get_task("chess")
 
 

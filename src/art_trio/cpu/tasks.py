@@ -1,4 +1,5 @@
-"""Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, reasoned, and a list.
+"""Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, reasoned, distinct,
+and a list.
 
 ``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
 training is most of a step's work. ``explain``, ``reasoned`` and ``list`` are ones where
@@ -23,6 +24,15 @@ reason shorter than 24 words earned no more than none at all, both trainers' pol
 learned to answer with the first word alone. At step 0 (8 prompts x 8 samples) the mean
 score is 0.10 and 7 of 8 groups have reward variance (12 of 64 answers lead with a verdict,
 9 more have one among their first five words).
+
+**The distinct task.** The reasoned task's verdict and 64-token answers, but the reason's
+share counts distinct words, full at ``DISTINCT_WORDS`` = 48: on the reasoned task both
+trainers' policies learned to pad the reason with one word repeated ("No no no ..."), which
+earns nothing here. Few 64-token answers hold 48 distinct words, so the share rarely tops out
+and a group's answers rarely all score the same: groups keep their reward variance after the
+verdict is learnt, and no trainer spends its inference on groups it cannot train. At step 0
+(8 prompts x 8 samples, seed 0) the mean score is 0.06 and 6 of 8 groups have reward
+variance.
 
 **The list task**, a short conversation with an environment that checks a format. The user
 asks for exactly ``k`` things of a category (5 to 8 fruits, colors, ...), comma-separated and
@@ -83,6 +93,9 @@ MAX_ITEM_WORDS = 3
 
 #: Words that must follow an explain answer's first word for full marks.
 EXPLAIN_WORDS = 24
+#: Distinct words of reason the distinct task gives full credit for: more than most 64-token
+#: answers hold, so a group's answers rarely tie at the top.
+DISTINCT_WORDS = 48
 #: The reasoned task's half-credit window: a verdict among these first words counts half.
 VERDICT_WORDS = 5
 #: The yes/no/maybe task's punctuation, and the curly quotes SmolLM2 often writes around a
@@ -96,18 +109,33 @@ def score_explained(text: str) -> float:
     return score if len(text.split()) > EXPLAIN_WORDS else score / 2
 
 
-def score_reasoned(text: str) -> float:
-    """The verdict's score times the reason's share: the first yes/no/maybe word scores in full
-    as the first word and half among the first ``VERDICT_WORDS``; the reason (the words after
-    the first) earns from half credit with none to full credit at ``EXPLAIN_WORDS``."""
-    words = [word.strip(_PUNCTUATION).lower() for word in text.split()]
-    verdict = 0.0
+def _words(text: str) -> list[str]:
+    return [word.strip(_PUNCTUATION).lower() for word in text.split()]
+
+
+def _verdict(words: list[str]) -> float:
+    """The first yes/no/maybe word's score: in full as the first word, half among the first
+    ``VERDICT_WORDS``, 0 when there is none."""
     for position, word in enumerate(words[:VERDICT_WORDS]):
         if word in REWARDS:
-            verdict = REWARDS[word] if position == 0 else REWARDS[word] / 2
-            break
+            return REWARDS[word] if position == 0 else REWARDS[word] / 2
+    return 0.0
+
+
+def score_reasoned(text: str) -> float:
+    """The verdict's score times the reason's share: the reason (the words after the first)
+    earns from half credit with none to full credit at ``EXPLAIN_WORDS``."""
+    words = _words(text)
     reason = min(1.0, max(0, len(words) - 1) / EXPLAIN_WORDS)
-    return verdict * (1.0 + reason) / 2
+    return _verdict(words) * (1.0 + reason) / 2
+
+
+def score_distinct(text: str) -> float:
+    """As ``score_reasoned``, but the reason's share counts distinct words, full at
+    ``DISTINCT_WORDS``: padding earns nothing, and the share rarely tops out."""
+    words = _words(text)
+    reason = min(1.0, len({word for word in words[1:] if word}) / DISTINCT_WORDS)
+    return _verdict(words) * (1.0 + reason) / 2
 
 
 _NUMBERING = re.compile(r"^\s*(\d+[.)]|[-*•])\s*")
@@ -372,6 +400,12 @@ TASKS: dict[str, LLMTask] = {
         max_tokens=64,
         score=score_reasoned,
     ),
+    "distinct": _on_art_prompts(
+        "distinct",
+        "as reasoned, the reason's share counting distinct words, full at 48",
+        max_tokens=64,
+        score=score_distinct,
+    ),
     "list": LLMTask(
         name="list",
         description="exactly k comma-separated items, up to 2 turns of 48 tokens with feedback",
@@ -407,6 +441,7 @@ __all__ = [
     "list_rollout",
     "list_scenarios",
     "rollout_reward",
+    "score_distinct",
     "score_explained",
     "score_list",
     "score_reasoned",

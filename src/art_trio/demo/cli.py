@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --model: the task, 'yes-no-maybe' (default), 'explain' (yes/no/maybe and "
         "a reason of >= 24 words), 'reasoned' (the verdict's score times the reason's share, "
-        "full at 24 words) or 'list' (exactly k comma-separated items, up to two turns with "
-        "feedback); see art_trio.cpu.tasks",
+        "full at 24 words), 'distinct' (as reasoned, counting distinct words, full at 48) or "
+        "'list' (exactly k comma-separated items, up to two turns with feedback); see "
+        "art_trio.cpu.tasks",
     )
     return parser
 
