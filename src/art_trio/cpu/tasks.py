@@ -2,8 +2,8 @@
 and a list.
 
 ``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
-training is most of a step's work. ``explain``, ``reasoned`` and ``list`` are ones where
-inference matters, as it does for ART's users.
+training is most of a step's work. ``explain``, ``reasoned``, ``distinct`` and ``list`` are
+ones where inference matters, as it does for ART's users.
 
 **The explain task.** ART's 48 yes/no/maybe prompts with answers of up to 64 tokens, scored
 as a verifiable format: the yes/no/maybe task's first-word score (maybe 1.0, no 0.75, yes 0.5,
@@ -30,9 +30,10 @@ share counts distinct words, full at ``DISTINCT_WORDS`` = 48: on the reasoned ta
 trainers' policies learned to pad the reason with one word repeated ("No no no ..."), which
 earns nothing here. Few 64-token answers hold 48 distinct words, so the share rarely tops out
 and a group's answers rarely all score the same: groups keep their reward variance after the
-verdict is learnt, and no trainer spends its inference on groups it cannot train. At step 0
-(8 prompts x 8 samples, seed 0) the mean score is 0.06 and 6 of 8 groups have reward
-variance.
+verdict is learnt (1-54 zero-variance groups per 14-step benchmark run, against 6-169 on the
+reasoned task). At step 0 (8 prompts x 8 samples, seed 0) the mean score is 0.06 and 6 of 8
+groups have reward variance. Padding no longer pays, yet most trained policies still pad
+(docs/real-model.md).
 
 **The list task**, a short conversation with an environment that checks a format. The user
 asks for exactly ``k`` things of a category (5 to 8 fruits, colors, ...), comma-separated and
