@@ -538,15 +538,8 @@ def ratios(rows: list[dict[str, Any]]) -> str:
     others = [a for a in ARMS[1:] if any(r["kind"] == a.name for r in rows)]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
         for arm in others:
-            a, b = (
-                _mean(rows, kind, "inference_s_per_trained_group", m) for kind in (arm.name, base)
-            )
-            inf = a / b if a is not None and b else None
-            a, b = (
-                _mean(rows, kind, "scheduling_tokens_per_trained_token", m)
-                for kind in (arm.name, base)
-            )
-            waste = a / b if a is not None and b else None
+            inf = _mean_ratio(rows, arm.name, base, "inference_s_per_trained_group", m)
+            waste = _mean_ratio(rows, arm.name, base, "scheduling_tokens_per_trained_token", m)
             ttt = _paired_ratio(rows, arm.name, base, "time_to_target_s", m)
             reached, runs = _reached(rows, arm.name, m)
             base_reached, base_runs = _reached(rows, base, m)
@@ -560,6 +553,12 @@ def ratios(rows: list[dict[str, Any]]) -> str:
                 f"{base_reached}/{base_runs} | {_fmt(ttt)} | {met} |"
             )
     return "\n".join(out)
+
+
+def _mean_ratio(rows: list[dict[str, Any]], kind: str, base: str, key: str, m: int) -> float | None:
+    """Mean of ``key`` for ``kind`` over mean for ``base``, each over all its runs at ``m``."""
+    a, b = _mean(rows, kind, key, m), _mean(rows, base, key, m)
+    return a / b if a is not None and b else None
 
 
 def _paired_ratio(
@@ -595,9 +594,8 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
         def mean(kind: str, key: str, m: int = m) -> float | None:
             return _mean(rows, kind, key, m)
 
-        def ratio(key: str) -> float | None:
-            a, b = mean("art_trio_inflight", key), mean("art_trio", key)
-            return a / b if a is not None and b else None
+        def ratio(key: str, m: int = m) -> float | None:
+            return _mean_ratio(rows, "art_trio_inflight", "art_trio", key, m)
 
         a, b = mean("art_trio_inflight", "token_policy_age"), mean("art_trio", "token_policy_age")
         out.append(
