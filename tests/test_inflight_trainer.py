@@ -164,6 +164,8 @@ def test_tokens_no_span_accounts_for_count_at_the_start_version() -> None:
     plain = _served(3, _choice(10))
     plain.metrics["completion_tokens"] = 10
     assert version_tokens(plain) == [(3, 10.0)]
+    # Without the metric (ART 0.5.17-0.5.18 records none), the served choices' own counts.
+    assert version_tokens(_served(3, _choice(10), _choice(4))) == [(3, 14.0)]
 
 
 def test_per_token_counts_and_served_exchanges_weigh_the_versions() -> None:

@@ -105,8 +105,9 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
 
     Per-token versions where the trajectory carries them (ART 0.5.20+'s `_policy_token_counts`,
     or `policy_token_spans` on its served choices: weights updated under a running rollout);
-    otherwise its `initial_policy_version`, weighted by its `completion_tokens` (one unit and
-    a one-time warning where that is missing). Empty when no version is known.
+    otherwise its `initial_policy_version`, weighted by its `completion_tokens`, else by its
+    served choices' token counts (one unit and a one-time warning where neither is known).
+    Empty when no version is known.
     """
     counts = _attribute(trajectory, "_policy_token_counts")
     if counts:
@@ -136,7 +137,26 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     metrics = trajectory.metrics
     if "completion_tokens" not in metrics:
         record_completion_tokens(trajectory)
+        if "completion_tokens" not in metrics:
+            served = _served_tokens(trajectory)
+            if served:
+                return [(version, served)]
     return [(version, completion_weight(trajectory))]
+
+
+def _served_tokens(trajectory: Trajectory) -> float | None:
+    """The completion tokens of a trajectory's served choices, where every choice says how
+    many it has (`token_ids`, or its logprobs): ART 0.5.20+ records that as the trajectory's
+    `completion_tokens`; on older lines, where nothing records it, the weight is read here."""
+    total = 0.0
+    for item in _served_items(trajectory):
+        if isinstance(item, Mapping):
+            continue  # a message the user or the rollout wrote
+        tokens = _choice_tokens(item, getattr(item, "model_extra", None) or {})
+        if tokens is None:
+            return None
+        total += tokens
+    return total
 
 
 def _served_items(trajectory: Trajectory) -> Iterable[Any]:

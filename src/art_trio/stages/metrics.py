@@ -33,9 +33,10 @@ ART 0.5.23 names, with art_trio's meaning where it differs in detail:
   mean over the bound as `queue/freshness_pressure`).
 - `offpolicy/token_weighted_policy_age_steps` and `..._p95_steps`: each trajectory's age (the
   step the batch trains from minus its `initial_policy_version`), weighted by its
-  `completion_tokens` metric (one unit and a one-time warning where it is missing; ART stops
-  the run). `sample_efficiency/{accepted_groups_per_step,batch_factor,freshness_discount}`,
-  and `throughput/accepted_train_tok_per_s`, `objective/score` where the backend reports
+  `completion_tokens` metric, else its served choices' token counts (one unit and a
+  one-time warning where neither is known; ART stops the run).
+  `sample_efficiency/{accepted_groups_per_step,batch_factor,freshness_discount}`, and
+  `throughput/accepted_train_tok_per_s`, `objective/score` where the backend reports
   `data/step_trainable_assistant_tokens`: ART's formulas.
 
 Tokens carry the version that produced them where the trajectory says so (in-flight updates:
