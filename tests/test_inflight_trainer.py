@@ -8,6 +8,7 @@ finished group is judged on its exact spans; the hard bound stays on the start v
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import art
@@ -166,6 +167,12 @@ def test_tokens_no_span_accounts_for_count_at_the_start_version() -> None:
     assert version_tokens(plain) == [(3, 10.0)]
     # Without the metric (ART 0.5.17-0.5.18 records none), the served choices' own counts.
     assert version_tokens(_served(3, _choice(10), _choice(4))) == [(3, 14.0)]
+    # One choice that does not say: no partial count; one unit (and the one-time warning).
+    uncounted = _choice(0)
+    del uncounted.model_extra["token_ids"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert version_tokens(_served(3, _choice(10), uncounted)) == [(3, 1.0)]
 
 
 def test_per_token_counts_and_served_exchanges_weigh_the_versions() -> None:

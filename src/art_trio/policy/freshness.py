@@ -137,26 +137,12 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     metrics = trajectory.metrics
     if "completion_tokens" not in metrics:
         record_completion_tokens(trajectory)
-        if "completion_tokens" not in metrics:
-            served = _served_tokens(trajectory)
-            if served:
-                return [(version, served)]
+        if "completion_tokens" not in metrics and 0 < unattributed < math.inf:
+            # No span anywhere: `unattributed` is then the served choices' own token counts
+            # (NaN if one has none), which ART 0.5.20+ records as `completion_tokens` and
+            # older lines record nowhere.
+            return [(version, unattributed)]
     return [(version, completion_weight(trajectory))]
-
-
-def _served_tokens(trajectory: Trajectory) -> float | None:
-    """The completion tokens of a trajectory's served choices, where every choice says how
-    many it has (`token_ids`, or its logprobs): ART 0.5.20+ records that as the trajectory's
-    `completion_tokens`; on older lines, where nothing records it, the weight is read here."""
-    total = 0.0
-    for item in _served_items(trajectory):
-        if isinstance(item, Mapping):
-            continue  # a message the user or the rollout wrote
-        tokens = _choice_tokens(item, getattr(item, "model_extra", None) or {})
-        if tokens is None:
-            return None
-        total += tokens
-    return total
 
 
 def _served_items(trajectory: Trajectory) -> Iterable[Any]:
