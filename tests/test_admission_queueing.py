@@ -228,3 +228,62 @@ def test_on_policy_race_at_a_batching_server_costs_less_and_ends_sooner() -> Non
     assert capped["started"] <= 0.5 * racing["started"], (capped, racing)
     assert capped["rollout_s_per_group"] <= 0.5 * racing["rollout_s_per_group"], (capped, racing)
     assert capped["wall"] <= racing["wall"], (capped, racing)
+
+
+def _window_snapshot(
+    times: tuple[float, ...], *, queued: int = 0, fresh: int = 0
+) -> GateSnapshot:
+    return GateSnapshot(
+        policy_version=5,
+        next_training_step=6,  # training step 6: only the batch of step 7 can take a rollout
+        max_steps_off_policy=1,
+        max_batch_size=2,
+        queued=queued,
+        fresh_in_flight=fresh,
+        rollout_latency=20.0,
+        step_period=30.0,
+        recent_rollout_times=times,
+    )
+
+
+def test_rollouts_that_end_together_are_admitted_for_the_free_slots_only() -> None:
+    """Past max_steps_off_policy=0 the gate admits extra rollouts in the hope that some miss
+    their window (each on time with `on_time_probability`, about 0.78 here, plus the slack).
+    Rollouts that end together are on time or late together: the extra ones would all end
+    with the rest and wait behind a full batch until they are stale, so only the free slots
+    are admitted."""
+    together = tuple(sorted(20.0 + i * 0.25 for i in range(16)))
+    long_tail = tuple(sorted([5.0] * 8 + [20.0] * 4 + [60.0] * 4))
+    for slack, long_tail_room in ((0, 3), (1, 4)):
+        policy = StalenessAwareAdmission(beyond_bound=slack)
+        assert _window_snapshot(together).on_time_probability < 0.8
+        assert policy.headroom(_window_snapshot(together)) == 2
+        assert policy.headroom(_window_snapshot(together, fresh=1)) == 1
+        assert policy.headroom(_window_snapshot(together, queued=1, fresh=1)) == 0
+        # Independent latencies: a rollout that misses leaves its slot to another, so admit
+        # for the expected number on time (the slots and the slack over 0.78).
+        assert policy.headroom(_window_snapshot(long_tail)) == long_tail_room
+        assert policy.headroom(_window_snapshot(long_tail, fresh=2)) == long_tail_room - 2
+
+
+def _batching_server_run(together_rule: bool) -> dict[str, float]:
+    """8 workers, batches of 2, max_steps_off_policy=1, at a server that serves all 8 at full
+    speed (rollouts of about 15 s that end together), steps of 13 s, 40 steps."""
+    spec = SimSpec(
+        rollout_latency=parse_distribution("lognormal:15:0.1"),
+        train_time=parse_distribution("13"),
+        steps=40,
+        inference_capacity=8,
+        trainer=dict(
+            num_rollout_workers=8, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+    )
+    return _measure(spec, without=None if together_rule else ("racers_end_together", False))
+
+
+def test_admitting_only_free_slots_at_a_batching_server_costs_less() -> None:
+    rule = _batching_server_run(together_rule=True)
+    inflated = _batching_server_run(together_rule=False)
+    assert rule["started"] <= 0.85 * inflated["started"], (rule, inflated)
+    assert rule["rollout_s_per_group"] <= 0.85 * inflated["rollout_s_per_group"], (rule, inflated)
+    assert rule["wall"] <= 1.05 * inflated["wall"], (rule, inflated)

@@ -112,6 +112,12 @@ class StalenessAwareAdmission:
     completed rollouts are seen to end together (`GateSnapshot.racers_end_together`, as at a
     server that batches them), the race is the batch's missing groups plus `beyond_bound`.
 
+    Past `max_steps_off_policy == 0` the same holds for the allowances for late rollouts
+    (`on_time_probability`, `beyond_bound`): they pay where latencies are independent, so
+    that a rollout missing its window leaves its slot to another. Rollouts that end together
+    are on time or late together, and the extra ones would end with the rest only to age out
+    behind full batches: there the gate admits the free slots and no more.
+
     At a shared inference server latency is mostly queueing: in either case no more rollouts
     run at once than the server, at its measured throughput, can finish inside the window
     (`GateSnapshot.load_cap`), so a rollout admitted is one that can finish in time, and a
@@ -151,6 +157,9 @@ class StalenessAwareAdmission:
         target = s.pipeline_target
         if target is not None:
             slots = min(slots, target)
+        if s.racers_end_together:
+            # On time or late together (see the class docstring): the free slots only.
+            return max(0, slots - s.queued - s.fresh_in_flight)
         budget = slots + s.straggler_slack(self.beyond_bound) - s.queued
         if budget <= 0:
             return 0
