@@ -17,8 +17,10 @@ import trio
 from openai.types.chat.chat_completion import Choice
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.policy.admission import StalenessAwareAdmission
 from art_trio.policy.batching import Freshness
 from art_trio.policy.freshness import mean_policy_version, version_tokens
+from art_trio.policy.gate import PolicyGate
 from art_trio.testing.doubles import TrainBatch
 from tests.doubles import RecordingBackend, scenarios
 
@@ -121,6 +123,28 @@ def test_the_cancel_window_widens_only_for_the_mean_bound_with_in_flight_updates
     assert Freshness(None, 1.5).cancel_window(True) == 3
     assert Freshness(2, 1.5).cancel_window(True) == 2
     assert Freshness(None, 0.0).cancel_window(True) == 0
+
+
+def test_admission_counts_rollouts_running_on_past_the_start_version_window() -> None:
+    """With in-flight updates a rollout runs on past its start version's window (it is not
+    cancelled while its mix can still meet the mean bound), and batches take the oldest ready
+    groups first: it comes before any rollout started now, so admission counts it as one of
+    the fresh rollouts in flight. Without in-flight updates it would have been cancelled."""
+    gate = PolicyGate(
+        start_step=0, max_steps_off_policy=1, max_batch_size=2,
+        policy=StalenessAwareAdmission(beyond_bound=0), clock=lambda: 0.0,
+        cancel_window=Freshness(None, 1.0).cancel_window(True),
+    )
+    running = [trio.run(gate.admit) for _ in range(2)]
+    assert running == [0, 0]
+    gate.begin_training(1, batch_size=0)
+    gate.publish(1)
+    gate.begin_training(2, batch_size=0)  # training step 2: a version-0 rollout can still be
+    snap = gate.snapshot()  # trained by the batch of step 3 if most of its tokens are newer
+    assert snap.fresh_in_flight == 2
+    assert gate.policy.headroom(snap) == 0  # the batch of step 3 has two slots, both spoken for
+    gate.rollout_done(running[0])
+    assert gate.policy.headroom(gate.snapshot()) == 1
 
 
 def _choice(tokens: int, spans: Any = None) -> Choice:

@@ -156,7 +156,10 @@ class PolicyGate:
     # -- decisions -----------------------------------------------------------------------
 
     def snapshot(self) -> GateSnapshot:
-        floor = self._next_training_step - self._max_steps_off_policy
+        # Every rollout the gate lets run may still deliver a group a coming batch takes
+        # (with in-flight updates, past the start version's window: see `_cancel_window`),
+        # and batches take the oldest first: all of them come before a rollout started now.
+        floor = self.min_fresh_version
         return GateSnapshot(
             policy_version=self._policy_version,
             next_training_step=self._next_training_step,

@@ -57,7 +57,8 @@ class GateSnapshot:
     max_batch_size: int
     #: Groups delivered by rollouts and not yet in a batch (in the channel or ready).
     queued: int
-    #: Admitted rollouts not yet delivered whose groups can still be trained.
+    #: Admitted rollouts not yet delivered whose groups can still be trained (those the gate
+    #: has not cancelled).
     fresh_in_flight: int
     #: Mean rollout latency, measured (None until the first rollout ends).
     rollout_latency: float | None = None
