@@ -172,11 +172,15 @@ def test_shared_server_admission_keeps_its_promise() -> None:
     assert with_model["wall"] <= without["wall"], (with_model, without)
 
 
-def _race_snapshot(times: tuple[float, ...], *, queued: int = 0, fresh: int = 0) -> GateSnapshot:
+def _race_snapshot(
+    times: tuple[float, ...], *, queued: int = 0, fresh: int = 0, m: int = 0
+) -> GateSnapshot:
+    """At max_steps_off_policy=0, collecting the batch of step 6; at 1, training step 6 (only
+    the batch of step 7 can take a rollout started now)."""
     return GateSnapshot(
         policy_version=5,
-        next_training_step=5,  # collecting the batch of step 6
-        max_steps_off_policy=0,
+        next_training_step=5 + m,
+        max_steps_off_policy=m,
         max_batch_size=2,
         queued=queued,
         fresh_in_flight=fresh,
@@ -207,19 +211,27 @@ def test_on_policy_race_is_capped_where_racers_end_together() -> None:
     assert policy.headroom(_race_snapshot(losers, fresh=8)) == math.inf
 
 
-def _on_policy_race(capped: bool) -> dict[str, float]:
-    """16 workers racing for batches of 2 at max_steps_off_policy=0, at a server serving 2
-    rollouts at full speed and sharing beyond, latencies within about 20% of each other."""
+def _ending_together(
+    rule: bool, *, workers: int, latency_s: int, train_s: int, steps: int, capacity: int, m: int
+) -> dict[str, float]:
+    """Batches of 2 at a server serving `capacity` rollouts at full speed and sharing beyond,
+    latencies within about 20% of each other; `rule=False` runs the gate as if rollouts never
+    ended together."""
     spec = SimSpec(
-        rollout_latency=parse_distribution("lognormal:20:0.1"),
-        train_time=parse_distribution("15"),
-        steps=30,
-        inference_capacity=2,
+        rollout_latency=parse_distribution(f"lognormal:{latency_s}:0.1"),
+        train_time=parse_distribution(str(train_s)),
+        steps=steps,
+        inference_capacity=capacity,
         trainer=dict(
-            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0
+            num_rollout_workers=workers, min_batch_size=2, max_batch_size=2, max_steps_off_policy=m
         ),
     )
-    return _measure(spec, without=None if capped else ("racers_end_together", False))
+    return _measure(spec, without=None if rule else ("racers_end_together", False))
+
+
+def _on_policy_race(capped: bool) -> dict[str, float]:
+    """16 workers racing at max_steps_off_policy=0, a server serving 2 at full speed."""
+    return _ending_together(capped, workers=16, latency_s=20, train_s=15, steps=30, capacity=2, m=0)
 
 
 def test_on_policy_race_at_a_batching_server_costs_less_and_ends_sooner() -> None:
@@ -228,22 +240,6 @@ def test_on_policy_race_at_a_batching_server_costs_less_and_ends_sooner() -> Non
     assert capped["started"] <= 0.5 * racing["started"], (capped, racing)
     assert capped["rollout_s_per_group"] <= 0.5 * racing["rollout_s_per_group"], (capped, racing)
     assert capped["wall"] <= racing["wall"], (capped, racing)
-
-
-def _window_snapshot(
-    times: tuple[float, ...], *, queued: int = 0, fresh: int = 0
-) -> GateSnapshot:
-    return GateSnapshot(
-        policy_version=5,
-        next_training_step=6,  # training step 6: only the batch of step 7 can take a rollout
-        max_steps_off_policy=1,
-        max_batch_size=2,
-        queued=queued,
-        fresh_in_flight=fresh,
-        rollout_latency=20.0,
-        step_period=30.0,
-        recent_rollout_times=times,
-    )
 
 
 def test_rollouts_that_end_together_are_admitted_for_the_free_slots_only() -> None:
@@ -256,29 +252,22 @@ def test_rollouts_that_end_together_are_admitted_for_the_free_slots_only() -> No
     long_tail = tuple(sorted([5.0] * 8 + [20.0] * 4 + [60.0] * 4))
     for slack, long_tail_room in ((0, 3), (1, 4)):
         policy = StalenessAwareAdmission(beyond_bound=slack)
-        assert _window_snapshot(together).on_time_probability < 0.8
-        assert policy.headroom(_window_snapshot(together)) == 2
-        assert policy.headroom(_window_snapshot(together, fresh=1)) == 1
-        assert policy.headroom(_window_snapshot(together, queued=1, fresh=1)) == 0
+        assert _race_snapshot(together, m=1).on_time_probability < 0.8
+        assert policy.headroom(_race_snapshot(together, m=1)) == 2
+        assert policy.headroom(_race_snapshot(together, m=1, fresh=1)) == 1
+        assert policy.headroom(_race_snapshot(together, m=1, queued=1, fresh=1)) == 0
         # Independent latencies: a rollout that misses leaves its slot to another, so admit
         # for the expected number on time (the slots and the slack over 0.78).
-        assert policy.headroom(_window_snapshot(long_tail)) == long_tail_room
-        assert policy.headroom(_window_snapshot(long_tail, fresh=2)) == long_tail_room - 2
+        assert policy.headroom(_race_snapshot(long_tail, m=1)) == long_tail_room
+        assert policy.headroom(_race_snapshot(long_tail, m=1, fresh=2)) == long_tail_room - 2
 
 
 def _batching_server_run(together_rule: bool) -> dict[str, float]:
-    """8 workers, batches of 2, max_steps_off_policy=1, at a server that serves all 8 at full
-    speed (rollouts of about 15 s that end together), steps of 13 s, 40 steps."""
-    spec = SimSpec(
-        rollout_latency=parse_distribution("lognormal:15:0.1"),
-        train_time=parse_distribution("13"),
-        steps=40,
-        inference_capacity=8,
-        trainer=dict(
-            num_rollout_workers=8, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
-        ),
+    """8 workers at max_steps_off_policy=1, a server serving all 8 at full speed (rollouts of
+    about 15 s that end together), steps of 13 s, 40 steps."""
+    return _ending_together(
+        together_rule, workers=8, latency_s=15, train_s=13, steps=40, capacity=8, m=1
     )
-    return _measure(spec, without=None if together_rule else ("racers_end_together", False))
 
 
 def test_admitting_only_free_slots_at_a_batching_server_costs_less() -> None:
