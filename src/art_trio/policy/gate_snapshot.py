@@ -141,11 +141,14 @@ class GateSnapshot:
         far sooner than the median. Rollouts cancelled before they ended are left out, since
         at `max_steps_off_policy == 0` they are the losers of a race, not slow ones.
         """
-        done = [t for t in self.recent_rollout_times if math.isfinite(t)]
-        if len(done) < MIN_RACE_SAMPLES:
+        # The times are sorted, cancelled ones (infinite) last: the completed ones are the
+        # prefix before them (found in log time: admission asks this on every decision).
+        times = self.recent_rollout_times
+        done = bisect.bisect_left(times, math.inf)
+        if done < MIN_RACE_SAMPLES:
             return False
-        median = done[(len(done) - 1) // 2]
-        return done[int(0.9 * (len(done) - 1))] <= RACE_SPREAD * median
+        median = times[(done - 1) // 2]
+        return times[int(0.9 * (done - 1))] <= RACE_SPREAD * median
 
     def straggler_slack(self, beyond_bound: int) -> int:
         """The part of `beyond_bound` worth admitting at the measured pace.
