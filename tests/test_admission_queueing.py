@@ -8,6 +8,7 @@ and on the simulator's processor-sharing server, in virtual time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from unittest import mock
 
@@ -15,7 +16,7 @@ import pytest
 import trio
 
 from art_trio.policy.admission import StalenessAwareAdmission
-from art_trio.policy.gate import PolicyGate
+from art_trio.policy.gate import PolicyGate, cohort_lateness
 from art_trio.policy.gate_snapshot import GateSnapshot
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.testing.distributions import parse_distribution
@@ -260,6 +261,64 @@ def test_rollouts_that_end_together_are_admitted_for_the_free_slots_only() -> No
         # for the expected number on time (the slots and the slack over 0.78).
         assert policy.headroom(_race_snapshot(long_tail, m=1)) == long_tail_room
         assert policy.headroom(_race_snapshot(long_tail, m=1, fresh=2)) == long_tail_room - 2
+
+
+def test_cohort_lateness_groups_rollouts_by_start() -> None:
+    # (start, seconds): three started together, two more together, one alone.
+    runs = [(50.0, 2.5), (0.0, 10.0), (100.0, 5.0), (0.15, 12.0), (0.1, 10.5), (50.01, 2.0)]
+    assert cohort_lateness(runs) == (-0.5, 0.0, 0.0, 0.5, 1.5)
+    # Starts further apart than 2% of the shorter rollout's time are separate cohorts.
+    assert cohort_lateness([(0.0, 10.0), (0.3, 10.0)]) == ()
+    # A race's losers, cancelled, did not end with the winners: infinitely late.
+    race = cohort_lateness([(0.0, 3.0), (0.0, 3.1), (0.0, math.inf)])
+    assert race == pytest.approx((-0.1, 0.0, math.inf))
+    lost = cohort_lateness([(0.0, 3.0), (0.0, math.inf), (0.0, math.inf)])
+    assert lost == (math.inf,) * 3  # not `inf - inf`, which sorts anywhere
+
+
+def _drifting_run(gate: PolicyGate, clock: Clock, lengths: list[float]) -> None:
+    """Cohorts of 4 admitted at a publish, ending within 4% of each other, one cohort per 30 s
+    step, each cohort's rollouts `length` seconds long: a policy whose answers shrink and grow
+    over the run."""
+    for step, length in enumerate(lengths):
+        start = clock.now
+        gate.begin_training(step + 1, 2)
+        versions = [trio.run(gate.admit) for _ in range(4)]
+        for i, version in enumerate(versions):
+            clock.now = start + length * (1 + 0.0125 * i)
+            gate.note_rollout_time(clock.now - start, completed=True)
+            gate.rollout_done(version)
+        gate.publish(step + 1)
+        clock.now = start + 30.0
+
+
+def test_rollouts_of_one_publish_end_together_while_answer_lengths_drift() -> None:
+    """A policy whose answers go from 60 tokens to 2 and back: the run's rollout times spread
+    eightfold, so the times alone say they do not end together, yet the rollouts of each
+    publish still end together. The gate finds them by their starts, and admission gives
+    them the free slots only; cohorts whose rollouts end far apart keep the allowances."""
+    clock = Clock()
+    gate = _gate(clock, m=3)  # a wide window: admission itself never refuses here
+    _drifting_run(gate, clock, [16.0] * 2 + [2.0] * 4 + [16.0] * 2)
+    snap = gate.snapshot()
+    assert snap.step_period == pytest.approx(30.0)
+    assert len(snap.cohort_lateness) == 32 and snap.cohort_lateness[-1] < 0.5
+    assert not dataclasses.replace(snap, cohort_lateness=()).racers_end_together
+    assert snap.racers_end_together
+    # Training step 6 at max_steps_off_policy=1, steps of 10 s: were latencies independent,
+    # half the rollouts (the 16 s ones) would miss the window and leave their slots to others.
+    training = dataclasses.replace(
+        snap, policy_version=5, next_training_step=6, max_steps_off_policy=1, step_period=10.0,
+        queued=0,  # (the driver took batches it never handed over)
+    )
+    assert training.on_time_probability == 0.5
+    policy = StalenessAwareAdmission(beyond_bound=1)
+    assert policy.headroom(training) == 2
+    # The slots and the slack, over the on-time chance: (2 + 1) / 0.5.
+    assert policy.headroom(dataclasses.replace(training, cohort_lateness=())) == 6
+    apart = dataclasses.replace(training, cohort_lateness=tuple(sorted([0.0] * 8 + [3.0] * 8)))
+    assert not apart.racers_end_together
+    assert policy.headroom(apart) == 6
 
 
 def _batching_server_run(together_rule: bool) -> dict[str, float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import anyio
@@ -38,6 +38,11 @@ LATENCY_DECAY = 0.99
 #: trusts them over the exponential model from `MIN_TIME_SAMPLES` on.
 RECENT_TIMES = 256
 TIME_REFRESH = 32
+#: Recent rollouts whose start times the gate keeps, to find the ones that started together
+#: (`cohort_lateness`), and how close two starts must be, as a share of the shorter rollout's
+#: time, for the two to count as started together.
+RECENT_RUNS = 64
+COHORT_GAP = 0.02
 #: Changes of the in-flight count the gate remembers, to average a rollout's load over its
 #: life (a rollout that started before the oldest is averaged from there).
 LOAD_MARKS = 4096
@@ -45,6 +50,38 @@ LOAD_MARKS = 4096
 
 def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
+
+
+def cohort_lateness(runs: Iterable[tuple[float, float]]) -> tuple[float, ...]:
+    """How much later than the median of its cohort each rollout ended, sorted.
+
+    `runs` are rollouts' (start, seconds), `math.inf` seconds for one cancelled before it
+    ended (it did not end with its cohort: infinitely late; at `max_steps_off_policy == 0`
+    the losers of a race, whose winners alone would look as if they ended together). A
+    cohort is the rollouts that started together (a publish, or a race, admitting several at
+    once: starts apart by at most `COHORT_GAP` of the shorter rollout's time); one that
+    started alone has no cohort and is left out.
+    """
+    late: list[float] = []
+    cohort: list[float] = []
+    first = (-math.inf, 0.0)
+    for start, seconds in sorted(runs):
+        if start - first[0] > COHORT_GAP * min(seconds, first[1]):
+            _add_lateness(cohort, late)
+            cohort, first = [], (start, seconds)
+        cohort.append(seconds)
+    _add_lateness(cohort, late)
+    return tuple(sorted(late))
+
+
+def _add_lateness(cohort: list[float], late: list[float]) -> None:
+    if len(cohort) > 1:
+        cohort.sort()
+        median = cohort[(len(cohort) - 1) // 2]
+        if math.isinf(median):  # most were cancelled: none ended with the cohort
+            late.extend([math.inf] * len(cohort))
+        else:
+            late.extend(seconds - median for seconds in cohort)
 
 
 class LoopEvent(Protocol):
@@ -112,6 +149,8 @@ class PolicyGate:
         self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
+        self._recent_runs: deque[tuple[float, float]] = deque(maxlen=RECENT_RUNS)
+        self._cohort_lateness: tuple[float, ...] = ()
         # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
         # integral of the count at each change, and latency sums per mean count.
         self._load = 0
@@ -170,6 +209,7 @@ class PolicyGate:
             rollout_latency=self.rollout_latency,
             step_period=self._step_period_ewa,
             recent_rollout_times=self._sorted_times,
+            cohort_lateness=self._cohort_lateness,
             in_flight=self._load,
             load_latency=self._load_latency,
         )
@@ -198,16 +238,18 @@ class PolicyGate:
         # A cancelled rollout missed its window: for on-time chances and stragglers it is late,
         # however long it ran.
         self._recent_times.append(seconds if completed else math.inf)
-        self._note_load(seconds, completed)
+        now = self._clock()
+        self._recent_runs.append((now - seconds, seconds if completed else math.inf))
+        self._note_load(seconds, completed, now)
         self._since_sorted += 1
         # Every rollout while few are known (the race rule reads them from a few on).
         if self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= MIN_TIME_SAMPLES:
             self._since_sorted = 0
             self._sorted_times = tuple(sorted(self._recent_times))
+            self._cohort_lateness = cohort_lateness(self._recent_runs)
 
-    def _note_load(self, seconds: float, completed: bool) -> None:
-        """File a rollout that ran `seconds` under the mean in-flight count over that time."""
-        now = self._clock()
+    def _note_load(self, seconds: float, completed: bool, now: float) -> None:
+        """File a rollout that ran `seconds` until `now` under the mean in-flight count."""
         self._mark_load(now)
         start = now - seconds
         if seconds > 0 and self._mark_times:

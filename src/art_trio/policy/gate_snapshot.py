@@ -34,6 +34,9 @@ MIN_TIME_SAMPLES = 32
 #: decile may end for the rollouts of one race to count as ending together.
 MIN_RACE_SAMPLES = 16
 RACE_SPREAD = 1.5
+#: ... or, for rollouts that started together, how far past their cohort's median the slow
+#: decile may end, as a share of the step period.
+COHORT_LATE_SHARE = 0.25
 #: Floor of the on-time probability, so a stalled pipeline cannot admit without bound.
 MIN_ON_TIME_PROBABILITY = 0.1
 #: Completions (decayed: about two) an in-flight count needs before its mean latency enters
@@ -74,6 +77,10 @@ class GateSnapshot:
     #: by count (a rollout's count is the mean number in flight while it ran), only counts
     #: with at least `MIN_LOAD_COMPLETIONS`. Empty until measured: no load cap.
     load_latency: tuple[tuple[int, float, float], ...] = ()
+    #: For recent rollouts that started together with others (a cohort), how much later than
+    #: the cohort's median each ended, in seconds (`math.inf`: cancelled first), sorted.
+    #: Empty: none measured.
+    cohort_lateness: tuple[float, ...] = ()
 
     @property
     def training(self) -> bool:
@@ -132,7 +139,13 @@ class GateSnapshot:
     @property
     def racers_end_together(self) -> bool:
         """Completed rollouts take about as long as each other: their slow decile ends within
-        `RACE_SPREAD` times their median (False until `MIN_RACE_SAMPLES` have completed).
+        `RACE_SPREAD` times their median (False until `MIN_RACE_SAMPLES` have completed), or
+        rollouts that started together end within `COHORT_LATE_SHARE` of a step of their
+        cohort's median (the slow decile of `cohort_lateness`).
+
+        The second test is the one that survives a policy changing its answers' length over
+        a run (from 60 tokens to 2 and back, say): the run's times then spread far apart
+        while the rollouts of each publish still end in the same step.
 
         Where it holds, racing more rollouts than a batch needs does not get the batch sooner:
         the extra racers end with the winners, and at a shared server that batches them
@@ -145,10 +158,16 @@ class GateSnapshot:
         # prefix before them (found in log time: admission asks this on every decision).
         times = self.recent_rollout_times
         done = bisect.bisect_left(times, math.inf)
-        if done < MIN_RACE_SAMPLES:
-            return False
-        median = times[(done - 1) // 2]
-        return times[int(0.9 * (done - 1))] <= RACE_SPREAD * median
+        if done >= MIN_RACE_SAMPLES:
+            median = times[(done - 1) // 2]
+            if times[int(0.9 * (done - 1))] <= RACE_SPREAD * median:
+                return True
+        late = self.cohort_lateness
+        return (
+            len(late) >= MIN_RACE_SAMPLES
+            and self.step_period is not None
+            and late[int(0.9 * (len(late) - 1))] <= COHORT_LATE_SHARE * self.step_period
+        )
 
     def straggler_slack(self, beyond_bound: int) -> int:
         """The part of `beyond_bound` worth admitting at the measured pace.
