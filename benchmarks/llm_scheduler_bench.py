@@ -37,7 +37,11 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
   shared server's load model (``GateSnapshot.load_cap``) was measured, those where the cap was
   what kept a rollout from starting, and those at ``max_steps_off_policy=0`` where the race
   was narrowed to the batch's missing groups plus the slack because rollouts were seen to end
-  together (``AdmissionProbe``; 0 for ART, which has neither).
+  together (``AdmissionProbe``; 0 for ART, which has neither);
+- **ended together (by cohort)**: art_trio's admission decisions where rollouts were seen to
+  end together, at any ``max_steps_off_policy`` (past 0 the gate then admits the free slots
+  only), and among them those where only the rollouts started together showed it
+  (``GateSnapshot.cohort_lateness``), the run's times having spread apart.
 
 Then the ratios art_trio / ART per ``max_steps_off_policy`` (means over seeds). Targets
 (issue 33): art_trio <= 0.6x ART's inference-seconds per trained group and <= 0.85x its time
@@ -50,11 +54,15 @@ which tokens). Its bound is ``limit_mean_steps_off_policy=M`` (no hard bound): t
 bound as ``max_steps_off_policy=M`` for groups of one version, judged on the tokens' own
 versions for mixed ones, and the gate cancels a rollout only once an even-paced mix could
 not meet it. Per run also: completion tokens generated, cancelled mid-decode ("aborted"),
-trained, thrown away (generated and never trained: cancelled, stale, zero-variance or left
-at the end), and the token-weighted mean policy age of the trained tokens (each token aged
-by the step that produced it: its span's, else its trajectory's start version). Then
-in-flight / cancellation (``art_trio``) per ``M``; targets: <= 0.8x the inference-seconds
-per trained group, no more than 0.5 step more mean policy age, the reward target no later.
+trained, stale (the wasted rollouts' answers), thrown away (generated and never trained:
+cancelled, stale, zero-variance or left at the end), and the token-weighted mean policy age
+of the trained tokens (each token aged by the step that produced it: its span's, else its
+trajectory's start version). Then in-flight / cancellation (``art_trio``) per ``M``;
+targets: <= 0.8x the inference-seconds per trained group, no more than 0.5 step more mean
+policy age, the reward target no later. Beside them the **floor**: the share of
+cancellation's tokens left if none of its rollouts had been stale or cancelled, which is all
+an update in flight can save; in-flight / cancellation cannot go below it for the same
+policies and answers (zero-variance groups and the run's end cost both arms alike).
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -134,8 +142,9 @@ def get_arm(name: str) -> Arm:
 class AdmissionProbe:
     """What art_trio's admission saw on the real model: how often the shared server's load
     model (`GateSnapshot.load_cap`) was measured, and how often it was what held a rollout
-    back; and at `max_steps_off_policy=0`, how often the race was narrowed because rollouts
-    were seen to end together (`GateSnapshot.racers_end_together`). Installed around
+    back; how often rollouts were seen to end together (`GateSnapshot.racers_end_together`:
+    the race narrowed at `max_steps_off_policy=0`, the free slots only past it), and how often
+    only because the rollouts of each cohort did (`cohort_lateness`). Installed around
     `StalenessAwareAdmission.headroom` for one run."""
 
     def __init__(self) -> None:
@@ -143,6 +152,8 @@ class AdmissionProbe:
         self.capped = 0  # the load model was measured (a cap existed)
         self.bound = 0  # the cap was below what the window allowed: it held rollouts back
         self.race_capped = 0  # max_steps_off_policy=0: racers seen to end together
+        self.together = 0  # at any max_steps_off_policy
+        self.by_cohort = 0  # ... where the run's times alone would not have shown it
         self.caps: list[int] = []
         self.throughputs: list[float] = []
 
@@ -153,8 +164,10 @@ class AdmissionProbe:
         def headroom(policy: StalenessAwareAdmission, s: Any) -> float:
             result = real(policy, s)
             probe.decisions += 1
-            if s.max_steps_off_policy == 0 and s.racers_end_together:
-                probe.race_capped += 1
+            if s.racers_end_together:
+                probe.together += 1
+                probe.race_capped += s.max_steps_off_policy == 0
+                probe.by_cohort += not replace(s, cohort_lateness=()).racers_end_together
             cap = s.load_cap
             if cap is not None:
                 probe.capped += 1
@@ -178,6 +191,8 @@ class AdmissionProbe:
             "load_model_measured": self.capped,
             "held_back_by_load_cap": self.bound,
             "race_capped": self.race_capped,
+            "ended_together": self.together,
+            "ended_together_by_cohort": self.by_cohort,
             "load_cap_range": [min(self.caps), max(self.caps)] if self.caps else None,
             "server_rollouts_per_s": round(statistics.median(self.throughputs), 4)
             if self.throughputs
@@ -222,6 +237,8 @@ class Probe:
     #: Completion tokens of the groups whose samples all scored alike: no trainer trains
     #: them, whatever its schedule; how many there are depends on what the policy has learnt.
     zero_variance_tokens: int = 0
+    #: Completion tokens of each completed rollout, by scenario id.
+    rollout_tokens: dict[int, int] = field(default_factory=dict)
     #: The serving engine's counters at the end of the run.
     engine: dict[str, float] = field(default_factory=dict)
     rollout_ids: Iterator[int] = field(default_factory=lambda: itertools.count())
@@ -254,6 +271,7 @@ def recorded_rollout(task: LLMTask, probe: Probe) -> Any:
         outcome: Outcome = "zero_variance" if len(rewards) <= 1 else "ok"
         if outcome == "zero_variance":
             probe.zero_variance_tokens += sum(answers)
+        probe.rollout_tokens[sid] = sum(answers)
         probe.recorder.rollout_finished(sid, time.monotonic(), outcome)
         return group
 
@@ -292,6 +310,23 @@ def token_ages(groups: list[Any], base_version: int) -> tuple[float, int]:
                     age_sum += (base_version - (version or 0)) * count
                     tokens += count
     return age_sum, tokens
+
+
+def stale_tokens(probe: Probe) -> int:
+    """Completion tokens of the wasted rollouts (``measures``' definition: completed with a
+    trainable group, never trained, and completed before the last train step began)."""
+    records = probe.recorder
+    if not records.steps:
+        return 0
+    trained = {sid for step in records.steps for sid in step.scenario_ids}
+    last_start = max(step.start for step in records.steps)
+    return sum(
+        tokens
+        for sid, tokens in probe.rollout_tokens.items()
+        if records.rollout_outcome.get(sid) == "ok"
+        and sid not in trained
+        and records.rollout_end[sid] < last_start
+    )
 
 
 def recorded_train(backend: CPUBackend, probe: Probe) -> Any:
@@ -444,6 +479,7 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "tokens_aborted": int(probe.engine.get("tokens_aborted", 0)),
         "tokens_trained": probe.tokens_trained,
         "tokens_thrown_away": generated - probe.tokens_trained,
+        "tokens_stale": stale_tokens(probe),
         "rows_updated_in_flight": int(probe.engine.get("rows_updated", 0)),
         "zero_variance_groups": report.zero_variance,
         "tokens_zero_variance": probe.zero_variance_tokens,
@@ -478,12 +514,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| M | seed | trainer | wall s | steps | inference-s per trained group | rollout-s per "
         "trained group | started | wasted | cancelled | tokens generated | tokens aborted | "
-        "tokens thrown away | tokens per trained token | mean policy age (token-weighted) | "
-        "trainer utilization | inference share | time to target s | "
+        "tokens stale | tokens thrown away | tokens per trained token | "
+        "mean policy age (token-weighted) | trainer utilization | inference share | "
+        "time to target s | "
         "train s per step (load gauge) | load cap measured / held back / race capped | "
+        "ended together (by cohort) | "
         "step rewards |"
     )
-    lines = [header, "|" + "---|" * 21]
+    lines = [header, "|" + "---|" * 23]
     for r in rows:
         lines.append(
             f"| {r['max_steps_off_policy']} | {r['seed']} | "
@@ -492,13 +530,15 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(r['inference_s_per_trained_group'])} | "
             f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
             f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {r.get('tokens_generated', '-')} | "
-            f"{r.get('tokens_aborted', '-')} | {r.get('tokens_thrown_away', '-')} | "
+            f"{r.get('tokens_aborted', '-')} | {r.get('tokens_stale', '-')} | "
+            f"{r.get('tokens_thrown_away', '-')} | "
             f"{_fmt(r.get('scheduling_tokens_per_trained_token'))} | "
             f"{_fmt(r.get('token_policy_age'))} | {_fmt(r['trainer_utilization'])} | "
             f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
             f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
             f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} / "
-            f"{r.get('race_capped', 0)} | "
+            f"{r.get('race_capped', 0)} | {r.get('ended_together', '-')} "
+            f"({r.get('ended_together_by_cohort', '-')}) | "
             f"{' '.join(str(x) for x in r['step_rewards'])} |"
         )
     return "\n".join(lines)
@@ -586,8 +626,9 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
         "| M | inference-s per trained group (in-flight / cancellation) | mean policy age "
         "(in-flight - cancellation) | time to target (in-flight / cancellation, seeds both "
         "reached) | tokens thrown away (in-flight / cancellation) | tokens per trained token "
-        "(in-flight / cancellation) |",
-        "|---|---|---|---|---|---|",
+        "(in-flight / cancellation) | floor: cancellation's tokens without its stale and "
+        "aborted ones |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
@@ -598,12 +639,19 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
             return _mean_ratio(rows, "art_trio_inflight", "art_trio", key, m)
 
         a, b = mean("art_trio_inflight", "token_policy_age"), mean("art_trio", "token_policy_age")
+        generated = mean("art_trio", "tokens_generated")
+        lost = [mean("art_trio", key) for key in ("tokens_stale", "tokens_aborted")]
+        floor = (
+            1 - (lost[0] + lost[1]) / generated
+            if generated and lost[0] is not None and lost[1] is not None
+            else None
+        )
         out.append(
             f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
             f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
             f"{_fmt(_paired_ratio(rows, 'art_trio_inflight', 'art_trio', 'time_to_target_s', m))}"
             f" | {_fmt(ratio('tokens_thrown_away'))} | "
-            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} |"
+            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} | {_fmt(floor)} |"
         )
     return "\n".join(out)
 
