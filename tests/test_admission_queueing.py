@@ -264,16 +264,21 @@ def test_rollouts_that_end_together_are_admitted_for_the_free_slots_only() -> No
 
 
 def test_cohort_lateness_groups_rollouts_by_start() -> None:
-    # (start, seconds): three started together, two more together, one alone.
-    runs = [(50.0, 2.5), (0.0, 10.0), (100.0, 5.0), (0.15, 12.0), (0.1, 10.5), (50.01, 2.0)]
+    # (start, seconds, completed): three started together, two more together, one alone.
+    runs = [
+        (50.0, 2.5, True), (0.0, 10.0, True), (100.0, 5.0, True), (0.15, 12.0, True),
+        (0.1, 10.5, True), (50.01, 2.0, True),
+    ]
     assert cohort_lateness(runs) == (-0.5, 0.0, 0.0, 0.5, 1.5)
     # Starts further apart than 2% of the shorter rollout's time are separate cohorts.
-    assert cohort_lateness([(0.0, 10.0), (0.3, 10.0)]) == ()
+    assert cohort_lateness([(0.0, 10.0, True), (0.3, 10.0, True)]) == ()
     # A race's losers, cancelled, did not end with the winners: infinitely late.
-    race = cohort_lateness([(0.0, 3.0), (0.0, 3.1), (0.0, math.inf)])
+    race = cohort_lateness([(0.0, 3.0, True), (0.0, 3.1, True), (0.0, 1.0, False)])
     assert race == pytest.approx((-0.1, 0.0, math.inf))
-    lost = cohort_lateness([(0.0, 3.0), (0.0, math.inf), (0.0, math.inf)])
+    lost = cohort_lateness([(0.0, 3.0, True), (0.0, 1.0, False), (0.0, 2.0, False)])
     assert lost == (math.inf,) * 3  # not `inf - inf`, which sorts anywhere
+    # Cancelled rollouts far apart stay apart (their time run sets the gap, as for any).
+    assert cohort_lateness([(0.0, 1.0, False), (100.0, 1.0, False)]) == ()
 
 
 def _drifting_run(gate: PolicyGate, clock: Clock, lengths: list[float]) -> None:

@@ -52,24 +52,24 @@ def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
 
 
-def cohort_lateness(runs: Iterable[tuple[float, float]]) -> tuple[float, ...]:
+def cohort_lateness(runs: Iterable[tuple[float, float, bool]]) -> tuple[float, ...]:
     """How much later than the median of its cohort each rollout ended, sorted.
 
-    `runs` are rollouts' (start, seconds), `math.inf` seconds for one cancelled before it
-    ended (it did not end with its cohort: infinitely late; at `max_steps_off_policy == 0`
-    the losers of a race, whose winners alone would look as if they ended together). A
-    cohort is the rollouts that started together (a publish, or a race, admitting several at
-    once: starts apart by at most `COHORT_GAP` of the shorter rollout's time); one that
-    started alone has no cohort and is left out.
+    `runs` are rollouts' (start, seconds run, completed). A cohort is the rollouts that
+    started together (a publish, or a race, admitting several at once: starts apart by at
+    most `COHORT_GAP` of the shorter one's time); one that started alone has no cohort and is
+    left out. A rollout cancelled before it ended did not end with its cohort: it is
+    infinitely late (at `max_steps_off_policy == 0` the losers of a race, whose winners alone
+    would look as if they ended together).
     """
     late: list[float] = []
     cohort: list[float] = []
-    first = (-math.inf, 0.0)
-    for start, seconds in sorted(runs):
-        if start - first[0] > COHORT_GAP * min(seconds, first[1]):
+    first_start, first_seconds = -math.inf, 0.0
+    for start, seconds, completed in sorted(runs):
+        if start - first_start > COHORT_GAP * min(seconds, first_seconds):
             _add_lateness(cohort, late)
-            cohort, first = [], (start, seconds)
-        cohort.append(seconds)
+            cohort, first_start, first_seconds = [], start, seconds
+        cohort.append(seconds if completed else math.inf)
     _add_lateness(cohort, late)
     return tuple(sorted(late))
 
@@ -149,7 +149,7 @@ class PolicyGate:
         self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
-        self._recent_runs: deque[tuple[float, float]] = deque(maxlen=RECENT_RUNS)
+        self._recent_runs: deque[tuple[float, float, bool]] = deque(maxlen=RECENT_RUNS)
         self._cohort_lateness: tuple[float, ...] = ()
         # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
         # integral of the count at each change, and latency sums per mean count.
@@ -239,7 +239,7 @@ class PolicyGate:
         # however long it ran.
         self._recent_times.append(seconds if completed else math.inf)
         now = self._clock()
-        self._recent_runs.append((now - seconds, seconds if completed else math.inf))
+        self._recent_runs.append((now - seconds, seconds, completed))
         self._note_load(seconds, completed, now)
         self._since_sorted += 1
         # Every rollout while few are known (the race rule reads them from a few on).
