@@ -151,8 +151,10 @@ class GateSnapshot:
         the extra racers end with the winners, and at a shared server that batches them
         (vLLM, art_trio's CPU server) they slow the winners down. Independent latencies with a
         long tail (each rollout its own environment) fail it: there the fastest of many end
-        far sooner than the median. Rollouts cancelled before they ended are left out, since
-        at `max_steps_off_policy == 0` they are the losers of a race, not slow ones.
+        far sooner than the median. The first test leaves out rollouts cancelled before they
+        ended, since at `max_steps_off_policy == 0` they are the losers of a race, not slow
+        ones; the cohort test counts them infinitely late, so a race's winners alone never
+        pass it.
         """
         # The times are sorted, cancelled ones (infinite) last: the completed ones are the
         # prefix before them (found in log time: admission asks this on every decision).
