@@ -119,7 +119,9 @@ def _build_art_trio_in_flight(args: tuple[Any, ...], setting: Setting) -> Any:
     # The mean bound at M: the same bound as max_steps_off_policy=M for groups of one
     # version, and the one that lets a rollout's later, newer tokens count.
     kwargs = setting.trainer_kwargs()
-    kwargs["limit_mean_steps_off_policy"] = float(kwargs.pop("max_steps_off_policy"))
+    m = kwargs.pop("max_steps_off_policy")
+    limit = setting.in_flight_mean_limit
+    kwargs["limit_mean_steps_off_policy"] = float(m if limit is None else limit)
     return PipelineTrainer(*args, max_steps_off_policy=None, **kwargs)
 
 
@@ -366,6 +368,8 @@ class Setting:
     turns: int | None
     #: Seconds after which a run is stopped where it is (None: it runs its steps).
     run_timeout: float | None = None
+    #: The in-flight arm's `limit_mean_steps_off_policy` (None: `max_steps_off_policy`).
+    in_flight_mean_limit: float | None = None
 
     def trainer_kwargs(self) -> dict[str, Any]:
         return dict(
@@ -453,6 +457,15 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "kind": arm.name,
         "seed": seed,
         "max_steps_off_policy": setting.max_steps_off_policy,
+        "limit_mean_steps_off_policy": (
+            (
+                setting.in_flight_mean_limit
+                if setting.in_flight_mean_limit is not None
+                else float(setting.max_steps_off_policy)
+            )
+            if arm.in_flight_updates
+            else None
+        ),
         "wall_s": end - start,
         "steps": report.steps,
         "timed_out": probe.timed_out,
@@ -672,6 +685,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--run-timeout", type=float, default=None, help="seconds after which a run stops"
     )
+    parser.add_argument(
+        "--in-flight-mean-limit",
+        type=float,
+        default=None,
+        help="the in-flight arm's limit_mean_steps_off_policy (default: M); issue 34 allows "
+        "it up to 0.5 step more mean policy age than cancellation at M",
+    )
     parser.add_argument("--json", default=None, help="also write every row to this file")
     args = parser.parse_args(argv)
     task = get_task(args.task)
@@ -700,6 +720,7 @@ def main(argv: list[str] | None = None) -> None:
                 max_tokens=args.max_tokens,
                 turns=args.turns,
                 run_timeout=args.run_timeout,
+                in_flight_mean_limit=args.in_flight_mean_limit,
             )
             for arm in arms if seed % 2 == 0 else arms[::-1]:
                 row = run_one(backend, arm, setting, seed)
