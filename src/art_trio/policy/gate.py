@@ -146,6 +146,8 @@ class PolicyGate:
         self._latency_completions = 0.0
         self._step_period_ewa: float | None = None
         self._last_step_began: float | None = None
+        # Seconds from a batch taken to its step published (exponentially weighted).
+        self._train_call_ewa: float | None = None
         self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
@@ -196,8 +198,9 @@ class PolicyGate:
 
     def snapshot(self) -> GateSnapshot:
         # Every rollout the gate lets run may still deliver a group a coming batch takes
-        # (with in-flight updates, past the start version's window: see `_cancel_window`),
-        # and batches take the oldest first: all of them come before a rollout started now.
+        # (with in-flight updates, past the start version's window where that can pay: see
+        # `_effective_cancel_window`), and batches take the oldest first: all of them come
+        # before a rollout started now.
         floor = self.min_fresh_version
         return GateSnapshot(
             policy_version=self._policy_version,
@@ -305,7 +308,30 @@ class PolicyGate:
     def min_fresh_version(self) -> int:
         """Rollouts in flight that started before this are cancelled: no batch not yet taken
         could train their groups."""
-        return self._next_training_step - self._cancel_window
+        return self._next_training_step - self._effective_cancel_window()
+
+    def _effective_cancel_window(self) -> int:
+        """The cancel window in force: `_cancel_window`, unless in-flight updates widened it
+        where they cannot freshen anything.
+
+        A rollout past the start version's window can be trained only with tokens decoded
+        after the coming publish (every token before it is at least a step older than the
+        batch that could take it). Where a typical rollout is shorter than two training calls,
+        one still running when a batch is taken ends with most of its tokens before that
+        publish, too old for the mean bound: it is cancelled at the start version's window,
+        as without in-flight updates, and its slot goes to a rollout that can be trained.
+        Until both times are measured the wider window stands.
+        """
+        window = self._cancel_window
+        if window == self._max_steps_off_policy or self._train_call_ewa is None:
+            return window
+        times = self._sorted_times
+        completed = bisect.bisect_left(times, math.inf)
+        if completed < MIN_TIME_SAMPLES:
+            return window
+        if times[completed // 2] >= 2 * self._train_call_ewa:
+            return window
+        return self._max_steps_off_policy
 
     def may_start(self) -> bool:
         return not self._closed and self._policy.headroom(self.snapshot()) > 0
@@ -405,6 +431,10 @@ class PolicyGate:
 
     def publish(self, version: int) -> None:
         """Weights for `version` are in place: rollouts may sample them from now on."""
+        if self._last_step_began is not None and version == self._next_training_step:
+            self._train_call_ewa = _ewa(
+                self._train_call_ewa, self._clock() - self._last_step_began
+            )
         self._policy_version = version
         self._next_training_step = version
         self._pump()
