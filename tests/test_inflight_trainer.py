@@ -172,9 +172,9 @@ def test_the_wider_cancel_window_holds_only_where_rollouts_outlast_training(
 
     async def race() -> None:
         version = await gate.admit()
-        with trio.CancelScope() as scope:
-            gate.track(version, scope)  # type: ignore[arg-type]
-            gate.begin_training(2, batch_size=0)  # the batch its rollout raced for is taken
+        scope = trio.CancelScope()
+        gate.track(version, scope)  # type: ignore[arg-type]
+        gate.begin_training(2, batch_size=0)  # the batch its rollout raced for is taken
         assert scope.cancel_called is cancelled
         assert gate.snapshot().fresh_in_flight == (0 if cancelled else 1)
 
