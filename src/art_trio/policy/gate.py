@@ -315,12 +315,13 @@ class PolicyGate:
         where they cannot freshen anything.
 
         A rollout past the start version's window can be trained only with tokens decoded
-        after the coming publish (every token before it is at least a step older than the
-        batch that could take it). Where a typical rollout is shorter than two training calls,
-        one still running when a batch is taken ends with most of its tokens before that
-        publish, too old for the mean bound: it is cancelled at the start version's window,
-        as without in-flight updates, and its slot goes to a rollout that can be trained.
-        Until both times are measured the wider window stands.
+        after the coming publish: the mean bound needs at least as many of those as of its
+        tokens from before the step now ending (older still), so it must run on for a
+        training call and then as long again as it ran before: two training calls at the
+        least. Where even the slowest tenth of recent rollouts is shorter than that, one
+        still running when a batch is taken ends too old; it is cancelled at the start
+        version's window, as without in-flight updates, and its slot goes to a rollout that
+        can be trained. Until both times are measured the wider window stands.
         """
         window = self._cancel_window
         if window == self._max_steps_off_policy or self._train_call_ewa is None:
@@ -329,7 +330,7 @@ class PolicyGate:
         completed = bisect.bisect_left(times, math.inf)
         if completed < MIN_TIME_SAMPLES:
             return window
-        if times[completed // 2] >= 2 * self._train_call_ewa:
+        if times[(completed * 9) // 10] >= 2 * self._train_call_ewa:
             return window
         return self._max_steps_off_policy
 
