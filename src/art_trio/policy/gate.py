@@ -318,10 +318,13 @@ class PolicyGate:
         after the coming publish: the mean bound needs at least as many of those as of its
         tokens from before the step now ending (older still), so it must run on for a
         training call and then as long again as it ran before: two training calls at the
-        least. Where even the slowest tenth of recent rollouts is shorter than that, one
-        still running when a batch is taken ends too old; it is cancelled at the start
-        version's window, as without in-flight updates, and its slot goes to a rollout that
-        can be trained. Until both times are measured the wider window stands.
+        least. Where the median recent rollout is shorter than that, one still running when
+        a batch is taken ends too old; it is cancelled at the start version's window, as
+        without in-flight updates, and its slot goes to a rollout that can be trained. (Not
+        the slow tail: rollouts decoding beside a training call on shared cores stretch to
+        past two of them while decoding few tokens, and the tail then kept the wider window
+        for rollouts that all ended stale.) Until both times are measured the wider window
+        stands.
         """
         window = self._cancel_window
         if window == self._max_steps_off_policy or self._train_call_ewa is None:
@@ -330,7 +333,7 @@ class PolicyGate:
         completed = bisect.bisect_left(times, math.inf)
         if completed < MIN_TIME_SAMPLES:
             return window
-        if times[(completed * 9) // 10] >= 2 * self._train_call_ewa:
+        if times[completed // 2] >= 2 * self._train_call_ewa:
             return window
         return self._max_steps_off_policy
 
