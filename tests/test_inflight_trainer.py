@@ -137,6 +137,7 @@ def test_admission_counts_rollouts_running_on_past_the_start_version_window() ->
     )
     running = [trio.run(gate.admit) for _ in range(2)]
     assert running == [0, 0]
+    gate.note_rollout_time(5.0, completed=True)  # rollouts outlast training (instant here)
     gate.begin_training(1, batch_size=0)
     gate.publish(1)
     gate.begin_training(2, batch_size=0)  # training step 2: a version-0 rollout can still be
@@ -148,24 +149,28 @@ def test_admission_counts_rollouts_running_on_past_the_start_version_window() ->
 
 
 @pytest.mark.parametrize(
-    ("rollout_s", "cancelled"), [(3.0, True), (25.0, False)], ids=["short", "long"]
+    ("rollout_s", "cancelled"),
+    [(3.0, True), (25.0, False), (None, True)],
+    ids=["short", "long", "unmeasured"],
 )
 def test_the_wider_cancel_window_holds_only_where_rollouts_outlast_training(
-    rollout_s: float, cancelled: bool
+    rollout_s: float | None, cancelled: bool
 ) -> None:
     """Mean bound 0.5 with in-flight updates: a rollout still running when its version's
     batch is taken can be trained only with tokens decoded after the coming publish. Where
     rollouts take 3 s and a training call 10 s it ends long before that (all its tokens one
     step old): the gate cancels it at once, as without in-flight updates, and does not count
-    it as fresh. Where they take 25 s, it goes on under the next policy."""
+    it as fresh. Where they take 25 s, it goes on under the next policy. Before any rollout
+    has completed, the start version's window holds."""
     now = [0.0]
     gate = PolicyGate(
         start_step=0, max_steps_off_policy=Freshness(None, 0.5).window, max_batch_size=1,
         policy=StalenessAwareAdmission(beyond_bound=0), clock=lambda: now[0],
         cancel_window=Freshness(None, 0.5).cancel_window(True),
     )
-    for _ in range(32):
-        gate.note_rollout_time(rollout_s, completed=True)
+    if rollout_s is not None:
+        for _ in range(32):
+            gate.note_rollout_time(rollout_s, completed=True)
     gate.begin_training(1, batch_size=0)
     now[0] = 10.0
     gate.publish(1)

@@ -323,17 +323,18 @@ class PolicyGate:
         without in-flight updates, and its slot goes to a rollout that can be trained. (Not
         the slow tail: rollouts decoding beside a training call on shared cores stretch to
         past two of them while decoding few tokens, and the tail then kept the wider window
-        for rollouts that all ended stale.) Until both times are measured the wider window
-        stands.
+        for rollouts that all ended stale.) Until a rollout has completed and a step has been
+        published, the start version's window stands: rollouts let run on before then end in
+        the recent times, stretched by the training call they decoded beside, and those
+        times decide admission's race for the rest of the run.
         """
         window = self._cancel_window
-        if window == self._max_steps_off_policy or self._train_call_ewa is None:
+        if window == self._max_steps_off_policy:
             return window
         times = self._sorted_times
         completed = bisect.bisect_left(times, math.inf)
-        if completed < MIN_TIME_SAMPLES:
-            return window
-        if times[completed // 2] >= 2 * self._train_call_ewa:
+        train = self._train_call_ewa
+        if train is not None and completed and times[completed // 2] >= 2 * train:
             return window
         return self._max_steps_off_policy
 
