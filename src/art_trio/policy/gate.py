@@ -324,9 +324,8 @@ class PolicyGate:
         the slow tail: rollouts decoding beside a training call on shared cores stretch to
         past two of them while decoding few tokens, and the tail then kept the wider window
         for rollouts that all ended stale.) Until a rollout has completed and a step has been
-        published, the start version's window stands: rollouts let run on before then end in
-        the recent times, stretched by the training call they decoded beside, and those
-        times decide admission's race for the rest of the run.
+        published, nothing shows that rollouts outlast training, and the start version's
+        window stands.
         """
         window = self._cancel_window
         if window == self._max_steps_off_policy:
