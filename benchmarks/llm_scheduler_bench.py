@@ -119,9 +119,8 @@ def _build_art_trio_in_flight(args: tuple[Any, ...], setting: Setting) -> Any:
     # The mean bound at M: the same bound as max_steps_off_policy=M for groups of one
     # version, and the one that lets a rollout's later, newer tokens count.
     kwargs = setting.trainer_kwargs()
-    m = kwargs.pop("max_steps_off_policy")
-    limit = setting.in_flight_mean_limit
-    kwargs["limit_mean_steps_off_policy"] = float(m if limit is None else limit)
+    del kwargs["max_steps_off_policy"]
+    kwargs["limit_mean_steps_off_policy"] = setting.in_flight_limit()
     return PipelineTrainer(*args, max_steps_off_policy=None, **kwargs)
 
 
@@ -371,6 +370,11 @@ class Setting:
     #: The in-flight arm's `limit_mean_steps_off_policy` (None: `max_steps_off_policy`).
     in_flight_mean_limit: float | None = None
 
+    def in_flight_limit(self) -> float:
+        """The in-flight arm's `limit_mean_steps_off_policy`."""
+        limit = self.in_flight_mean_limit
+        return float(self.max_steps_off_policy if limit is None else limit)
+
     def trainer_kwargs(self) -> dict[str, Any]:
         return dict(
             num_rollout_workers=self.workers,
@@ -457,15 +461,7 @@ def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[
         "kind": arm.name,
         "seed": seed,
         "max_steps_off_policy": setting.max_steps_off_policy,
-        "limit_mean_steps_off_policy": (
-            (
-                setting.in_flight_mean_limit
-                if setting.in_flight_mean_limit is not None
-                else float(setting.max_steps_off_policy)
-            )
-            if arm.in_flight_updates
-            else None
-        ),
+        "limit_mean_steps_off_policy": setting.in_flight_limit() if arm.in_flight_updates else None,
         "wall_s": end - start,
         "steps": report.steps,
         "timed_out": probe.timed_out,

@@ -321,9 +321,9 @@ class PolicyGate:
         least. Where the median recent rollout is shorter than that, one still running when
         a batch is taken ends too old; it is cancelled at the start version's window, as
         without in-flight updates, and its slot goes to a rollout that can be trained. (Not
-        the slow tail: rollouts decoding beside a training call on shared cores stretch to
-        past two of them while decoding few tokens, and the tail then kept the wider window
-        for rollouts that all ended stale.) Until a rollout has completed and a step has been
+        the slow tail: rollouts decoding beside a training call on shared cores stretch past
+        two of them while decoding few tokens, so the tail would keep the wider window for
+        rollouts that end stale.) Until a rollout has completed and a step has been
         published, nothing shows that rollouts outlast training, and the start version's
         window stands.
         """
