@@ -28,7 +28,7 @@ import anyio.lowlevel
 
 from ..messages.errors import _GateClosed
 from .admission import AdmissionPolicy, StalenessAwareAdmission
-from .gate_snapshot import MIN_LOAD_COMPLETIONS, MIN_TIME_SAMPLES, GateSnapshot
+from .gate_snapshot import MIN_LOAD_COMPLETIONS, MIN_TIME_SAMPLES, GateSnapshot, completed_count
 
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
@@ -331,7 +331,7 @@ class PolicyGate:
         if window == self._max_steps_off_policy:
             return window
         times = self._sorted_times
-        completed = bisect.bisect_left(times, math.inf)
+        completed = completed_count(times)
         train = self._train_call_ewa
         if train is not None and completed and times[completed // 2] >= 2 * train:
             return window

@@ -50,6 +50,13 @@ MIN_LOAD_SPREAD = 1.25
 MIN_QUEUEING_SHARE = 0.5
 
 
+def completed_count(times: tuple[float, ...]) -> int:
+    """How many of the sorted recent rollout times are completed rollouts': cancelled ones
+    count as infinite and sort last, so the completed are the prefix before them (found in
+    log time: admission asks on every decision)."""
+    return bisect.bisect_left(times, math.inf)
+
+
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:
     """Everything an admission decision depends on, at one instant."""
@@ -156,10 +163,8 @@ class GateSnapshot:
         ones; the cohort test counts them infinitely late, so a race's winners alone never
         pass it.
         """
-        # The times are sorted, cancelled ones (infinite) last: the completed ones are the
-        # prefix before them (found in log time: admission asks this on every decision).
         times = self.recent_rollout_times
-        done = bisect.bisect_left(times, math.inf)
+        done = completed_count(times)
         if done >= MIN_RACE_SAMPLES:
             median = times[(done - 1) // 2]
             if times[int(0.9 * (done - 1))] <= RACE_SPREAD * median:
