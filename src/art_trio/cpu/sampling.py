@@ -15,6 +15,10 @@ from typing import Any
 import torch
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits for a row hold NaN or inf: no token can be sampled from them."""
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled completion: its token ids (the stop token included, as vLLM returns it),
@@ -30,12 +34,17 @@ class Completion:
 
 
 def _filter_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest set whose probability reaches ``top_p``."""
+    """Zero every token outside the smallest set whose probability reaches ``top_p``.
+
+    The set always holds the most probable token: compared in float32, a ``top_p`` below
+    float32's smallest number (5e-324 is valid OpenAI) is 0, and no token would be left."""
     if top_p >= 1.0:
         return probs
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs = torch.where(before < top_p, sorted_probs, torch.zeros_like(sorted_probs))
+    keep = before < top_p
+    keep[..., 0] = True
+    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
@@ -75,13 +84,23 @@ def sample_row(
     generator: torch.Generator,
 ) -> int:
     """Sample one token from one row's next-token ``logits`` (1-D) with its own
-    ``generator``; append it, its raw logprob and the ``top_logprobs`` best to ``out``."""
+    ``generator``; append it, its raw logprob and the ``top_logprobs`` best to ``out``.
+
+    Temperature 0 is greedy (the argmax), and so is a temperature at which
+    ``logits / temperature`` overflows float32 (1.2e-37 with a logit beyond +-41; 5e-324,
+    which float32 holds as 0). Such a temperature is below max|logit| / 3.4e38, and there a
+    token more than 104 x temperature below the best logit has a probability below float32's
+    smallest number: sampling would give the argmax anyway, except between logits tied that
+    closely. Raises ``NonFiniteLogits`` for a model that produced NaN or inf."""
     logits = logits.float()
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteLogits("the model's next-token logits hold NaN or inf")
     logp = torch.log_softmax(logits, dim=-1)
-    if temperature == 0.0:
+    scaled = logits / temperature if temperature > 0.0 else None
+    if scaled is None or not bool(torch.isfinite(scaled).all()):
         token = int(torch.argmax(logp))
     else:
-        probs = _filter_top_p(torch.softmax(logits / temperature, dim=-1), top_p)
+        probs = _filter_top_p(torch.softmax(scaled, dim=-1), top_p)
         token = int(torch.multinomial(probs, 1, generator=generator))
     out.token_ids.append(token)
     out.logprobs.append(float(logp[token]))
