@@ -1,5 +1,5 @@
 """One request cannot end serving (issue 51, item 2): tiny temperatures and top_p sample
-greedily.
+greedily, and a row whose decoding raises fails its own request alone.
 
 On a real, tiny transformers model (``tests/tiny_llm.py``) served by ``CPUBackend``'s real HTTP
 server and reached with the real openai client. The engine is held in its step listener (a
@@ -13,12 +13,14 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import trio
 
 from art_trio.plumbing.compat import trainable_model
 from tests.tiny_llm import TINY_MARKS, tiny_model_dir
@@ -125,3 +127,65 @@ async def test_tiny_temperatures_and_top_p_are_answered_greedily_and_serving_goe
         assert _tokens(tiny) == _tokens(greedy), sampling
     after = await client.chat.completions.create(model=name, messages=PROMPT, max_tokens=3)
     assert after.usage is not None and after.usage.completion_tokens >= 1
+    assert backend.statistics()["requests_failed"] == 0
+
+
+async def test_a_row_that_raises_fails_its_request_alone(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sampling raises for the second row of one request at its third token, while another
+    request decodes in the same batch: that request gets a 500 naming the error, the other
+    is answered in full, and so is a request sent afterwards."""
+    from art_trio.cpu import engine, sampling
+
+    backend, client, name = served
+    serving = backend._engine
+    doomed = engine.row_seed(666, 1)
+    real_sample_row = sampling.sample_row
+
+    def sample_row(out: Any, logits: Any, **kwargs: Any) -> int:
+        if kwargs["generator"].initial_seed() == doomed and len(out.token_ids) == 2:
+            raise ValueError("a row that cannot be sampled")
+        return real_sample_row(out, logits, **kwargs)
+
+    # The long request decodes no further than its second token until the doomed one is
+    # queued (the engine's thread waits in its step listener), so both share a batch.
+    queued = threading.Event()
+    real_submit = serving.submit
+
+    def submit(request: Any) -> Any:
+        future = real_submit(request)
+        if doomed in request.seeds:
+            queued.set()
+        return future
+
+    def hold(stats: Any) -> None:
+        if stats.tokens_generated >= 2:
+            queued.wait(120)  # a guard against a hang, not a timing assertion
+
+    monkeypatch.setattr(sampling, "sample_row", sample_row)
+    monkeypatch.setattr(serving, "submit", submit)
+    serving.listeners.append(hold)
+    results: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+
+        async def long() -> None:
+            results["long"] = await client.chat.completions.create(
+                model=name, messages=PROMPT, max_tokens=40, extra_body={"ignore_eos": True}
+            )
+
+        nursery.start_soon(long)
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.chat.completions.create(
+                model=name, messages=PROMPT, n=2, max_tokens=20, seed=666,
+                extra_body={"ignore_eos": True},
+            )
+        assert "a row that cannot be sampled" in info.value.message
+    # Both shared the batch when the row failed (the long one held at its second token until
+    # the doomed one was queued), and the long one decoded on to its end.
+    assert results["long"].usage.completion_tokens == 40
+    after = await client.chat.completions.create(model=name, messages=PROMPT, max_tokens=3)
+    assert after.usage is not None and after.usage.completion_tokens >= 1
+    stats = backend.statistics()
+    assert stats["requests_failed"] == 1 and stats["peak_rows"] >= 3
+    assert serving._thread.is_alive()

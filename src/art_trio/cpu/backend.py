@@ -352,8 +352,9 @@ class CPUBackend(LocalBackend[_ModelState]):
     def statistics(self) -> dict[str, float]:
         """The serving engine's counters: ``decode_steps``, ``prefills``, ``busy_seconds``,
         ``tokens_generated``, ``tokens_aborted`` (generated for requests whose client left),
-        ``requests_completed``, ``requests_aborted``, ``rows_running``, ``requests_waiting``,
-        ``peak_rows``, ``peak_cache_tokens``. All zero before serving starts."""
+        ``requests_completed``, ``requests_aborted``, ``requests_failed`` (a row raised: that
+        request alone got a 500), ``rows_running``, ``requests_waiting``, ``peak_rows``,
+        ``peak_cache_tokens``. All zero before serving starts."""
         stats = self._engine.statistics() if self._engine is not None else engine.EngineStatistics()
         return {key: float(value) for key, value in vars(stats).items()}
 
@@ -800,8 +801,9 @@ class CPUBackend(LocalBackend[_ModelState]):
     ) -> tuple[list[int], list[sampling.Completion]]:
         """``n`` completions decoded in the running batch (``art_trio.cpu.engine``).
 
-        Raises ``OpenAIError`` (400) for a request over a limit, ``UnknownModelError`` for a
-        model not served. Cancelling the caller (a client that went away) aborts the request:
+        Raises ``OpenAIError`` (400) for a request over a limit, (500) for one the engine
+        failed to decode (it serves the others on), ``UnknownModelError`` for a model not
+        served. Cancelling the caller (a client that went away) aborts the request:
         its rows leave the batch before the next decode step."""
         serving = self._engine
         if serving is None:
@@ -845,6 +847,8 @@ class CPUBackend(LocalBackend[_ModelState]):
                 completions = await wait_future(future)
             except engine.EngineClosed as exc:
                 raise OpenAIError(503, str(exc), type="server_error") from None
+            except engine.RowFailed as exc:
+                raise OpenAIError(500, str(exc), type="server_error") from None
             finally:
                 future.cancel()  # a no-op once answered; otherwise the request is aborted
         return prompt, completions

@@ -31,6 +31,8 @@ What you may rely on:
   next token (its cache keeps the keys and values the older weights computed, as PipelineRL
   and AReaL do). Every completion says which version produced which of its tokens
   (``Completion.policy_runs``); a request without ``follow`` stays on its ``adapter``.
+* A request whose rows cannot be decoded (sampling, or loading its weights, raises for one
+  of them) fails alone with ``RowFailed``: its rows leave the batch and the others decode on.
 * ``close`` fails every pending request with ``EngineClosed`` and stops the thread after the
   step under way.
 """
@@ -96,6 +98,10 @@ class EngineClosed(ArtTrioError, RuntimeError):
 
 class RequestTooLarge(ArtTrioError, ValueError):
     """A request that could never fit the engine's caps."""
+
+
+class RowFailed(ArtTrioError, RuntimeError):
+    """Decoding one of the request's rows raised (the cause is chained); the engine serves on."""
 
 
 def row_seed(seed: int, index: int) -> int:
@@ -175,6 +181,8 @@ class EngineStatistics:
     peak_cache_tokens: int = 0
     #: Times a decoding row went on with newer weights (in-flight updates).
     rows_updated: int = 0
+    #: Requests failed alone with ``RowFailed`` (one of their rows raised).
+    requests_failed: int = 0
 
 
 class Engine:
@@ -402,8 +410,7 @@ class Engine:
             try:
                 self._prefill(pending)
             except Exception as exc:
-                logger.exception("prefill failed")
-                _settle(pending.future, exception=exc)
+                self._fail_request(pending, exc)
 
     def _adapter_name(self, weights: dict[str, torch.Tensor]) -> str:
         """The peft adapter holding ``weights``, loaded now if it is not."""
@@ -503,9 +510,11 @@ class Engine:
     # ------------------------------------------------------------------ decoding
 
     def _decode(self) -> None:
-        assert self._mask is not None
+        self._follow_updates()
         rows = self._rows
-        self._follow_updates(rows)
+        if not rows:
+            return
+        assert self._mask is not None
         ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
         positions = torch.tensor([[row.length] for row in rows], dtype=torch.long)
         self._mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
@@ -522,37 +531,57 @@ class Engine:
         with self._lock:
             self._stats.decode_steps += 1
         keep, done = [], []
+        failed: set[int] = set()  # id() of the requests failed in this step
         for i, row in enumerate(rows):
             row.length += 1
-            self._sample(row, logits[i])
+            if id(row.pending) in failed:
+                continue
+            try:
+                self._sample(row, logits[i])
+            except Exception as exc:
+                failed.add(id(row.pending))
+                self._fail_request(row.pending, exc)
+                continue
             if row.finish_reason is None:
                 keep.append(i)
             else:
                 row.pending.open_rows -= 1
                 if row.pending.open_rows == 0:
                     done.append(row.pending)
+        keep = [i for i in keep if id(rows[i].pending) not in failed]
         if len(keep) < len(rows):
             self._select(keep)
         for pending in done:  # answered once out of the batch (its statistics say so)
             self._complete(pending)
 
-    def _follow_updates(self, rows: list[_Row]) -> None:
-        """Rows that follow a key take its newest weights before this step's forward."""
+    def _follow_updates(self) -> None:
+        """Rows that follow a key take its newest weights before this step's forward (a
+        request whose weights fail to load fails alone, its rows out of the batch)."""
         with self._lock:
             newest = dict(self._newest)
         if not newest:
             return
         updated = 0
-        for row in rows:
+        failed: set[int] = set()
+        for row in self._rows:
             key = row.pending.request.follow
             if key is None or key not in newest or newest[key][0] <= row.version:
                 continue
-            row.version, weights = newest[key]
-            row.adapter = self._adapter_name(weights)
+            if id(row.pending) in failed:
+                continue
+            try:
+                row.adapter = self._adapter_name(newest[key][1])
+            except Exception as exc:
+                failed.add(id(row.pending))
+                self._fail_request(row.pending, exc)
+                continue
+            row.version = newest[key][0]
             updated += 1
         if updated:
             with self._lock:
                 self._stats.rows_updated += updated
+        if failed:
+            self._select([i for i, r in enumerate(self._rows) if id(r.pending) not in failed])
 
     def _forward(self, adapters: list[str], **inputs: Any) -> Any:
         """The model on ``inputs``, row i with adapter ``adapters[i]``.
@@ -608,6 +637,18 @@ class Engine:
             layer.values = layer.values[index, :, cut:, :].contiguous()
         self._mask = self._mask[index, cut:].contiguous()
         self._note_size()
+
+    def _fail_request(self, pending: _Pending, exc: Exception) -> None:
+        """Answer ``pending`` with ``RowFailed`` (the caller takes its rows out of the batch)."""
+        logger.error("decoding a request failed; the engine serves on", exc_info=exc)
+        failure = RowFailed(
+            f"Decoding this request failed ({type(exc).__name__}: {exc}); the server goes on "
+            "serving other requests."
+        )
+        failure.__cause__ = exc
+        if _settle(pending.future, exception=failure):
+            with self._lock:
+                self._stats.requests_failed += 1
 
     def _complete(self, pending: _Pending) -> None:
         completions = [row.completion.finish(row.finish_reason or "length") for row in pending.rows]
