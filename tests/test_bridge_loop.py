@@ -5,13 +5,19 @@ what asyncio code relies on and what the trainer relies on across that change: c
 run in order, timers fire and trio tasks run while asyncio code keeps the queue busy,
 thread-safe callbacks and trio tasks started from asyncio arrive, a trio cancel cancels the
 asyncio task (its `finally` runs) and the caller sees trio's Cancelled exactly once, and many
-concurrent calls each get their own result.
+concurrent calls each get their own result. And what importing trio_asyncio changes in
+asyncio is contained: after a trio run, asyncio code outside trio gets asyncio's own loops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +28,7 @@ from art_trio.plumbing.bridge.calls import Bridge, open_bridge
 
 # Every test ends well inside this; a hang (a lost wake-up) fails instead of blocking CI.
 DEADLINE_S = 20
+REPO = Path(__file__).resolve().parent.parent
 
 
 async def test_the_bridge_opens_its_own_loop_with_the_batched_queue() -> None:
@@ -261,3 +268,62 @@ def test_the_asyncio_bridge_is_a_plain_await() -> None:
             return await bridge.call(plain)
 
     assert asyncio.run(main()) == "plain"
+
+
+def test_asyncio_after_a_trio_run_gets_asyncios_own_loop() -> None:
+    """In a fresh process (this one's conftest imports trio_asyncio itself): a trainer runs
+    under trio.run, then asyncio.run, anyio.run on asyncio, asyncio.run in another thread and
+    asyncio.run after set_event_loop_policy(None) each get asyncio's own loop, whose
+    run_in_executor takes the program's own pool. They used to get trio-asyncio's
+    SyncTrioEventLoop (importing trio_asyncio makes its policy's new_event_loop build one
+    outside trio), which refused the pool with a bare AssertionError."""
+    script = textwrap.dedent(
+        """
+        import asyncio, concurrent.futures, functools, sys, tempfile, threading
+        import anyio, trio
+        from art_trio import PipelineTrainer, trainable_model
+        from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+
+        assert "trio_asyncio" not in sys.modules
+        backend = RecordingBackend()
+        model = trainable_model(
+            name="m", project="p", base_model="b", base_path=tempfile.mkdtemp()
+        )
+        asyncio.run(model.register(backend))
+        trainer = PipelineTrainer(
+            model, backend, asyncio_rollout, scenarios(10), None, num_rollout_workers=2,
+            min_batch_size=2, max_batch_size=2, eval_step_0=False, max_steps=2,
+        )
+        trio.run(functools.partial(trainer.train, handle_signals=False))
+        assert backend.step == 2 and "trio_asyncio" in sys.modules
+
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        seen = []
+
+        async def check():
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(pool, sum, [1, 2]) == 3
+            seen.append(type(loop))
+
+        asyncio.run(check())
+        anyio.run(check, backend="asyncio")
+        thread = threading.Thread(target=asyncio.run, args=(check(),))
+        thread.start()
+        thread.join()
+        asyncio.set_event_loop_policy(None)
+        asyncio.run(check())
+        pool.shutdown()
+        assert len(seen) == 4, seen
+        for loop_type in seen:
+            assert issubclass(loop_type, asyncio.SelectorEventLoop), loop_type
+            assert not loop_type.__module__.startswith("trio_asyncio"), loop_type
+        print("asyncio's own loops:", sorted({t.__name__ for t in seen}))
+        """
+    )
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "asyncio's own loops: ['_UnixSelectorEventLoop']" in done.stdout, done.stdout

@@ -36,6 +36,7 @@ import sniffio
 from ...messages.errors import AsyncioTaskCancelled, CallbackNotAwaitable, _BaseExceptionEscaped
 from .loop import (
     can_run_in_batches,
+    keep_asyncio_loops_outside_trio,
     run_ready_handles_in_batches,
     see_trio_asyncio_loops,
 )
@@ -342,10 +343,12 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     if sniffio.current_async_library() != "trio":
         yield Bridge()
         return
-    # Imported only under trio: importing trio_asyncio patches asyncio globally, which makes
-    # plain asyncio several times slower (asyncio.sleep(0): 2 us -> 12 us here).
+    # Imported only under trio: importing trio_asyncio patches asyncio process-wide. What of
+    # it changes asyncio outside trio (every later asyncio.run on trio-asyncio's loop, 4-5x
+    # slower: asyncio.sleep(0) 3 us -> 14 us here) is contained at once.
     import trio_asyncio
 
+    keep_asyncio_loops_outside_trio()
     see_trio_asyncio_loops()
     loop = trio_asyncio.current_loop.get()
     if loop is not None:

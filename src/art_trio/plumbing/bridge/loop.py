@@ -1,14 +1,16 @@
 """The trio-asyncio loop the bridge runs asyncio code on: made visible to modules that
-looked asyncio's loop up early (`see_trio_asyncio_loops`), and, for the loop `open_bridge()`
-opens itself, a plain ready queue run in batches (`run_ready_handles_in_batches`: what most
-of a bridged call's cost was). Set up once per loop; nothing here runs per call except the
-loop's own closures. Only `bridge/calls.py` imports this module.
+looked asyncio's loop up early (`see_trio_asyncio_loops`), kept from changing asyncio's loops
+outside trio (`keep_asyncio_loops_outside_trio`), and, for the loop `open_bridge()` opens
+itself, a plain ready queue run in batches (`run_ready_handles_in_batches`: what most of a
+bridged call's cost was). Set up once per loop; nothing here runs per call except the loop's
+own closures. Only `bridge/calls.py` imports this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from typing import Any
 
 import sniffio
@@ -32,6 +34,58 @@ def see_trio_asyncio_loops() -> None:
         patched = getattr(asyncio, name)
         if getattr(anyio_asyncio, name, patched) is not patched:
             setattr(anyio_asyncio, name, patched)
+
+
+class _PolicyOutsideTrio:
+    """trio-asyncio's record of the event loop policy set outside trio, kept for the whole
+    process as asyncio keeps its policy, instead of per thread: never None, so trio-asyncio's
+    policy always defers to it outside trio (`keep_asyncio_loops_outside_trio`)."""
+
+    def __init__(self, policy: asyncio.AbstractEventLoopPolicy) -> None:
+        self._policy: asyncio.AbstractEventLoopPolicy | None = policy
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self) -> asyncio.AbstractEventLoopPolicy:
+        with self._lock:
+            if self._policy is None:  # set_event_loop_policy(None): asyncio's default again
+                self._policy = asyncio.DefaultEventLoopPolicy()
+            return self._policy
+
+    @policy.setter
+    def policy(self, policy: asyncio.AbstractEventLoopPolicy | None) -> None:
+        with self._lock:
+            self._policy = policy
+
+
+def keep_asyncio_loops_outside_trio() -> None:
+    """Give asyncio code that runs outside trio asyncio's own event loops again, process-wide.
+
+    Importing trio_asyncio (trio_asyncio/_loop.py) installs its `TrioPolicy` as asyncio's
+    global policy and routes `asyncio.new_event_loop`, `get_event_loop`, `set_event_loop` and
+    `get/set_event_loop_policy` through it. Inside trio it answers with trio-asyncio's loops,
+    which the bridge needs. Outside trio it defers to a policy recorded per thread, and where
+    a thread has recorded none (every thread that never called `set_event_loop_policy`) it
+    makes trio-asyncio's `SyncTrioEventLoop`: every later `asyncio.run` and
+    `anyio.run(backend="asyncio")` in the process ran on that loop (about twice the CPU, and
+    only trio-asyncio's own executors accepted by `run_in_executor`). Here the record becomes
+    one for the process that is never empty: the policy in force when trio_asyncio was
+    imported until the program sets another, asyncio's default after
+    `set_event_loop_policy(None)`; so outside trio, asyncio works as it does without
+    trio_asyncio. The other functions the import replaced (`get_running_loop`,
+    `current_task`) already behave as asyncio's own outside trio. Idempotent; a
+    trio-asyncio without that record is left as it is.
+    """
+    from trio_asyncio import _loop as internals
+
+    recorded = getattr(internals, "_faked_policy", None)
+    if recorded is None or isinstance(recorded, _PolicyOutsideTrio):
+        return
+    original = getattr(internals, "_original_policy", None)
+    policy = getattr(recorded, "policy", None) or original
+    if not isinstance(policy, asyncio.AbstractEventLoopPolicy):
+        return
+    internals._faked_policy = _PolicyOutsideTrio(policy)
 
 
 #: Handles the loop runs in one batch at most before it yields to trio again (asyncio's own
