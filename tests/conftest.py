@@ -15,7 +15,7 @@ import art
 import pytest
 import trio_asyncio  # noqa: F401  (patches asyncio; tests call ART through it directly too)
 
-from art_trio.plumbing.bridge.loop import see_trio_asyncio_loops
+from art_trio.plumbing.bridge.loop import keep_asyncio_loops_outside_trio, see_trio_asyncio_loops
 from art_trio.plumbing.compat import trainable_model
 from tests.crash_harness import Harness
 from tests.doubles import RecordingBackend
@@ -23,6 +23,9 @@ from tests.doubles import RecordingBackend
 # pytest's anyio plugin imported anyio's asyncio backend before trio_asyncio patched asyncio;
 # tests that use trio-asyncio without the trainer need the same repair open_bridge() makes.
 see_trio_asyncio_loops()
+# And asyncio outside trio gets asyncio's own loops from the first test on, as a program does
+# after art_trio's first trio run: tests under asyncio run alike whatever ran before them.
+keep_asyncio_loops_outside_trio()
 
 
 @pytest.fixture
