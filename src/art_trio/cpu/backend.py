@@ -146,8 +146,10 @@ async def run_in_thread(executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(fn)
     loop = asyncio.get_running_loop()
     if type(loop).__module__.startswith("trio_asyncio"):
-        # trio-asyncio's loop takes only its own executor; None runs fn in a trio thread.
-        # (The model locks, not the executors, keep one sampler and one trainer per copy.)
+        # The loop's default executor: on the loop art_trio's trainer opens, one a cancel lets
+        # go of (a forced stop does not wait for the step); a trio-asyncio loop of the host's
+        # takes no executor but its own. (The model locks, not the executors, keep one sampler
+        # and one trainer per copy.)
         return await loop.run_in_executor(None, fn)
     return await loop.run_in_executor(executor, fn)
 

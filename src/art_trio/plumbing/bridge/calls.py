@@ -34,9 +34,12 @@ import anyio.lowlevel
 import sniffio
 
 from ...messages.errors import AsyncioTaskCancelled, CallbackNotAwaitable, _BaseExceptionEscaped
+from .blocking import DaemonExecutor, default_executor_of, report_abandoned
 from .loop import (
     can_run_in_batches,
+    can_run_in_executor_as_asyncio,
     keep_asyncio_loops_outside_trio,
+    run_in_executor_as_asyncio,
     run_ready_handles_in_batches,
     see_trio_asyncio_loops,
 )
@@ -339,9 +342,18 @@ class _Waiting:
 
 @asynccontextmanager
 async def open_bridge() -> AsyncIterator[Bridge]:
-    """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed."""
+    """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed.
+
+    Blocking calls the asyncio code hands to the default executor run in daemon threads a
+    cancel lets go (bridge/blocking.py), under asyncio as on the loop opened here; those
+    still running when the block ends, their callers cancelled, are named in a warning."""
     if sniffio.current_async_library() != "trio":
-        yield Bridge()
+        with default_executor_of(asyncio.get_running_loop()) as executor:
+            try:
+                yield Bridge()
+            finally:
+                if executor is not None:
+                    report_abandoned(executor)
         return
     # Imported only under trio: importing trio_asyncio patches asyncio process-wide. What of
     # it changes asyncio outside trio (every later asyncio.run on trio-asyncio's loop, 4-5x
@@ -354,10 +366,16 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     if loop is not None:
         yield _TrioAsyncioBridge(loop)
         return
-    async with trio_asyncio.open_loop() as loop:
-        if can_run_in_batches(loop):
-            run_ready_handles_in_batches(loop)
-        yield _TrioAsyncioBridge(loop)
+    executor = DaemonExecutor()
+    try:
+        async with trio_asyncio.open_loop() as loop:
+            if can_run_in_batches(loop):
+                run_ready_handles_in_batches(loop)
+            if can_run_in_executor_as_asyncio(loop):
+                run_in_executor_as_asyncio(loop, executor)
+            yield _TrioAsyncioBridge(loop)
+    finally:
+        report_abandoned(executor)
 
 
 async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) -> R:

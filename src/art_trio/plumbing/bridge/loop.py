@@ -2,13 +2,15 @@
 looked asyncio's loop up early (`see_trio_asyncio_loops`), kept from changing asyncio's loops
 outside trio (`keep_asyncio_loops_outside_trio`), and, for the loop `open_bridge()` opens
 itself, a plain ready queue run in batches (`run_ready_handles_in_batches`: what most of a
-bridged call's cost was). Set up once per loop; nothing here runs per call except the loop's
-own closures. Only `bridge/calls.py` imports this module.
+bridged call's cost was) and asyncio's own `run_in_executor` (`run_in_executor_as_asyncio`).
+Set up once per loop; nothing here runs per call except the loop's own closures. Only
+`bridge/calls.py` imports this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import threading
 from typing import Any
@@ -86,6 +88,42 @@ def keep_asyncio_loops_outside_trio() -> None:
     if not isinstance(policy, asyncio.AbstractEventLoopPolicy):
         return
     internals._faked_policy = _PolicyOutsideTrio(policy)
+
+
+def run_in_executor_as_asyncio(loop: Any, default: concurrent.futures.ThreadPoolExecutor) -> None:
+    """Give a trio-asyncio loop asyncio's own `run_in_executor`, with `default` as its
+    default executor.
+
+    trio-asyncio's accepts only its own `TrioExecutor` (any other executor fails a bare
+    `assert`), and runs the call with `trio.to_thread.run_sync` without abandoning it on
+    cancel, so cancelling `await asyncio.to_thread(f)` waited for `f`. asyncio's method
+    submits to any `concurrent.futures.Executor` and stops waiting when the awaiting task is
+    cancelled; `default` (bridge/blocking.py) runs calls in daemon threads nothing joins.
+    A `TrioExecutor` passed in, or made the default, keeps trio-asyncio's way. Applied only
+    to a loop that has asyncio's executor internals.
+    """
+    from trio_asyncio import TrioExecutor
+
+    stock = loop.run_in_executor
+
+    def run_in_executor(executor: Any, func: Any, *args: Any) -> Any:
+        chosen = loop._default_executor if executor is None else executor
+        if isinstance(chosen, TrioExecutor):
+            return stock(chosen, func, *args)
+        return asyncio.BaseEventLoop.run_in_executor(loop, executor, func, *args)
+
+    def set_default_executor(executor: Any) -> None:
+        asyncio.BaseEventLoop.set_default_executor(loop, executor)
+
+    loop._default_executor = default
+    loop.run_in_executor = run_in_executor
+    loop.set_default_executor = set_default_executor
+
+
+def can_run_in_executor_as_asyncio(loop: Any) -> bool:
+    return isinstance(loop, asyncio.BaseEventLoop) and all(
+        hasattr(loop, name) for name in ("_default_executor", "_check_default_executor")
+    )
 
 
 #: Handles the loop runs in one batch at most before it yields to trio again (asyncio's own
