@@ -1,5 +1,6 @@
 """Calling asyncio code (ART and users' callbacks) from the trainer, whatever loop it runs on:
 the only package that knows trio-asyncio. `calls.py` is the bridge itself (what crosses, how
 cancellation and errors come back; its docstring tells), `loop.py` tunes the trio-asyncio
-loop it opens.
+loop it opens, `blocking.py` is where the asyncio code's blocking calls run, so that no stop
+waits for one.
 """
