@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from art_trio import ArtTrioError
 
-class NonFiniteLogits(ValueError):
+
+class NonFiniteLogits(ArtTrioError, ValueError):
     """The model's logits for a row hold NaN or inf: no token can be sampled from them."""
 
 
