@@ -27,6 +27,18 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 10.0
 
 
+def _as_asyncio(fn: Callable[[], None]) -> None:
+    """`fn()` in an asyncio callback, declared to sniffio as asyncio code.
+
+    A callback runs in no asyncio task, where sniffio (which anyio asks which loop it is on)
+    finds no library and raises; the trainer's methods use anyio."""
+    token = sniffio.current_async_library_cvar.set("asyncio")
+    try:
+        fn()
+    finally:
+        sniffio.current_async_library_cvar.reset(token)
+
+
 class LoopHandle:
     """The running loop's thread, and how to schedule a function onto it from elsewhere."""
 
@@ -41,8 +53,12 @@ class LoopHandle:
         else:
             import asyncio
 
-            loop = asyncio.get_running_loop()
-            self._schedule = loop.call_soon_threadsafe
+            call_soon = asyncio.get_running_loop().call_soon_threadsafe
+
+            def schedule(fn: Callable[[], None]) -> None:
+                call_soon(_as_asyncio, fn)
+
+            self._schedule = schedule
             self._closed = (RuntimeError,)  # "Event loop is closed"
 
     def in_loop_thread(self) -> bool:
