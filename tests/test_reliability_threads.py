@@ -381,3 +381,53 @@ def test_a_rollout_may_run_blocking_work_in_its_own_executor(
     assert trainer.last_counters is not None and trainer.last_counters.errored == 0
     assert backend.step == 3
     assert threads and all(name.startswith("env") for name in threads)
+
+
+def test_the_executor_bounds_its_daemon_threads_and_names_abandoned_calls() -> None:
+    """`DaemonExecutor` directly: with 2 workers, 2 calls run and the others wait their turn;
+    every thread is a daemon; a running call whose future is cancelled (what cancelling
+    `await asyncio.to_thread(...)` does) is named once as abandoned, a queued one never runs,
+    and `shutdown(wait=True)` waits for neither."""
+    from art_trio.plumbing.bridge.blocking import DaemonExecutor
+
+    executor = DaemonExecutor(max_workers=2)
+    gates = [threading.Event() for _ in range(6)]
+    entered: list[int] = []
+    daemons: list[bool] = []
+    changed = threading.Condition()
+
+    def step(i: int) -> int:
+        with changed:
+            entered.append(i)
+            daemons.append(threading.current_thread().daemon)
+            changed.notify_all()
+        gates[i].wait()
+        return i
+
+    def when_entered(count: int) -> list[int]:
+        with changed:
+            assert changed.wait_for(lambda: len(entered) >= count, timeout=BOUND_S)
+            return sorted(entered)
+
+    try:
+        futures = [executor.submit(step, i) for i in range(5)]
+        assert when_entered(2) == [0, 1]
+        assert [f.running() for f in futures] == [True, True, False, False, False]
+        assert not futures[0].cancel()  # running: its caller gives up, the thread goes on
+        assert all(f.cancel() for f in futures[3:])  # queued: they never run
+        assert executor.abandoned() == [f"{__name__}.{step.__qualname__}"]
+        assert executor.abandoned() == []  # named once
+        gates[1].set()  # call 1 returns, call 2 takes its worker
+        assert futures[1].result(timeout=BOUND_S) == 1
+        assert when_entered(3) == [0, 1, 2]
+        assert not futures[2].cancel()
+        executor.shutdown(wait=True)  # its running calls abandoned, its queued ones cancelled
+        assert futures[0].running() and futures[2].running()
+        assert all(daemons)
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            executor.submit(step, 5)
+    finally:
+        for gate in gates:
+            gate.set()
+    assert futures[2].result(timeout=BOUND_S) == 2  # let go of, it still ended on its own
+    assert sorted(entered) == [0, 1, 2]

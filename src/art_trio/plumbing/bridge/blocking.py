@@ -157,7 +157,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
                     self._queued.popleft().future.cancel()
             if wait:
                 self._lock_calls.wait_for(
-                    lambda: not self._queued
+                    lambda: all(call.future.done() for call in self._queued)
                     and all(call.future.abandoned for call in self._started)
                 )
 
