@@ -17,7 +17,7 @@ import trio
 
 from art_trio.policy.admission import StalenessAwareAdmission
 from art_trio.policy.gate import PolicyGate, cohort_lateness
-from art_trio.policy.gate_snapshot import GateSnapshot
+from art_trio.policy.gate_snapshot import GateSnapshot, latency_tail
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.testing.distributions import parse_distribution
 
@@ -174,11 +174,18 @@ def test_shared_server_admission_keeps_its_promise() -> None:
 
 
 def _race_snapshot(
-    times: tuple[float, ...], *, queued: int = 0, fresh: int = 0, m: int = 0
+    times: tuple[float, ...],
+    *,
+    queued: int = 0,
+    fresh: int = 0,
+    m: int = 0,
+    cancelled: tuple[float, ...] = (),
 ) -> GateSnapshot:
     """At max_steps_off_policy=0, collecting the batch of step 6; at 1, training step 6 (only
-    the batch of step 7 can take a rollout started now)."""
+    the batch of step 7 can take a rollout started now). `times` are completed rollouts',
+    `cancelled` the times cancelled ones ran."""
     return GateSnapshot(
+        latency_tail=latency_tail(times, cancelled),
         policy_version=5,
         next_training_step=5 + m,
         max_steps_off_policy=m,
@@ -187,7 +194,7 @@ def _race_snapshot(
         fresh_in_flight=fresh,
         rollout_latency=20.0,
         step_period=30.0,
-        recent_rollout_times=times,
+        recent_rollout_times=times + (math.inf,) * len(cancelled),
     )
 
 
@@ -206,10 +213,11 @@ def test_on_policy_race_is_capped_where_racers_end_together() -> None:
     # A long tail: the fastest of many end far sooner than the median, so racing pays.
     assert not _race_snapshot(long_tail).racers_end_together
     assert policy.headroom(_race_snapshot(long_tail, fresh=8)) == math.inf
-    # Too few measured (cancelled losers are not latencies): eager as the reference.
-    losers = together[:15] + (math.inf,) * 16
-    assert not _race_snapshot(losers).racers_end_together
-    assert policy.headroom(_race_snapshot(losers, fresh=8)) == math.inf
+    # A race's winners alone: the 16 fastest of 64, cancelled when the batch filled. They look
+    # alike whatever the losers would have taken, so the race stays open.
+    winners = tuple(sorted(20.0 + i * 0.1 for i in range(16)))
+    assert not _race_snapshot(winners, cancelled=(21.6,) * 48).racers_end_together
+    assert policy.headroom(_race_snapshot(winners, cancelled=(21.6,) * 48, fresh=8)) == math.inf
 
 
 def _ending_together(
