@@ -67,6 +67,8 @@ MUTANT_BUDGET = 150
 #: The gate machine's examples are cheap (no trainer run) and some of its bugs need a long
 #: sequence to show: measured, the off-by-one admission bound first shows at ~150.
 MACHINE_BUDGET = 600
+#: Each race example is two simulated runs; the winners-alone mutant shows within a few.
+RACE_MUTANT_BUDGET = 20
 #: The NaN-token-weight mutant needs a bad count on an old group under the mean bound.
 NAN_WEIGHT_BUDGET = 600
 
@@ -624,3 +626,26 @@ def test_window_promise_catches_admission_blind_to_queueing(
     monkeypatch.setattr(GateSnapshot, "load_cap", property(lambda self: None))
     with pytest.raises(AssertionError):
         test_admitted_rollouts_can_finish_inside_the_window()
+
+
+def test_race_property_catches_judging_from_the_winners_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gate that reads the slow tail from completed rollouts only, as if the cancelled
+    losers of a race were never run: a race's winners look alike whatever the latencies, so
+    it narrows the race on independent latencies and the trainer waits for batches."""
+    from art_trio.policy.gate_snapshot import latency_tail
+
+    from .test_race import independent, prop_independent_race_stays_wide
+
+    monkeypatch.setattr(
+        art_trio.policy.gate, "latency_tail", lambda done, cancelled: latency_tail(done, ())
+    )
+
+    @settings(max_examples=RACE_MUTANT_BUDGET, derandomize=True, database=None, deadline=None)
+    @given(independent)
+    def run(spec: Any) -> None:
+        prop_independent_race_stays_wide(spec)
+
+    with pytest.raises(AssertionError, match="the race narrowed on independent latencies"):
+        run()
