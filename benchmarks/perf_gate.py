@@ -137,9 +137,10 @@ def run_bench(kinds: Sequence[str], out: Path) -> dict[str, Any]:
     from art_trio.bench.runner import main as bench
 
     parts = []
+    tmp = tempfile.mkdtemp()
     for seeds in dict.fromkeys(SEEDS.get(w, DEFAULT_SEEDS) for w in (*SCHEDULING, *OVERHEAD)):
         workloads = [w for w in (*SCHEDULING, *OVERHEAD) if SEEDS.get(w, DEFAULT_SEEDS) == seeds]
-        part = out.with_suffix(f".{len(parts)}.json")
+        part = Path(tmp) / f"part{len(parts)}.json"
         code = bench(
             [
                 "--workloads", ",".join(workloads),

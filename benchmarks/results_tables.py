@@ -85,11 +85,13 @@ def doubles_table(results: dict[str, Any]) -> str:
 def render(readme: str, tables: dict[str, str]) -> str:
     for name, table in tables.items():
         pattern = re.compile(
-            rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.DOTALL
+            rf"(<!-- results:{name} -->\n)(?:.*?\n)?(<!-- /results:{name} -->)", re.DOTALL
         )
         if not pattern.search(readme):
             raise SystemExit(f"README.md has no <!-- results:{name} --> block to write into")
-        readme = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), readme)
+        readme = pattern.sub(
+            lambda m, table=table: m.group(1) + table + "\n" + m.group(2), readme
+        )
     return readme
 
 
