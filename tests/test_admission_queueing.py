@@ -14,6 +14,7 @@ from unittest import mock
 
 import pytest
 import trio
+import trio.testing
 
 from art_trio.policy.admission import StalenessAwareAdmission
 from art_trio.policy.gate import PolicyGate, cohort_lateness
@@ -348,3 +349,126 @@ def test_admitting_only_free_slots_at_a_batching_server_costs_less() -> None:
     assert rule["started"] <= 0.85 * inflated["started"], (rule, inflated)
     assert rule["rollout_s_per_group"] <= 0.85 * inflated["rollout_s_per_group"], (rule, inflated)
     assert rule["wall"] <= 1.05 * inflated["wall"], (rule, inflated)
+
+
+# -- the load cap never leaves workers waiting with nothing in flight (issue 51, item 1) ----
+
+
+def _capped_gate(clock: Clock) -> PolicyGate:
+    """A gate whose load model is measured (latency 5 s per rollout in flight: 0.2 rollouts/s)
+    and whose steps come every 10 s, collecting a batch of 2 at max_steps_off_policy=1: the
+    server can finish 0.2 x 2 x 10 = 4 rollouts inside the window, fewer than the window's
+    own rules would admit."""
+    gate = _gate(clock)
+    _run_batch(gate, clock, 2, 5.0)
+    _run_batch(gate, clock, 4, 5.0)
+    for step in (1, 2):
+        gate.begin_training(step, batch_size=0)
+        gate.publish(step)
+        clock.now += 10.0
+    return gate
+
+
+async def _hold_at_the_load_cap(
+    gate: PolicyGate, nursery: trio.Nursery
+) -> tuple[list[int], list[int]]:
+    """Admit rollouts up to the load cap, then start two workers that must wait: the versions
+    admitted, and the list the waiting workers append their versions to once admitted."""
+    snap = gate.snapshot()
+    assert snap.load_cap == 4 and snap.load == 0
+    running = [await gate.admit() for _ in range(4)]
+    snap = gate.snapshot()
+    # Held by the load cap alone: without the load model the window's rules admit more.
+    assert StalenessAwareAdmission().headroom(snap) == 0
+    unmeasured = dataclasses.replace(snap, load_latency=())
+    assert StalenessAwareAdmission().headroom(unmeasured) >= 2
+    admitted: list[int] = []
+
+    async def worker() -> None:
+        admitted.append(await gate.admit())
+
+    for _ in range(2):
+        nursery.start_soon(worker)
+    await trio.testing.wait_all_tasks_blocked()
+    assert admitted == []
+    return running, admitted
+
+
+def test_a_hand_over_under_the_load_cap_admits_a_waiting_worker() -> None:
+    """A group handed over leaves the shared server: one more rollout may run there. Under
+    the window's rules a hand-over never raises the headroom (the group moves from in flight
+    to queued), so nothing woke the waiting workers, and once every rollout in flight had
+    handed over they waited for good (fewer groups queued than a batch: no step either)."""
+    clock = Clock()
+    gate = _capped_gate(clock)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running, admitted = await _hold_at_the_load_cap(gate, nursery)
+            gate.hand_over(running.pop())
+            await trio.testing.wait_all_tasks_blocked()
+            # The slot the group left on the server, and no more: the cap is reached again.
+            assert len(admitted) == 1
+            assert gate.snapshot().load == gate.snapshot().load_cap == 4
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_time_note_that_lifts_the_load_cap_admits_the_waiting_workers() -> None:
+    """Rollouts measured much faster at this load than before show latency not growing with
+    load after all: the cap lifts, and the waiting workers may start. A time note changes the
+    decision as a release does."""
+    clock = Clock()
+    gate = _capped_gate(clock)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            _, admitted = await _hold_at_the_load_cap(gate, nursery)
+            clock.now += 2.0
+            # Two completions in 2 s with 4 in flight, where 20 s was measured.
+            for _ in range(2):
+                gate.note_rollout_time(2.0, completed=True)
+            assert gate.snapshot().load_cap is None
+            await trio.testing.wait_all_tasks_blocked()
+            # As many as the window's rules let in now (one here), and none left that may.
+            assert len(admitted) >= 1
+            assert len(admitted) == 2 or StalenessAwareAdmission().headroom(gate.snapshot()) == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+#: Shared-server runs the issue found sitting at one step for good (every worker waiting at
+#: the gate, nothing in flight, fewer groups queued than a batch): a resize of the batch to 8
+#: past what the server finishes in a window, and batches of 2 with a long-tailed latency.
+STUCK_RUNS = {
+    "resized to 8": SimSpec(
+        rollout_latency=parse_distribution("20"),
+        train_time=parse_distribution("5"),
+        steps=40,
+        inference_capacity=1,
+        seed=40,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+        resizes=((177.9, {"min_batch_size": 8, "max_batch_size": 8}),),
+    ),
+    "batches of 2": SimSpec(
+        rollout_latency=parse_distribution("lognormal:10:1"),
+        train_time=parse_distribution("1"),
+        steps=40,
+        inference_capacity=1,
+        seed=11,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STUCK_RUNS))
+def test_shared_server_runs_under_the_load_cap_reach_max_steps(name: str) -> None:
+    """In virtual time; each run takes under 7,000 s, so 100,000 s is a stall."""
+    report = simulate(STUCK_RUNS[name], time_limit_s=1e5)
+    assert not report.stalled and report.steps == 40, (report.steps, report.sim_wall_s)

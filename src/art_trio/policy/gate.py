@@ -125,6 +125,11 @@ class PolicyGate:
 
     Waiting workers queue up and are woken one at a time as admission frees up, so a policy
     update wakes exactly the workers that may start instead of every worker at once.
+
+    Every method that changes what a decision reads (the snapshot's counts, versions, sizes
+    and measurements) ends by waking the waiters the change lets in (`_pump`): nothing else
+    wakes them, so a change that raised the headroom unannounced would leave workers waiting
+    for an event that may never come, with nothing in flight to bring it.
     """
 
     def __init__(
@@ -286,6 +291,9 @@ class PolicyGate:
                 tail = sorted(self._spared_lateness)[int(0.9 * (MIN_SPARED - 1))]
             self._latency_tail = tail
             self._cohort_lateness = cohort_lateness(self._recent_runs)
+        # A new time moves the load model, the measured pace and the cancel window: each of
+        # them can raise the headroom.
+        self._pump()
 
     def _note_load(self, seconds: float, completed: bool, now: float) -> None:
         """File a rollout that ran `seconds` until `now` under the mean in-flight count."""
@@ -427,6 +435,11 @@ class PolicyGate:
         """A rollout admitted at `version` is handing its group to the channel."""
         self._release(version)
         self._queued += 1
+        # Under the window rules the group only moves from in flight to queued, which never
+        # raises the headroom; under the load cap (gate_snapshot.py) it leaves the shared
+        # server, which does. Counted queued first, so no waiter is let into the slot the
+        # window still owes this group.
+        self._pump()
 
     # -- the training side ---------------------------------------------------------------
 
