@@ -415,20 +415,20 @@ def test_a_hand_over_under_the_load_cap_admits_a_waiting_worker() -> None:
     trio.run(main)
 
 
-def test_a_time_note_that_lifts_the_load_cap_admits_the_waiting_workers() -> None:
+def test_rollouts_ending_fast_enough_to_lift_the_load_cap_admit_the_waiting_workers() -> None:
     """Rollouts measured much faster at this load than before show latency not growing with
-    load after all: the cap lifts, and the waiting workers may start. A time note changes the
-    decision as a release does."""
+    load after all: the cap lifts, and the waiting workers may start as the rollouts end."""
     clock = Clock()
     gate = _capped_gate(clock)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            _, admitted = await _hold_at_the_load_cap(gate, nursery)
+            running, admitted = await _hold_at_the_load_cap(gate, nursery)
             clock.now += 2.0
-            # Two completions in 2 s with 4 in flight, where 20 s was measured.
+            # Two completions in 2 s with 4 in flight, where 20 s was measured, handed over.
             for _ in range(2):
                 gate.note_rollout_time(2.0, completed=True)
+                gate.hand_over(running.pop())
             assert gate.snapshot().load_cap is None
             await trio.testing.wait_all_tasks_blocked()
             # As many as the window's rules let in now (one here), and none left that may.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import anyio
@@ -34,6 +34,7 @@ from .gate_snapshot import (
     RACE_SPREAD,
     GateSnapshot,
     completed_count,
+    latency_grows_with_load,
     latency_tail,
 )
 
@@ -196,6 +197,8 @@ class PolicyGate:
         self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
         self._load_samples = 0
         self._load_latency: tuple[tuple[int, float, float], ...] = ()
+        # The load model shows a shared server: a group handed over frees a slot there.
+        self._queueing = False
 
     # -- what the stages read -----------------------------------------------------------
 
@@ -269,7 +272,13 @@ class PolicyGate:
         return self._step_period_ewa
 
     def note_rollout_time(self, seconds: float, *, completed: bool) -> None:
-        """A rollout ran `seconds`, and either completed or was cancelled before it could."""
+        """A rollout ran `seconds`, and either completed or was cancelled before it could.
+
+        Noted as the rollout ends, just before its `rollout_done` or `hand_over`, which wake
+        the waiters (a hand-over only where the load cap can hold). A new time can move the
+        pace the window's rules read, but never so that a run with nothing in flight keeps
+        waiting: the next step's batch or publish decides again.
+        """
         self._latency_time = self._latency_time * LATENCY_DECAY + seconds
         self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
         self._recent_times.append((seconds, completed))
@@ -280,20 +289,21 @@ class PolicyGate:
         # Every rollout while few are known (the race rule reads them from a few on).
         if self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= MIN_TIME_SAMPLES:
             self._since_sorted = 0
-            done = sorted(t for t, ok in self._recent_times if ok)
-            cancelled = sorted(t for t, ok in self._recent_times if not ok)
+            done: list[float] = []
+            cancelled: list[float] = []
+            for t, ok in self._recent_times:
+                (done if ok else cancelled).append(t)
+            done.sort()
+            cancelled.sort()
             # A cancelled rollout missed its window: for on-time chances and stragglers it is
             # late, however long it ran.
-            self._sorted_times = (*done, *(math.inf for _ in cancelled))
+            self._sorted_times = tuple(done) + (math.inf,) * len(cancelled)
             tail = latency_tail(done, cancelled)
             self._spare_a_loser = tail is None and _look_alike(done)
             if tail is None and len(self._spared_lateness) == MIN_SPARED:
                 tail = sorted(self._spared_lateness)[int(0.9 * (MIN_SPARED - 1))]
             self._latency_tail = tail
             self._cohort_lateness = cohort_lateness(self._recent_runs)
-        # A new time moves the load model, the measured pace and the cancel window: each of
-        # them can raise the headroom.
-        self._pump()
 
     def _note_load(self, seconds: float, completed: bool, now: float) -> None:
         """File a rollout that ran `seconds` until `now` under the mean in-flight count."""
@@ -319,6 +329,7 @@ class PolicyGate:
         entry[2] = self._load_samples
         if self._load_samples <= TIME_REFRESH or self._since_sorted + 1 >= TIME_REFRESH:
             self._load_latency = self._load_model()
+            self._queueing = latency_grows_with_load(self._load_latency)
 
     def _count_after(self, i: int) -> float:
         """The in-flight count between mark `i` and the next (from their areas)."""
@@ -389,6 +400,12 @@ class PolicyGate:
         return sum(self._in_flight.values())
 
     @property
+    def spared(self) -> Collection[anyio.CancelScope]:
+        """Scopes of doomed rollouts left running to measure the slow tail of latency (see
+        `begin_training`)."""
+        return self._spared.keys()
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -438,8 +455,10 @@ class PolicyGate:
         # Under the window rules the group only moves from in flight to queued, which never
         # raises the headroom; under the load cap (gate_snapshot.py) it leaves the shared
         # server, which does. Counted queued first, so no waiter is let into the slot the
-        # window still owes this group.
-        self._pump()
+        # window still owes this group. (Only there: a decision per hand-over costs the
+        # scheduler a tenth of its time per group where no cap can hold.)
+        if self._queueing:
+            self._pump()
 
     # -- the training side ---------------------------------------------------------------
 

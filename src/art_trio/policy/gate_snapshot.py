@@ -91,6 +91,21 @@ def latency_tail(completed: Sequence[float], cancelled: Sequence[float]) -> floa
     return None
 
 
+def latency_grows_with_load(load_latency: tuple[tuple[int, float, float], ...]) -> bool:
+    """The load model (`GateSnapshot.load_latency`) shows latency growing with the number in
+    flight: measured at counts `MIN_LOAD_SPREAD` apart, rising at least `MIN_QUEUEING_SHARE`
+    as fast as a saturated server's."""
+    if len(load_latency) < 2:
+        return False
+    low, high = load_latency[0], load_latency[-1]
+    if low[0] <= 0:
+        return False
+    spread = high[0] / low[0]
+    if spread < MIN_LOAD_SPREAD:
+        return False
+    return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
+
+
 def completed_count(times: tuple[float, ...]) -> int:
     """How many of the sorted recent rollout times are completed rollouts': cancelled ones
     count as infinite and sort last, so the completed are the prefix before them (found in
@@ -265,15 +280,7 @@ class GateSnapshot:
     @property
     def queueing(self) -> bool:
         """Latency measured to grow with the number in flight (see the module's docstring)."""
-        if len(self.load_latency) < 2:
-            return False
-        low, high = self.load_latency[0], self.load_latency[-1]
-        if low[0] <= 0:
-            return False
-        spread = high[0] / low[0]
-        if spread < MIN_LOAD_SPREAD:
-            return False
-        return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
+        return latency_grows_with_load(self.load_latency)
 
     @property
     def uncontended_latency(self) -> float | None:
