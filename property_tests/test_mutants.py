@@ -67,6 +67,8 @@ MUTANT_BUDGET = 150
 #: The gate machine's examples are cheap (no trainer run) and some of its bugs need a long
 #: sequence to show: measured, the off-by-one admission bound first shows at ~150.
 MACHINE_BUDGET = 600
+#: Each race example is two simulated runs; the winners-alone mutant shows within a few.
+RACE_MUTANT_BUDGET = 20
 #: The NaN-token-weight mutant needs a bad count on an old group under the mean bound.
 NAN_WEIGHT_BUDGET = 600
 
@@ -612,6 +614,38 @@ def test_no_false_stall_catches_a_watchdog_counting_only_steps(
     counterexample(prop_no_false_stall, slow_cases(), checks.STALL)
 
 
+def test_shared_server_progress_catches_a_gate_that_wakes_no_one_on_a_hand_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 51's livelock as it was: a group handed over frees its slot on the shared
+    server, and a rollout's time moves the load model, but neither wakes the workers
+    waiting at the gate; under the load cap they wait for good once the rollouts in flight
+    have all handed over. (Dropping the hand-over's wake-up alone is masked in a run: the
+    next rollout's time note, made while its own slot is still counted, wakes them for the
+    slots freed before; the gate-level tests in tests/test_admission_queueing.py catch each
+    wake-up alone.) The issue's workloads: the mutant first shows there."""
+    from .test_shared_server import PROGRESS, prop_shared_server_progress, shared_server_specs
+
+    def silent_hand_over(self: PolicyGate, version: int) -> None:
+        self._release(version)
+        self._queued += 1
+
+    real_note = PolicyGate.note_rollout_time
+
+    def silent_note(self: PolicyGate, seconds: float, *, completed: bool) -> None:
+        self._pump = lambda: None  # type: ignore[method-assign]
+        try:
+            real_note(self, seconds, completed=completed)
+        finally:
+            del self._pump
+
+    monkeypatch.setattr(PolicyGate, "hand_over", silent_hand_over)
+    monkeypatch.setattr(PolicyGate, "note_rollout_time", silent_note)
+    counterexample(
+        prop_shared_server_progress, shared_server_specs(as_reported=True), PROGRESS
+    )
+
+
 def test_window_promise_catches_admission_blind_to_queueing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -624,3 +658,26 @@ def test_window_promise_catches_admission_blind_to_queueing(
     monkeypatch.setattr(GateSnapshot, "load_cap", property(lambda self: None))
     with pytest.raises(AssertionError):
         test_admitted_rollouts_can_finish_inside_the_window()
+
+
+def test_race_property_catches_judging_from_the_winners_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gate that reads the slow tail from completed rollouts only, as if the cancelled
+    losers of a race were never run: a race's winners look alike whatever the latencies, so
+    it narrows the race on independent latencies and the trainer waits for batches."""
+    from art_trio.policy.gate_snapshot import latency_tail
+
+    from .test_race import independent, prop_independent_race_stays_wide
+
+    monkeypatch.setattr(
+        art_trio.policy.gate, "latency_tail", lambda done, cancelled: latency_tail(done, ())
+    )
+
+    @settings(max_examples=RACE_MUTANT_BUDGET, derandomize=True, database=None, deadline=None)
+    @given(independent)
+    def run(spec: Any) -> None:
+        prop_independent_race_stays_wide(spec)
+
+    with pytest.raises(AssertionError, match="the race narrowed on independent latencies"):
+        run()

@@ -14,10 +14,11 @@ from unittest import mock
 
 import pytest
 import trio
+import trio.testing
 
 from art_trio.policy.admission import StalenessAwareAdmission
 from art_trio.policy.gate import PolicyGate, cohort_lateness
-from art_trio.policy.gate_snapshot import GateSnapshot
+from art_trio.policy.gate_snapshot import GateSnapshot, latency_tail
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.testing.distributions import parse_distribution
 
@@ -174,11 +175,18 @@ def test_shared_server_admission_keeps_its_promise() -> None:
 
 
 def _race_snapshot(
-    times: tuple[float, ...], *, queued: int = 0, fresh: int = 0, m: int = 0
+    times: tuple[float, ...],
+    *,
+    queued: int = 0,
+    fresh: int = 0,
+    m: int = 0,
+    cancelled: tuple[float, ...] = (),
 ) -> GateSnapshot:
     """At max_steps_off_policy=0, collecting the batch of step 6; at 1, training step 6 (only
-    the batch of step 7 can take a rollout started now)."""
+    the batch of step 7 can take a rollout started now). `times` are completed rollouts',
+    `cancelled` the times cancelled ones ran."""
     return GateSnapshot(
+        latency_tail=latency_tail(times, cancelled),
         policy_version=5,
         next_training_step=5 + m,
         max_steps_off_policy=m,
@@ -187,7 +195,7 @@ def _race_snapshot(
         fresh_in_flight=fresh,
         rollout_latency=20.0,
         step_period=30.0,
-        recent_rollout_times=times,
+        recent_rollout_times=times + (math.inf,) * len(cancelled),
     )
 
 
@@ -206,10 +214,11 @@ def test_on_policy_race_is_capped_where_racers_end_together() -> None:
     # A long tail: the fastest of many end far sooner than the median, so racing pays.
     assert not _race_snapshot(long_tail).racers_end_together
     assert policy.headroom(_race_snapshot(long_tail, fresh=8)) == math.inf
-    # Too few measured (cancelled losers are not latencies): eager as the reference.
-    losers = together[:15] + (math.inf,) * 16
-    assert not _race_snapshot(losers).racers_end_together
-    assert policy.headroom(_race_snapshot(losers, fresh=8)) == math.inf
+    # A race's winners alone: the 16 fastest of 64, cancelled when the batch filled. They look
+    # alike whatever the losers would have taken, so the race stays open.
+    winners = tuple(sorted(20.0 + i * 0.1 for i in range(16)))
+    assert not _race_snapshot(winners, cancelled=(21.6,) * 48).racers_end_together
+    assert policy.headroom(_race_snapshot(winners, cancelled=(21.6,) * 48, fresh=8)) == math.inf
 
 
 def _ending_together(
@@ -340,3 +349,126 @@ def test_admitting_only_free_slots_at_a_batching_server_costs_less() -> None:
     assert rule["started"] <= 0.85 * inflated["started"], (rule, inflated)
     assert rule["rollout_s_per_group"] <= 0.85 * inflated["rollout_s_per_group"], (rule, inflated)
     assert rule["wall"] <= 1.05 * inflated["wall"], (rule, inflated)
+
+
+# -- the load cap never leaves workers waiting with nothing in flight (issue 51, item 1) ----
+
+
+def _capped_gate(clock: Clock) -> PolicyGate:
+    """A gate whose load model is measured (latency 5 s per rollout in flight: 0.2 rollouts/s)
+    and whose steps come every 10 s, collecting a batch of 2 at max_steps_off_policy=1: the
+    server can finish 0.2 x 2 x 10 = 4 rollouts inside the window, fewer than the window's
+    own rules would admit."""
+    gate = _gate(clock)
+    _run_batch(gate, clock, 2, 5.0)
+    _run_batch(gate, clock, 4, 5.0)
+    for step in (1, 2):
+        gate.begin_training(step, batch_size=0)
+        gate.publish(step)
+        clock.now += 10.0
+    return gate
+
+
+async def _hold_at_the_load_cap(
+    gate: PolicyGate, nursery: trio.Nursery
+) -> tuple[list[int], list[int]]:
+    """Admit rollouts up to the load cap, then start two workers that must wait: the versions
+    admitted, and the list the waiting workers append their versions to once admitted."""
+    snap = gate.snapshot()
+    assert snap.load_cap == 4 and snap.load == 0
+    running = [await gate.admit() for _ in range(4)]
+    snap = gate.snapshot()
+    # Held by the load cap alone: without the load model the window's rules admit more.
+    assert StalenessAwareAdmission().headroom(snap) == 0
+    unmeasured = dataclasses.replace(snap, load_latency=())
+    assert StalenessAwareAdmission().headroom(unmeasured) >= 2
+    admitted: list[int] = []
+
+    async def worker() -> None:
+        admitted.append(await gate.admit())
+
+    for _ in range(2):
+        nursery.start_soon(worker)
+    await trio.testing.wait_all_tasks_blocked()
+    assert admitted == []
+    return running, admitted
+
+
+def test_a_hand_over_under_the_load_cap_admits_a_waiting_worker() -> None:
+    """A group handed over leaves the shared server: one more rollout may run there. Under
+    the window's rules a hand-over never raises the headroom (the group moves from in flight
+    to queued), so nothing woke the waiting workers, and once every rollout in flight had
+    handed over they waited for good (fewer groups queued than a batch: no step either)."""
+    clock = Clock()
+    gate = _capped_gate(clock)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running, admitted = await _hold_at_the_load_cap(gate, nursery)
+            gate.hand_over(running.pop())
+            await trio.testing.wait_all_tasks_blocked()
+            # The slot the group left on the server, and no more: the cap is reached again.
+            assert len(admitted) == 1
+            assert gate.snapshot().load == gate.snapshot().load_cap == 4
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_rollouts_ending_fast_enough_to_lift_the_load_cap_admit_the_waiting_workers() -> None:
+    """Rollouts measured much faster at this load than before show latency not growing with
+    load after all: the cap lifts, and the waiting workers may start as the rollouts end."""
+    clock = Clock()
+    gate = _capped_gate(clock)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            running, admitted = await _hold_at_the_load_cap(gate, nursery)
+            clock.now += 2.0
+            # Two completions in 2 s with 4 in flight, where 20 s was measured, handed over.
+            for _ in range(2):
+                gate.note_rollout_time(2.0, completed=True)
+                gate.hand_over(running.pop())
+            assert gate.snapshot().load_cap is None
+            await trio.testing.wait_all_tasks_blocked()
+            # As many as the window's rules let in now (one here), and none left that may.
+            assert len(admitted) >= 1
+            assert len(admitted) == 2 or StalenessAwareAdmission().headroom(gate.snapshot()) == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+#: Shared-server runs the issue found sitting at one step for good (every worker waiting at
+#: the gate, nothing in flight, fewer groups queued than a batch): a resize of the batch to 8
+#: past what the server finishes in a window, and batches of 2 with a long-tailed latency.
+STUCK_RUNS = {
+    "resized to 8": SimSpec(
+        rollout_latency=parse_distribution("20"),
+        train_time=parse_distribution("5"),
+        steps=40,
+        inference_capacity=1,
+        seed=40,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+        resizes=((177.9, {"min_batch_size": 8, "max_batch_size": 8}),),
+    ),
+    "batches of 2": SimSpec(
+        rollout_latency=parse_distribution("lognormal:10:1"),
+        train_time=parse_distribution("1"),
+        steps=40,
+        inference_capacity=1,
+        seed=11,
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STUCK_RUNS))
+def test_shared_server_runs_under_the_load_cap_reach_max_steps(name: str) -> None:
+    """In virtual time; each run takes under 7,000 s, so 100,000 s is a stall."""
+    report = simulate(STUCK_RUNS[name], time_limit_s=1e5)
+    assert not report.stalled and report.steps == 40, (report.steps, report.sim_wall_s)

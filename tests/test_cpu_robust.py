@@ -302,3 +302,28 @@ def test_one_name_in_two_projects_is_refused_naming_both(backend: Any, tmp_path:
         "0000",
         "0001",
     ]
+
+
+# -- the completion-token settings (issue 51, item 6) --------------------------------------
+
+
+def test_a_default_above_the_limit_is_refused_before_the_model_is_looked_for() -> None:
+    from art_trio.cpu import CPUBackend
+
+    with pytest.raises(ValueError, match="default_max_tokens=200 is above max_tokens_limit=16"):
+        CPUBackend("/nonexistent/model", default_max_tokens=200, max_tokens_limit=16)
+
+
+def test_a_request_without_max_tokens_decodes_at_most_the_limit(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The limit holds every request: one that names no max_tokens too, even after the default
+    was raised past it on a built backend."""
+    from art_trio.cpu import CPUBackend
+
+    backend = CPUBackend(
+        tiny_model_dir(tmp_path_factory.mktemp("tiny") / "model"), max_tokens_limit=16
+    )
+    assert backend._max_tokens(10, None) == 16
+    backend.default_max_tokens = 200
+    assert backend._max_tokens(10, None) == 16

@@ -13,6 +13,7 @@ the few that deliberately do not), every public one is exported and documented.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import shutil
@@ -261,6 +262,54 @@ def test_every_public_error_is_exported_and_documented() -> None:
     private = [n for n in vars(errors) if isinstance(getattr(errors, n), type)
                and issubclass(getattr(errors, n), BaseException) and n not in errors.__all__]
     assert all(n.startswith("_") for n in private), f"internal errors must be private: {private}"
+
+
+def _all_of(package: str) -> set[str]:
+    """`art_trio.<package>.__all__`, read from the source (the llm extra need not be
+    installed to check art_trio.cpu)."""
+    tree = ast.parse((SRC / "art_trio" / package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"art_trio/{package}/__init__.py has no __all__")
+
+
+#: Errors a tool raises to its callers that another package defines.
+RAISED_THROUGH = {"cpu": {"OpenAIError", "UnknownModelError"}}
+
+
+@pytest.mark.parametrize("package", ["cpu", "testing"])
+def test_a_tool_package_exports_every_error_a_caller_can_catch(package: str) -> None:
+    """A user catches an error by the name its package exports: each public exception class
+    a tool's modules define (and those it raises from a package it builds on) is in the
+    package's `__all__`."""
+    defined = {
+        qualname.rsplit(".", 1)[1]
+        for qualname in exception_classes()
+        if qualname.startswith(f"art_trio.{package}.")
+    }
+    public = {name for name in defined if not name.startswith("_")}
+    missing = (public | RAISED_THROUGH.get(package, set())) - _all_of(package)
+    assert not missing, f"art_trio.{package} does not export {sorted(missing)}"
+
+
+def test_the_exported_errors_are_the_classes_raised() -> None:
+    import art_trio.testing
+    from art_trio.testing.harness import PlannedRolloutError
+
+    assert art_trio.testing.PlannedRolloutError is PlannedRolloutError
+    if importlib.util.find_spec("torch") is None:
+        return  # art_trio.cpu needs the llm extra to import; its __all__ is checked above
+    import art_trio.cpu
+    from art_trio.cpu import engine
+    from art_trio.local_backend import server
+
+    assert art_trio.cpu.EngineClosed is engine.EngineClosed
+    assert art_trio.cpu.RequestTooLarge is engine.RequestTooLarge
+    assert art_trio.cpu.OpenAIError is server.OpenAIError
+    assert art_trio.cpu.UnknownModelError is server.UnknownModelError
 
 
 def test_public_errors_keep_the_builtin_bases_callers_catch() -> None:

@@ -242,3 +242,33 @@ def test_a_client_that_goes_away_cancels_the_answer_under_asyncio() -> None:
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+# -- completion-token settings (issue 51, item 6) -------------------------------------------
+
+
+def test_a_default_above_the_limit_is_refused_saying_what_to_pass() -> None:
+    from art_trio.local_backend.limits import completion_token_default
+
+    with pytest.raises(ValueError) as refused:
+        completion_token_default(200, 16, fallback=64)
+    message = str(refused.value)
+    assert "default_max_tokens=200 is above max_tokens_limit=16" in message
+    assert "default_max_tokens <= 16" in message and "max_tokens_limit >= 200" in message
+    with pytest.raises(ValueError, match="default_max_tokens must be >= 1"):
+        completion_token_default(0, None, fallback=64)
+    with pytest.raises(ValueError, match="max_tokens_limit must be >= 1"):
+        completion_token_default(16, 0, fallback=64)
+    assert completion_token_default(16, 16, fallback=64) == 16
+    assert completion_token_default(200, None, fallback=64) == 200
+    # Not given: the backend's own default, held to the limit (no error for a limit alone).
+    assert completion_token_default(None, 16, fallback=64) == 16
+    assert completion_token_default(None, None, fallback=64) == 64
+
+
+def test_a_request_without_max_tokens_is_held_to_the_limit_and_the_context() -> None:
+    from art_trio.local_backend.limits import default_completion_tokens
+
+    assert default_completion_tokens(200, 16, room=1000) == 16
+    assert default_completion_tokens(200, None, room=1000) == 200
+    assert default_completion_tokens(200, 16, room=10) == 10

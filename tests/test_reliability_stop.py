@@ -378,3 +378,148 @@ def test_sigterm_stops_a_run_under_asyncio_and_restores_handlers(
     assert backend.calls == []
     after = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert after == before
+
+
+# -- a stop while the backend prepares a batch (ART 0.5.20+'s pack hook; issue 51, item 4) ----
+
+
+class BlockingPreparation:
+    """`prepare_pipeline_batch` as asyncio code that never finishes on its own (a packing
+    that takes longer than anyone waits); `preparing` is set when it starts. With
+    `stop_on_return`, it returns at once instead, asking for the stop from inside the hook
+    (a stop that lands between the preparation and `backend.train`)."""
+
+    def __init__(self, event: Any, stop_on_return: Any = None) -> None:
+        self.preparing = event
+        self.stop_on_return = stop_on_return
+        self.started: list[list[int]] = []
+        self.cancelled: list[list[int]] = []
+        self.discarded: list[list[int]] = []
+
+    async def prepare_pipeline_batch(
+        self, model: Any, groups: list[art.TrajectoryGroup], **kwargs: Any
+    ) -> dict[str, float]:
+        asyncio.get_running_loop()  # really asyncio code
+        ids = [g.metadata["scenario_id"] for g in groups]
+        self.started.append(ids)
+        self.preparing.set()
+        if self.stop_on_return is not None:
+            self.stop_on_return()
+            return {"time/step_test_prepare_s": 0.25}
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(ids)
+            raise
+        raise AssertionError("unreachable: nothing sets the event")
+
+    async def discard_pipeline_batch(self, groups: list[art.TrajectoryGroup]) -> None:
+        asyncio.get_running_loop()
+        self.discarded.append([g.metadata["scenario_id"] for g in groups])
+
+
+def _preparing_trainer(
+    model: art.TrainableModel, backend: RecordingBackend, hook: BlockingPreparation
+) -> PipelineTrainer[Any, None]:
+    backend.prepare_pipeline_batch = hook.prepare_pipeline_batch  # type: ignore[attr-defined]
+    backend.discard_pipeline_batch = hook.discard_pipeline_batch  # type: ignore[attr-defined]
+    return _trainer(
+        model, backend, asyncio_rollout, num_rollout_workers=2, max_batch_size=2,
+        shutdown_grace_seconds=0.5,
+    )
+
+
+def _nothing_lost(trainer: PipelineTrainer[Any, None], model: art.TrainableModel) -> None:
+    """Nothing trained, nothing resolved, nothing pending: every scenario taken was dropped
+    at the stop and rolls again on resume."""
+    counters = trainer.last_counters
+    assert counters is not None
+    assert counters.taken == counters.dropped_at_stop and counters.trained == 0
+    state = _persisted_state(model)
+    assert state.ledger.pending is None
+    assert state.ledger.watermark == 0 and not any(
+        state.ledger.is_resolved(i) for i in range(counters.taken)
+    )
+
+
+async def test_a_stop_during_batch_preparation_cancels_it_and_starts_no_step(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    hook = BlockingPreparation(trio.Event())
+    trainer = _preparing_trainer(model, backend, hook)
+    with trio.fail_after(HOUR):  # a hang guard in virtual time, not a timing assertion
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trainer.train, handle_signals=False))
+            await hook.preparing.wait()
+            stopped_at = trio.current_time()
+            trainer.request_stop()
+    # The preparation was cancelled at once; the rollouts still running had their grace.
+    assert trio.current_time() - stopped_at <= 0.5
+    assert hook.cancelled == hook.started and len(hook.started) == 1
+    assert hook.discarded == []  # nothing was prepared
+    assert backend.train_started == 0 and backend.calls == []
+    _nothing_lost(trainer, model)
+
+    # Resumed with a preparation that works: the batch that was being prepared trains once.
+    async def quick(model: Any, groups: list[Any], **kwargs: Any) -> dict[str, float]:
+        return {"time/step_test_prepare_s": 0.25}
+
+    backend.prepare_pipeline_batch = quick  # type: ignore[attr-defined]
+    resumed = _trainer(model, backend, asyncio_rollout, num_rollout_workers=2,
+                       max_batch_size=2, max_steps=3)
+    await resumed.train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert set(hook.started[0]) <= set(trained)
+    assert len(trained) == len(set(trained))
+
+
+async def test_a_forced_stop_during_batch_preparation_accounts_for_the_batch(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """`request_stop(force=True)` cancels the preparation with everything else; the batch it
+    held still ends in a fate (dropped at the stop) and stays unresolved."""
+    hook = BlockingPreparation(trio.Event())
+    trainer = _preparing_trainer(model, backend, hook)
+    with trio.fail_after(HOUR):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trainer.train, handle_signals=False))
+            await hook.preparing.wait()
+            trainer.request_stop(force=True)
+    assert hook.cancelled == hook.started and backend.calls == []
+    _nothing_lost(trainer, model)
+
+
+async def test_a_stop_right_after_batch_preparation_discards_the_batch_untrained(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The stop lands between the preparation and `backend.train`: the step does not start,
+    and the backend is told to drop what it prepared."""
+    trainers: list[PipelineTrainer[Any, None]] = []
+    hook = BlockingPreparation(trio.Event(), stop_on_return=lambda: trainers[0].request_stop())
+    trainers.append(_preparing_trainer(model, backend, hook))
+    with trio.fail_after(HOUR):
+        await trainers[0].train(handle_signals=False)
+    assert len(hook.started) == 1 and hook.cancelled == []
+    assert hook.discarded == hook.started
+    assert backend.train_started == 0 and backend.calls == []
+    _nothing_lost(trainers[0], model)
+
+
+def test_a_stop_during_batch_preparation_under_asyncio(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    """The same stop under `anyio.run` on asyncio, where the preparation is awaited directly."""
+
+    async def main() -> None:
+        hook = BlockingPreparation(anyio.Event())
+        trainer = _preparing_trainer(model, backend, hook)
+        with anyio.fail_after(60):  # a hang guard, not a timing assertion
+            async with anyio.create_task_group() as tg:
+                await tg.start(functools.partial(trainer.train, handle_signals=False))
+                await hook.preparing.wait()
+                trainer.request_stop()
+        assert hook.cancelled == hook.started and len(hook.started) == 1
+        assert backend.train_started == 0 and backend.calls == []
+        _nothing_lost(trainer, model)
+
+    anyio.run(main, backend="asyncio")

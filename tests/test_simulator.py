@@ -163,6 +163,25 @@ def test_metrics_match_a_hand_computed_run() -> None:
     assert "| trainer utilization" in table and "0.714" in table and "16 (40.0%)" in table
 
 
+def test_a_scheduled_resize_is_made_while_the_run_is_under_way() -> None:
+    """HAND with its batches resized to 8 before the first is taken: every step then trains
+    the 8 rollouts started at its version, and none goes stale."""
+    resized = SimSpec(
+        **{**HAND.__dict__, "resizes": ((5.0, {"min_batch_size": 8, "max_batch_size": 8}),)}
+    )
+    with reference_race():
+        r = simulate(resized)
+    assert r.steps == 5 and r.groups_trained == 40 and r.wasted_rollouts == 0
+    assert "resize at 5 s (min_batch_size=8, max_batch_size=8)" in resized.describe()
+    assert json.loads(json.dumps(r.to_dict()))["spec"]["resizes"] == [
+        [5.0, {"min_batch_size": 8, "max_batch_size": 8}]
+    ]
+    with pytest.raises(ValueError, match="not PipelineTrainer.resize parameters: batch"):
+        SimSpec(**{**HAND.__dict__, "resizes": ((5.0, {"batch": 8}),)})
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        SimSpec(**{**HAND.__dict__, "resizes": ((-1.0, {"max_batch_size": 8}),)})
+
+
 def test_report_agrees_with_the_trainers_counters() -> None:
     spec = SimSpec(
         rollout_latency=LogNormal(30.0, 1.0),

@@ -415,3 +415,72 @@ def test_a_blocked_loop_is_reported_from_outside_with_the_blocking_frame(
     assert [r.scenario_index for r in report.rollouts] == [0]
     assert "blocked for" in report.headline()
     assert len(backend.calls) == 1  # the run went on and finished
+
+
+# -- which admission rule holds the workers (issue 51, item 6) --------------------------------
+
+
+def _stall_report(spec: Any) -> StallReport:
+    """The report a simulated run ends with (`stall_action="raise"`)."""
+    from art_trio.sim.simulate import simulate
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        simulate(spec, time_limit_s=1e6)
+    stalled = raised.value.subgroup(PipelineStalled)
+    assert stalled is not None, raised.value
+    error = stalled.exceptions[0]
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    assert isinstance(error, PipelineStalled)
+    return error.report
+
+
+def test_workers_held_by_the_load_cap_are_reported_as_such() -> None:
+    """A shared server (serving one rollout at full speed) that slows to a crawl after step 3,
+    with the batch resized to 8 before: the rollouts in flight fill what the server can take
+    inside the window, and the gate holds the other workers by the load cap, not by the
+    staleness bound (the window has room: it wants 8 groups a batch)."""
+    from art_trio.sim.inference import LatencyShift
+    from art_trio.sim.simulate import SimSpec
+    from art_trio.testing.distributions import parse_distribution
+
+    spec = SimSpec(
+        rollout_latency=parse_distribution("20"),
+        train_time=parse_distribution("5"),
+        steps=40,
+        inference_capacity=1,
+        seed=40,
+        latency_shift=LatencyShift(3, 1000.0),
+        trainer=dict(
+            num_rollout_workers=16, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1,
+            stall_seconds=3000.0, stall_action="raise",
+        ),
+        resizes=((177.9, {"min_batch_size": 8, "max_batch_size": 8}),),
+    )
+    report = _stall_report(spec)
+    assert "held by the load cap" in report.stages[0].waits_on
+    assert "holds 9 workers: the load cap admits no rollout while 7 run" in report.gate
+    assert "which can take 7 at once" in report.gate
+    assert "staleness bound" not in report.gate and "waiting for a policy" not in report.gate
+
+
+def test_a_stall_while_admission_is_unbounded_is_reported() -> None:
+    """At max_steps_off_policy=0, before rollouts are seen to end together, the gate races
+    every worker (no bound on the headroom). 31 racers sharing a server that serves one at
+    full speed each take 620 s, past the stall floor of 600 s: the report says the gate
+    admits any number, instead of ending the run on `int(inf)`."""
+    from art_trio.sim.simulate import SimSpec
+    from art_trio.testing.distributions import parse_distribution
+
+    spec = SimSpec(
+        rollout_latency=parse_distribution("20"),
+        train_time=parse_distribution("1"),
+        steps=30,
+        inference_capacity=1,
+        trainer=dict(
+            num_rollout_workers=31, min_batch_size=2, max_batch_size=2, max_steps_off_policy=0,
+            stall_action="raise",
+        ),
+    )
+    report = _stall_report(spec)
+    assert "admits any number of rollouts now" in report.gate

@@ -16,14 +16,22 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# The serving errors a caller of ``CPUBackend.sample`` (or a registry lookup) can see come
+# from the shared server; exported here with the backend that raises them.
+from ..local_backend.server import OpenAIError, UnknownModelError  # noqa: E402
 from .backend import CheckpointWriteError, CPUBackend, ModelNameConflictError  # noqa: E402
+from .engine import EngineClosed, RequestTooLarge  # noqa: E402
 from .model_source import ModelSourceError  # noqa: E402
 from .training import NonFiniteTrainingError  # noqa: E402
 
 __all__ = [
     "CPUBackend",
     "CheckpointWriteError",
+    "EngineClosed",
     "ModelNameConflictError",
     "ModelSourceError",
     "NonFiniteTrainingError",
+    "OpenAIError",
+    "RequestTooLarge",
+    "UnknownModelError",
 ]

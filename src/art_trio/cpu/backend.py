@@ -36,7 +36,8 @@ What you may rely on:
   Serving is continuously batched (``art_trio.cpu.engine``): concurrent requests, of any
   steps, decode together; a request whose client leaves is aborted at the next step.
   ``max_batch_rows`` / ``max_batch_tokens`` cap the batch, ``max_tokens_limit`` one request
-  (beyond it, or beyond the model's context, a 400); ``api_key`` makes the server require
+  (beyond it, or beyond the model's context, a 400; a request without ``max_tokens`` decodes
+  ``default_max_tokens``, which may not exceed the limit); ``api_key`` makes the server require
   ``Authorization: Bearer <key>`` (ART's ``model.openai_client()`` sends it). ``statistics()``
   counts the engine's work.
 * ``in_flight_updates=True`` (off by default): the server also serves ``name:active``, ART
@@ -80,6 +81,7 @@ from art.types import LocalTrainResult, TrainSFTConfig
 
 from art_trio import ArtTrioError
 
+from ..local_backend.limits import completion_token_default, default_completion_tokens
 from ..local_backend.server import OpenAIError, UnknownModelError
 from ..local_backend.versions import LocalBackend, ModelVersions
 from ..local_backend.versions import saved_steps as _saved
@@ -234,7 +236,7 @@ class CPUBackend(LocalBackend[_ModelState]):
         lora_rank: int = 8,
         lora_alpha: int = 16,
         keep_steps: int = DEFAULT_KEEP_STEPS,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        default_max_tokens: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
@@ -244,17 +246,20 @@ class CPUBackend(LocalBackend[_ModelState]):
         max_tokens_limit: int | None = None,
         in_flight_updates: bool = False,
     ) -> None:
+        # Checked before the model is looked for: a bad pair is the caller's to fix first.
+        #: Tokens a request that names no ``max_tokens`` decodes (None given: 64, or
+        #: ``max_tokens_limit`` if lower).
+        self.default_max_tokens = completion_token_default(
+            default_max_tokens, max_tokens_limit, fallback=DEFAULT_MAX_TOKENS
+        )
+        if max_batch_rows < 1 or max_batch_tokens < 1:
+            raise ValueError("max_batch_rows and max_batch_tokens must be >= 1")
         self._init_versions(keep_steps)
         # Resolved now, so a missing model is an error before anything starts.
         self.source = model_source.resolve(model)
         self.seed = seed
         self.lora_rank = lora_rank
         self.lora_alpha = lora_alpha
-        self.default_max_tokens = default_max_tokens
-        if max_batch_rows < 1 or max_batch_tokens < 1:
-            raise ValueError("max_batch_rows and max_batch_tokens must be >= 1")
-        if max_tokens_limit is not None and max_tokens_limit < 1:
-            raise ValueError("max_tokens_limit must be >= 1 (or None: the context length)")
         #: Serving caps (see ``art_trio.cpu.engine``): rows decoded at once, the batch's KV
         #: cache in tokens, and one request's ``max_tokens``.
         self.max_batch_rows = max_batch_rows
@@ -884,7 +889,7 @@ class CPUBackend(LocalBackend[_ModelState]):
                     f"{context} tokens. Shorten the messages.",
                     param="messages",
                 )
-            return min(self.default_max_tokens, room)
+            return default_completion_tokens(self.default_max_tokens, self.max_tokens_limit, room)
         limit = self.max_tokens_limit
         if limit is not None and requested > limit:
             raise OpenAIError(

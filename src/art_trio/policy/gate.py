@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol
 
 import anyio
@@ -28,7 +28,15 @@ import anyio.lowlevel
 
 from ..messages.errors import _GateClosed
 from .admission import AdmissionPolicy, StalenessAwareAdmission
-from .gate_snapshot import MIN_LOAD_COMPLETIONS, MIN_TIME_SAMPLES, GateSnapshot, completed_count
+from .gate_snapshot import (
+    MIN_LOAD_COMPLETIONS,
+    MIN_TIME_SAMPLES,
+    RACE_SPREAD,
+    GateSnapshot,
+    completed_count,
+    latency_grows_with_load,
+    latency_tail,
+)
 
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
@@ -43,6 +51,9 @@ TIME_REFRESH = 32
 #: time, for the two to count as started together.
 RECENT_RUNS = 64
 COHORT_GAP = 0.02
+#: Doomed rollouts let run on whose times stand in for the slow tail of latency where races
+#: cancel most rollouts (`latency_tail` cannot tell): the last this many that ended.
+MIN_SPARED = 4
 #: Changes of the in-flight count the gate remembers, to average a rollout's load over its
 #: life (a rollout that started before the oldest is averaged from there).
 LOAD_MARKS = 4096
@@ -50,6 +61,15 @@ LOAD_MARKS = 4096
 
 def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
+
+
+def _look_alike(completed: list[float]) -> bool:
+    """The sorted completed times' slow decile is within `RACE_SPREAD` of their median: what a
+    race's winners show whatever the latencies, so a reason to measure, never to narrow."""
+    n = len(completed)
+    return n >= 2 * MIN_SPARED and completed[int(0.9 * (n - 1))] <= RACE_SPREAD * completed[
+        (n - 1) // 2
+    ]
 
 
 def cohort_lateness(runs: Iterable[tuple[float, float, bool]]) -> tuple[float, ...]:
@@ -106,6 +126,11 @@ class PolicyGate:
 
     Waiting workers queue up and are woken one at a time as admission frees up, so a policy
     update wakes exactly the workers that may start instead of every worker at once.
+
+    Every method that changes what a decision reads (the snapshot's counts, versions, sizes
+    and measurements) ends by waking the waiters the change lets in (`_pump`): nothing else
+    wakes them, so a change that raised the headroom unannounced would leave workers waiting
+    for an event that may never come, with nothing in flight to bring it.
     """
 
     def __init__(
@@ -138,7 +163,13 @@ class PolicyGate:
         # more are cancelled at once instead of finishing only to be thrown away.
         # (Dicts, not sets, so cancellation order is the admission order, not memory order:
         # runs in virtual time replay exactly.)
-        self._rollout_scopes: dict[int, dict[anyio.CancelScope, None]] = {}
+        # Each scope's value is when its rollout started.
+        self._rollout_scopes: dict[int, dict[anyio.CancelScope, float]] = {}
+        # Doomed rollouts let run on to measure the slow tail (see `begin_training`): when
+        # each started and when it was doomed; and how long the ended ones ran over the time
+        # they had run when doomed.
+        self._spared: dict[anyio.CancelScope, tuple[float, float]] = {}
+        self._spared_lateness: deque[float] = deque(maxlen=MIN_SPARED)
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
         self._new_event = new_event
@@ -148,9 +179,12 @@ class PolicyGate:
         self._last_step_began: float | None = None
         # Seconds from a batch taken to its step published (exponentially weighted).
         self._train_call_ewa: float | None = None
-        self._recent_times: deque[float] = deque(maxlen=RECENT_TIMES)
+        # (seconds run, completed) of recent rollouts.
+        self._recent_times: deque[tuple[float, bool]] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
+        self._latency_tail: float | None = None
+        self._spare_a_loser = False
         self._recent_runs: deque[tuple[float, float, bool]] = deque(maxlen=RECENT_RUNS)
         self._cohort_lateness: tuple[float, ...] = ()
         # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
@@ -163,6 +197,8 @@ class PolicyGate:
         self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
         self._load_samples = 0
         self._load_latency: tuple[tuple[int, float, float], ...] = ()
+        # The load model shows a shared server: a group handed over frees a slot there.
+        self._queueing = False
 
     # -- what the stages read -----------------------------------------------------------
 
@@ -213,6 +249,7 @@ class PolicyGate:
             step_period=self._step_period_ewa,
             recent_rollout_times=self._sorted_times,
             cohort_lateness=self._cohort_lateness,
+            latency_tail=self._latency_tail,
             in_flight=self._load,
             load_latency=self._load_latency,
         )
@@ -235,12 +272,16 @@ class PolicyGate:
         return self._step_period_ewa
 
     def note_rollout_time(self, seconds: float, *, completed: bool) -> None:
-        """A rollout ran `seconds`, and either completed or was cancelled before it could."""
+        """A rollout ran `seconds`, and either completed or was cancelled before it could.
+
+        Noted as the rollout ends, just before its `rollout_done` or `hand_over`, which wake
+        the waiters (a hand-over only where the load cap can hold). A new time can move the
+        pace the window's rules read, but never so that a run with nothing in flight keeps
+        waiting: the next step's batch or publish decides again.
+        """
         self._latency_time = self._latency_time * LATENCY_DECAY + seconds
         self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
-        # A cancelled rollout missed its window: for on-time chances and stragglers it is late,
-        # however long it ran.
-        self._recent_times.append(seconds if completed else math.inf)
+        self._recent_times.append((seconds, completed))
         now = self._clock()
         self._recent_runs.append((now - seconds, seconds, completed))
         self._note_load(seconds, completed, now)
@@ -248,7 +289,20 @@ class PolicyGate:
         # Every rollout while few are known (the race rule reads them from a few on).
         if self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= MIN_TIME_SAMPLES:
             self._since_sorted = 0
-            self._sorted_times = tuple(sorted(self._recent_times))
+            done: list[float] = []
+            cancelled: list[float] = []
+            for t, ok in self._recent_times:
+                (done if ok else cancelled).append(t)
+            done.sort()
+            cancelled.sort()
+            # A cancelled rollout missed its window: for on-time chances and stragglers it is
+            # late, however long it ran.
+            self._sorted_times = tuple(done) + (math.inf,) * len(cancelled)
+            tail = latency_tail(done, cancelled)
+            self._spare_a_loser = tail is None and _look_alike(done)
+            if tail is None and len(self._spared_lateness) == MIN_SPARED:
+                tail = sorted(self._spared_lateness)[int(0.9 * (MIN_SPARED - 1))]
+            self._latency_tail = tail
             self._cohort_lateness = cohort_lateness(self._recent_runs)
 
     def _note_load(self, seconds: float, completed: bool, now: float) -> None:
@@ -275,6 +329,7 @@ class PolicyGate:
         entry[2] = self._load_samples
         if self._load_samples <= TIME_REFRESH or self._since_sorted + 1 >= TIME_REFRESH:
             self._load_latency = self._load_model()
+            self._queueing = latency_grows_with_load(self._load_latency)
 
     def _count_after(self, i: int) -> float:
         """The in-flight count between mark `i` and the next (from their areas)."""
@@ -345,6 +400,12 @@ class PolicyGate:
         return sum(self._in_flight.values())
 
     @property
+    def spared(self) -> Collection[anyio.CancelScope]:
+        """Scopes of doomed rollouts left running to measure the slow tail of latency (see
+        `begin_training`)."""
+        return self._spared.keys()
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -391,6 +452,13 @@ class PolicyGate:
         """A rollout admitted at `version` is handing its group to the channel."""
         self._release(version)
         self._queued += 1
+        # Under the window rules the group only moves from in flight to queued, which never
+        # raises the headroom; under the load cap (gate_snapshot.py) it leaves the shared
+        # server, which does. Counted queued first, so no waiter is let into the slot the
+        # window still owes this group. (Only there: a decision per hand-over costs the
+        # scheduler a tenth of its time per group where no cap can hold.)
+        if self._queueing:
+            self._pump()
 
     # -- the training side ---------------------------------------------------------------
 
@@ -414,9 +482,18 @@ class PolicyGate:
         self._next_training_step = step
         if self._policy.cancels_doomed_rollouts:
             floor = self.min_fresh_version
+            # Where the completed rollouts look alike but the slow tail of latency is not
+            # measured (most were cancelled: a race's winners), one doomed rollout runs on to
+            # its end. Cancelled rollouts only say they would have taken longer; these show
+            # whether the rest would have ended with the winners (`latency_tail`).
+            spare = self._spare_a_loser
             for version in [v for v in self._rollout_scopes if v < floor]:
-                for scope in self._rollout_scopes.pop(version):
-                    scope.cancel()
+                for scope, started in self._rollout_scopes.pop(version).items():
+                    if spare and started < now:
+                        spare = False
+                        self._spared[scope] = (started, now)
+                    else:
+                        scope.cancel()
         self._pump()
 
     def track(self, version: int, scope: anyio.CancelScope) -> None:
@@ -424,9 +501,13 @@ class PolicyGate:
         if self._policy.cancels_doomed_rollouts and version < self.min_fresh_version:
             scope.cancel()
             return
-        self._rollout_scopes.setdefault(version, {})[scope] = None
+        self._rollout_scopes.setdefault(version, {})[scope] = self._clock()
 
     def untrack(self, version: int, scope: anyio.CancelScope) -> None:
+        spared = self._spared.pop(scope, None)
+        if spared is not None and not scope.cancel_called:
+            started, doomed = spared
+            self._spared_lateness.append((self._clock() - started) / (doomed - started))
         scopes = self._rollout_scopes.get(version)
         if scopes is not None:
             scopes.pop(scope, None)

@@ -24,16 +24,20 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: The rollout-time quantile that counts as "slow" in `rollout_spread`.
 STRAGGLER_QUANTILE = 0.98
 #: Recent rollout times a snapshot needs before it trusts them over the exponential model.
 MIN_TIME_SAMPLES = 32
-#: Completed rollout times `racers_end_together` needs, and how far past the median its slow
-#: decile may end for the rollouts of one race to count as ending together.
+#: Completed rollout times `latency_tail` needs, and how far past the median the slow decile
+#: may end for rollouts to count as ending together.
 MIN_RACE_SAMPLES = 16
 RACE_SPREAD = 1.5
+#: Completions `latency_tail` needs at or past the median: the slow tail is then measured, not
+#: read from the few rollouts that happened to outlast a race's cancellation.
+MIN_TAIL_SAMPLES = 8
 #: ... or, for rollouts that started together, how far past their cohort's median the slow
 #: decile may end, as a share of the step period.
 COHORT_LATE_SHARE = 0.25
@@ -48,6 +52,58 @@ MIN_LOAD_SPREAD = 1.25
 #: ... with latency rising by at least this share of what a saturated server gives (latency
 #: proportional to load). Rollouts whose latency does not depend on load are never capped.
 MIN_QUEUEING_SHARE = 0.5
+
+
+def latency_tail(completed: Sequence[float], cancelled: Sequence[float]) -> float | None:
+    """The slow decile of rollout latency over its median, from completed rollouts' times and
+    cancelled ones' times run (both sorted); None while the data cannot tell.
+
+    A cancelled rollout is right-censored: it would have taken longer than it ran, by how much
+    nobody saw. At `max_steps_off_policy == 0` most racers are cancelled the moment a batch
+    fills, so the completed times are each race's winners, the fastest few of many, and look
+    alike whatever the latencies are. The Kaplan-Meier product-limit estimate counts each
+    cancelled rollout as at risk until it was cancelled and no further, which is unbiased
+    where cancelling does not depend on how long a rollout still had to run (a batch filling
+    does not). The quantiles are read only once the estimate falls through its slow decile
+    with `MIN_TAIL_SAMPLES` completions at or past its median; a wide race alone never gets
+    there, and the gate lets a loser of each race run on until it does (`PolicyGate`).
+    """
+    if len(completed) < MIN_RACE_SAMPLES:
+        return None
+    at_risk = len(completed) + len(cancelled)
+    survival, median, past_median = 1.0, None, 0
+    j = 0
+    for seconds in completed:
+        # Rollouts cancelled before this one completed are no longer at risk.
+        while j < len(cancelled) and cancelled[j] < seconds:
+            j += 1
+            at_risk -= 1
+        survival *= 1.0 - 1.0 / at_risk
+        at_risk -= 1
+        if median is None and survival <= 0.5:
+            median = seconds
+        if median is not None:
+            past_median += 1
+            if survival <= 0.1:
+                if past_median < MIN_TAIL_SAMPLES or median <= 0:
+                    return None
+                return seconds / median
+    return None
+
+
+def latency_grows_with_load(load_latency: tuple[tuple[int, float, float], ...]) -> bool:
+    """The load model (`GateSnapshot.load_latency`) shows latency growing with the number in
+    flight: measured at counts `MIN_LOAD_SPREAD` apart, rising at least `MIN_QUEUEING_SHARE`
+    as fast as a saturated server's."""
+    if len(load_latency) < 2:
+        return False
+    low, high = load_latency[0], load_latency[-1]
+    if low[0] <= 0:
+        return False
+    spread = high[0] / low[0]
+    if spread < MIN_LOAD_SPREAD:
+        return False
+    return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
 
 
 def completed_count(times: tuple[float, ...]) -> int:
@@ -88,6 +144,9 @@ class GateSnapshot:
     #: the cohort's median each ended, in seconds (`math.inf`: cancelled first), sorted.
     #: Empty: none measured.
     cohort_lateness: tuple[float, ...] = ()
+    #: The slow decile of rollout latency over its median, with cancelled rollouts counted as
+    #: censored (`latency_tail`); None: not measured.
+    latency_tail: float | None = None
 
     @property
     def training(self) -> bool:
@@ -145,10 +204,10 @@ class GateSnapshot:
 
     @property
     def racers_end_together(self) -> bool:
-        """Completed rollouts take about as long as each other: their slow decile ends within
-        `RACE_SPREAD` times their median (False until `MIN_RACE_SAMPLES` have completed), or
-        rollouts that started together end within `COHORT_LATE_SHARE` of a step of their
-        cohort's median (the slow decile of `cohort_lateness`).
+        """Rollouts take about as long as each other: the slow decile of their latency ends
+        within `RACE_SPREAD` times its median (`latency_tail`, cancelled rollouts counted as
+        censored), or rollouts that started together end within `COHORT_LATE_SHARE` of a step
+        of their cohort's median (the slow decile of `cohort_lateness`).
 
         The second test is the one that survives a policy changing its answers' length over
         a run (from 60 tokens to 2 and back, say): the run's times then spread far apart
@@ -158,17 +217,11 @@ class GateSnapshot:
         the extra racers end with the winners, and at a shared server that batches them
         (vLLM, art_trio's CPU server) they slow the winners down. Independent latencies with a
         long tail (each rollout its own environment) fail it: there the fastest of many end
-        far sooner than the median. The first test leaves out rollouts cancelled before they
-        ended, since at `max_steps_off_policy == 0` they are the losers of a race, not slow
-        ones; the cohort test counts them infinitely late, so a race's winners alone never
-        pass it.
+        far sooner than the median. Neither test judges from a race's winners alone: the first
+        counts the losers as censored, the second as infinitely late.
         """
-        times = self.recent_rollout_times
-        done = completed_count(times)
-        if done >= MIN_RACE_SAMPLES:
-            median = times[(done - 1) // 2]
-            if times[int(0.9 * (done - 1))] <= RACE_SPREAD * median:
-                return True
+        if self.latency_tail is not None and self.latency_tail <= RACE_SPREAD:
+            return True
         late = self.cohort_lateness
         return (
             len(late) >= MIN_RACE_SAMPLES
@@ -227,15 +280,7 @@ class GateSnapshot:
     @property
     def queueing(self) -> bool:
         """Latency measured to grow with the number in flight (see the module's docstring)."""
-        if len(self.load_latency) < 2:
-            return False
-        low, high = self.load_latency[0], self.load_latency[-1]
-        if low[0] <= 0:
-            return False
-        spread = high[0] / low[0]
-        if spread < MIN_LOAD_SPREAD:
-            return False
-        return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
+        return latency_grows_with_load(self.load_latency)
 
     @property
     def uncontended_latency(self) -> float | None:

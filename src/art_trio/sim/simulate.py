@@ -74,6 +74,7 @@ from art_trio.testing.distributions import (  # noqa: E402
 
 __all__ = [
     "DEFAULT_TARGET",
+    "RESIZE_PARAMETERS",
     "SIM_TRAINER_DEFAULTS",
     "SimReport",
     "SimSpec",
@@ -102,6 +103,10 @@ SIM_TRAINER_DEFAULTS: Mapping[str, Any] = {
 #: Virtual seconds after which a simulation is cut short and reported as stalled: a pipeline
 #: that stops making progress would otherwise jump from one far-off timer to the next forever.
 DEFAULT_TIME_LIMIT_S = 1e9
+
+#: What `SimSpec.resizes` may change: the keyword arguments of `PipelineTrainer.resize` that
+#: size the run.
+RESIZE_PARAMETERS = ("num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize")
 
 # PipelineTrainer parameters the simulator provides itself; everything else may be set.
 _PROVIDED = frozenset({"self", "model", "backend", "rollout_fn", "scenarios", "config", "eval_fn"})
@@ -149,6 +154,10 @@ class SimSpec:
     #: CPU seconds the trainer's process spends per rollout, on one core (FIFO; see
     #: :mod:`art_trio.sim.host`). 0: CPU is free, as virtual time makes it otherwise.
     rollout_cpu_s: float = 0.0
+    #: Live ``trainer.resize`` calls, each ``(seconds after train() was called, keyword
+    #: arguments of PipelineTrainer.resize)``: what an operator or an outside tuner changing
+    #: the run's sizes mid-run does to it (one due after the run ended is never made).
+    resizes: tuple[tuple[float, Mapping[str, int]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.inference_capacity is not None and self.inference_capacity <= 0:
@@ -170,6 +179,15 @@ class SimSpec:
             )
         if not 0 <= self.zero_variance_prob + self.failure_prob <= 1:
             raise ValueError("zero_variance_prob + failure_prob must be within [0, 1]")
+        for at, changes in self.resizes:
+            if not (math.isfinite(at) and at >= 0):
+                raise ValueError(f"a resize's time must be finite and >= 0, not {at!r}")
+            bad = sorted(set(changes) - set(RESIZE_PARAMETERS))
+            if bad:
+                raise ValueError(
+                    f"not PipelineTrainer.resize parameters: {', '.join(bad)} "
+                    f"(known: {', '.join(RESIZE_PARAMETERS)})"
+                )
 
     def with_trainer(self, **settings: Any) -> SimSpec:
         """A copy with some trainer settings changed."""
@@ -197,6 +215,9 @@ class SimSpec:
             parts.append(self.latency_shift.describe())
         if self.rollout_cpu_s:
             parts.append(f"CPU {self.rollout_cpu_s * 1e6:g} us/rollout")
+        for at, changes in self.resizes:
+            sizes = ", ".join(f"{k}={v}" for k, v in changes.items())
+            parts.append(f"resize at {at:g} s ({sizes})")
         if self.steps is not None:
             parts.append(f"{self.steps} steps")
         if self.scenarios is not None:
@@ -221,6 +242,7 @@ class SimSpec:
                 None if self.latency_shift is None else asdict(self.latency_shift)
             ),
             "rollout_cpu_s": self.rollout_cpu_s,
+            "resizes": [[at, dict(changes)] for at, changes in self.resizes],
         }
 
 
@@ -462,8 +484,13 @@ async def _drive(
     recorder.train_called_at = anyio.current_time()
     meter = _QueueMeter(recorder.train_called_at)
     trainer.add_observer(meter)
-    with anyio.move_on_after(limit) as limit_scope:
-        await trainer.train(handle_signals=False)
+    started = recorder.train_called_at
+    async with anyio.create_task_group() as resizing:
+        if spec.resizes:
+            resizing.start_soon(_resize_on_schedule, trainer, spec.resizes, started)
+        with anyio.move_on_after(limit) as limit_scope:
+            await trainer.train(handle_signals=False)
+        resizing.cancel_scope.cancel()
     recorder.train_returned_at = anyio.current_time()
     meter.close(recorder.train_returned_at)
     counters = trainer.last_counters
@@ -477,6 +504,16 @@ async def _drive(
         queue_area=meter.area,
         stalled=limit_scope.cancelled_caught,
     )
+
+
+async def _resize_on_schedule(
+    trainer: PipelineTrainer[Any, Any],
+    resizes: Sequence[tuple[float, Mapping[str, int]]],
+    started: float,
+) -> None:
+    for at, changes in sorted(resizes, key=lambda r: r[0]):
+        await anyio.sleep_until(started + at)
+        trainer.resize(**changes, reason=f"simulated resize at {at:g} s")
 
 
 async def _no_rollout(model: Any, scenario: Any, config: Any) -> Any:

@@ -3,8 +3,9 @@
 Batch collection follows the reference: wait for `min_batch_size` usable groups, then take
 whatever is already queued up to `max_batch_size`. Stale groups are discarded and counted;
 zero-variance groups are held and logged (split "discarded") after the next step; too many
-held at once stops the run as collapsed. A stop abandons collection (the groups go back to the
-source on resume) but never interrupts a `backend.train` call already running.
+held at once stops the run as collapsed. A stop abandons collection and the preparation of a
+batch not yet in `backend.train` (their groups go back to the source on resume) but never
+interrupts a `backend.train` call already running.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -36,6 +38,7 @@ from ..observation.fates import FateRecord, RunCounters
 from ..observation.status import reward_summary
 from ..plumbing.eval_leases import EvalRetentionLeases
 from ..plumbing.group_queue import GroupReceiveEnd
+from ..plumbing.hooks import backend_hook
 from ..plumbing.ledger.state import PipelineState
 from ..plumbing.stop import StopControl
 from ..policy.batching import Freshness, all_failed_error, is_zero_variance
@@ -113,6 +116,7 @@ class TrainingStage:
             receive=self.receive, ready=self.ready, ready_capacity=self._ready_capacity
         )
         self._preparation = batch_preparation(self.context.backend, self.context.model)
+        self._discard = backend_hook(self.context.backend, "discard_pipeline_batch")
 
     async def __call__(self) -> None:
         try:
@@ -176,24 +180,57 @@ class TrainingStage:
     async def _prepare(self, batch: CollectedBatch) -> dict[str, float] | None:
         """ART 0.5.20+'s `backend.prepare_pipeline_batch` on the batch about to train, where
         the backend has it (the Megatron path): the metrics it reports for the step's row, or
-        None if it found nothing to train in the batch. Without the hook: no metrics.
+        None if the batch is not to be trained: the backend found nothing to train in it, or
+        a stop came. Without the hook: no metrics.
 
         ART prepares the next batch while one trains; art_trio prepares each batch just
-        before its `backend.train`, so no prepared batch is ever left to discard.
+        before its `backend.train`. A stop cancels the preparation at once (as ART cancels
+        its preparation ahead at a stop): the step has not begun, and a stop lets only a
+        step already in `backend.train` finish. A batch prepared when the stop came is
+        discarded (`discard_pipeline_batch`, where the backend has it) instead of trained.
+        Either way its groups go back to the ready pool, which the stop drops untrained and
+        unresolved, so a resumed run rolls their scenarios again.
         """
         prepare = self._preparation
         if prepare is None:
             return {}
         groups = [item.group for item in batch.items]
         s = self.settings()
-        with self.calls.track("training", "backend.prepare_pipeline_batch"):
-            reported = await self.context.bridge.call(
-                prepare,
+        # What the backend returned, kept where it returns it: a stop that reaches the call
+        # as it returns (under trio, before the result crosses back) still finds it here.
+        returned: list[Any] = []
+
+        async def prepare_batch() -> Any:
+            reported = await prepare(
                 self.context.model,
                 groups,
                 normalize_advantages=s.training.normalize_advantages,
                 grad_accumulation_sequences=s.training.grad_accumulation_sequences,
             )
+            returned.append(reported)
+            return reported
+
+        try:
+            with (
+                anyio.CancelScope() as scope,
+                self.calls.track("training", "backend.prepare_pipeline_batch"),
+            ):
+                forget = self.stop.on_stop(scope.cancel)
+                try:
+                    await self.context.bridge.call(prepare_batch)
+                finally:
+                    forget()
+            if self.stop.stopping:
+                if returned and returned[0] is not None:  # prepared before the stop came
+                    await self._discard_prepared(groups)
+                self.ready.extend(batch.items)
+                return None
+        except BaseException:
+            # The preparation failed, or a forced stop cancelled it: the batch was not
+            # trained; back in the ready pool, the channel's close drops it with the rest.
+            self.ready.extend(batch.items)
+            raise
+        reported = returned[0]
         if reported is None:
             # As in ART: the batch is not trained. Its scenarios are done with (nothing in
             # them the backend could train), counted with the groups nothing was learnt from.
@@ -208,6 +245,13 @@ class TrainingStage:
                 )
             return None
         return {k: float(v) for k, v in dict(reported).items() if isinstance(v, (int, float))}
+
+    async def _discard_prepared(self, groups: list[TrajectoryGroup]) -> None:
+        """Let the backend drop what it prepared for a batch that will not train."""
+        discard = self._discard
+        if discard is not None:
+            with self.calls.track("training", "backend.discard_pipeline_batch"):
+                await self.context.bridge.call(discard, groups)
 
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""

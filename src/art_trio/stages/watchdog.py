@@ -27,6 +27,7 @@ A report is a log record (warning), a line beside the status line, the `Stalled`
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -46,7 +47,9 @@ from ..plumbing.bridge.calls import Bridge
 from ..plumbing.group_queue import GroupQueueStatistics
 from ..plumbing.stop import StopControl
 from ..plumbing.tasktree import task_tree, thread_stack
+from ..policy.admission import reference_gate_allows
 from ..policy.gate import PolicyGate
+from ..policy.gate_snapshot import GateSnapshot
 from ..run import CallsInFlight
 
 logger = logging.getLogger("art_trio")
@@ -197,34 +200,35 @@ class WatchdogStage:
         gate = self.gate
         workers = self.workers_running()
         waiting = max(0, workers - len(rollouts) - queue.waiting_senders)
-        headroom = gate.policy.headroom(gate.snapshot())
+        snap = gate.snapshot()
+        headroom = gate.policy.headroom(snap)
         held = waiting and headroom <= 0 and not gate.closed
+        hold = _hold(snap, gate.policy.headroom) if held else None
         if rollouts:
             oldest = rollouts[0]
+            held_by = f" (held by {hold.rule})" if hold is not None else ""
             rollout_wait = StageWait(
                 "rollout",
                 f"{len(rollouts)} of {workers} workers in rollouts (oldest: scenario "
                 f"{oldest.scenario_index}, {oldest.age_s:.1f} s), {waiting} waiting at the "
-                f"gate, {queue.waiting_senders} blocked on the full groups queue",
+                f"gate{held_by}, {queue.waiting_senders} blocked on the full groups queue",
                 oldest.age_s,
             )
         elif queue.waiting_senders:
             rollout_wait = StageWait("rollout", f"{queue.waiting_senders} workers blocked on "
                                      "the full groups queue (training does not take groups)")
-        elif held:
-            rollout_wait = StageWait("rollout", f"{waiting} workers held at the gate by the "
-                                     "staleness bound (waiting for a policy)")
+        elif hold is not None:
+            rollout_wait = StageWait("rollout", f"{waiting} workers held at the gate by "
+                                     f"{hold.rule} ({hold.short})")
         else:
             rollout_wait = StageWait("rollout", f"{waiting} workers waiting at the gate or on "
                                      "the scenario source" if waiting else "idle")
         if gate.closed:
             gate_text = "closed (the run is ending: no rollout starts)"
-        elif held:
-            gate_text = (
-                f"holds {waiting} workers: the staleness bound admits no rollout at "
-                f"policy version {gate.policy_version} until step {gate.next_training_step} "
-                "is published (waiting for a policy)"
-            )
+        elif hold is not None:
+            gate_text = f"holds {waiting} workers: {hold.why}"
+        elif math.isinf(headroom):
+            gate_text = "admits any number of rollouts now"
         else:
             gate_text = f"admits {max(0, int(headroom))} more rollouts now"
         capacity = "unbounded" if queue.capacity == float("inf") else f"{queue.capacity:g}"
@@ -308,6 +312,53 @@ class WatchdogStage:
         # Queued before it is said: whoever unblocks the loop on hearing it finds it there.
         self._delivered.append(report)
         self._say(report)
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Which admission rule holds the workers at the gate, in words."""
+
+    rule: str
+    #: A few words on what they wait for, and the whole reason.
+    short: str
+    why: str
+
+
+def _hold(snap: GateSnapshot, headroom: Callable[[GateSnapshot], float]) -> _Hold:
+    """Why admission refuses every rollout now (`headroom` is the policy's decision).
+
+    The load cap is what holds the workers where the same decision without the load model
+    would admit one: the freshness window has room, the shared server has none.
+    """
+    version, step = snap.policy_version, snap.next_training_step
+    if not reference_gate_allows(snap):
+        return _Hold(
+            "the staleness bound", "waiting for a policy",
+            f"the staleness bound admits no rollout at policy version {version} until step "
+            f"{step} is published (waiting for a policy)",
+        )
+    cap, throughput = snap.load_cap, snap.server_throughput
+    if (
+        cap is not None and throughput is not None and snap.step_period
+        and headroom(replace(snap, load_latency=())) > 0
+    ):
+        return _Hold(
+            "the load cap",
+            f"the shared inference server can take {cap} at once, {snap.load} run there",
+            f"the load cap admits no rollout while {snap.load} run on the shared inference "
+            f"server, which can take {cap} at once and finish them inside the freshness window "
+            f"(measured {throughput:.3g} rollouts/s over {snap.batches_left} step periods of "
+            f"{snap.step_period:.1f} s); each rollout that ends lets one start",
+        )
+    waits = (
+        f"waiting for a policy: step {step} is training" if snap.training
+        else f"waiting for the batch of step {step + 1} to be taken"
+    )
+    return _Hold(
+        "the freshness window", waits,
+        f"the freshness window is full: {snap.queued} groups queued and {snap.fresh_in_flight} "
+        f"rollouts in flight already fill the batches still to be taken ({waits})",
+    )
 
 
 def _scheduler() -> Callable[[Callable[[], None]], object]:

@@ -44,7 +44,7 @@ from art_trio.testing.doubles import (
 )
 
 if TYPE_CHECKING:
-    from art_trio.testing.harness import Case, CaseResult, Config, RolloutPlan
+    from art_trio.testing.harness import Case, CaseResult, Config, PlannedRolloutError, RolloutPlan
     from art_trio.testing.pipeline import (
         PipelineCheckFailed,
         PipelineReport,
@@ -58,6 +58,7 @@ _LAZY = {
     "Case": "harness",
     "CaseResult": "harness",
     "Config": "harness",
+    "PlannedRolloutError": "harness",
     "RolloutPlan": "harness",
     "PipelineCheckFailed": "pipeline",
     "PipelineReport": "pipeline",
@@ -84,6 +85,7 @@ __all__ = [
     "Flavor",
     "PipelineCheckFailed",
     "PipelineReport",
+    "PlannedRolloutError",
     "RolloutPlan",
     "TrainBatch",
     "art_pipeline_trainer",

@@ -1,0 +1,80 @@
+"""The performance gate's judgement and the README's generated results tables."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import perf_gate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, Any]:
+    return json.loads(perf_gate.BASELINE.read_text())
+
+
+def _scale(results: dict[str, Any], workload: str, kind: str, metric: str, by: float) -> None:
+    for run in results["runs"]:
+        if run["workload"] == workload and run["kind"] == kind:
+            for report in run["reports"]:
+                report[metric] *= by
+
+
+def test_the_baseline_passes_its_own_gate(baseline: dict[str, Any]) -> None:
+    assert perf_gate.check(perf_gate.medians(baseline), perf_gate.medians(baseline)) == []
+
+
+def test_a_fifth_of_on_policy_utilization_lost_fails(baseline: dict[str, Any]) -> None:
+    """What adb44e9's admission rule did to the on-policy workload (0.70-0.76 against ART's
+    0.90) fails the gate, and names the figure."""
+    regressed = copy.deepcopy(baseline)
+    _scale(regressed, "on-policy", "trio", "utilization", 0.8)
+    failures = perf_gate.check(perf_gate.medians(regressed), perf_gate.medians(baseline))
+    assert len(failures) == 1 and failures[0].startswith("on-policy trio utilization")
+
+
+@pytest.mark.parametrize(
+    ("workload", "metric", "by"),
+    [("heavy-tail", "rollout_s_per_group", 1.5), ("overhead-b32", "groups_per_s", 0.6)],
+)
+def test_costs_and_overhead_past_their_slack_fail(
+    baseline: dict[str, Any], workload: str, metric: str, by: float
+) -> None:
+    regressed = copy.deepcopy(baseline)
+    _scale(regressed, workload, "asyncio", metric, by)
+    failures = perf_gate.check(perf_gate.medians(regressed), perf_gate.medians(baseline))
+    assert [f.split(":")[0] for f in failures] == [f"{workload} asyncio {metric}"]
+
+
+def test_a_machine_slower_for_both_trainers_passes(baseline: dict[str, Any]) -> None:
+    """Noise that moves ART's trainer and art_trio's alike is no regression."""
+    slower = copy.deepcopy(baseline)
+    for run in slower["runs"]:
+        for report in run["reports"]:
+            report["groups_per_s"] *= 0.7
+    assert perf_gate.check(perf_gate.medians(slower), perf_gate.medians(baseline)) == []
+
+
+def test_a_missing_run_fails(baseline: dict[str, Any]) -> None:
+    partial = copy.deepcopy(baseline)
+    partial["runs"] = [r for r in partial["runs"] if r["workload"] != "tight-off1"]
+    failures = perf_gate.check(perf_gate.medians(partial), perf_gate.medians(baseline))
+    assert "tight-off1: art did not run" in failures
+
+
+def test_readme_results_tables_are_generated_from_the_baseline() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "results_tables.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
