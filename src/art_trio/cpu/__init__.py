@@ -20,8 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # from the shared server; exported here with the backend that raises them.
 from ..local_backend.server import OpenAIError, UnknownModelError  # noqa: E402
 from .backend import CheckpointWriteError, CPUBackend, ModelNameConflictError  # noqa: E402
-from .engine import EngineClosed, RequestTooLarge  # noqa: E402
+from .engine import EngineClosed, RequestTooLarge, RowFailed  # noqa: E402
 from .model_source import ModelSourceError  # noqa: E402
+from .sampling import NonFiniteLogits  # noqa: E402
 from .training import NonFiniteTrainingError  # noqa: E402
 
 __all__ = [
@@ -30,8 +31,10 @@ __all__ = [
     "EngineClosed",
     "ModelNameConflictError",
     "ModelSourceError",
+    "NonFiniteLogits",
     "NonFiniteTrainingError",
     "OpenAIError",
     "RequestTooLarge",
+    "RowFailed",
     "UnknownModelError",
 ]
