@@ -40,7 +40,6 @@ from typing import Any
 import anyio
 import art
 import pytest
-import trio
 
 from art_trio import (
     BatchTaken,
@@ -65,6 +64,10 @@ from tests.doubles import (
     trajectory,
 )
 from tests.errors import find_leaf
+from tests.loops import run_with_deadline
+
+#: How long a run may take before the test calls it a hang.
+DEADLINE_S = 120.0
 
 LOOPS = ["trio", "asyncio"]
 
@@ -79,32 +82,6 @@ def _trainer(
     }
     options.update(kwargs)
     return PipelineTrainer(model, backend, rollout_fn, scenarios(n), None, **options)
-
-
-def _run(how: str, fn: Callable[[], Awaitable[Any]]) -> BaseException | None:
-    """Run `fn` under trio or asyncio in a daemon thread; the exception it ended with.
-
-    A hang fails the test instead of hanging it.
-    """
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            if how == "trio":
-                trio.run(fn)
-            else:
-                anyio.run(fn, backend="asyncio")
-        except BaseException as exc:  # noqa: BLE001  (the test inspects it)
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(120.0)
-    if thread.is_alive():
-        pytest.fail(f"train() under {how} did not return within 120 s: it hangs")
-    return outcome[0]
 
 
 def _train(trainer: PipelineTrainer[Any, None]) -> Callable[[], Awaitable[None]]:
@@ -180,7 +157,7 @@ def test_a_trajectory_from_a_future_policy_stops_the_run_and_is_never_trained(
     watch = _Settled()
     trainer = _trainer(model, backend, rollout, max_steps=40, **bounds)
     trainer.add_observer(watch)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None, "train() returned normally"
     leaf, notes = find_leaf(exc, FuturePolicyError)
     assert str(leaf).startswith(f"Trajectory tokens came from a future policy: policy={future}")
@@ -211,7 +188,7 @@ def test_the_current_policy_version_is_not_the_future(
         return group
 
     trainer = _trainer(model, backend, rollout, max_steps=6, max_steps_off_policy=0)
-    assert _run("trio", _train(trainer)) is None
+    assert run_with_deadline("trio", _train(trainer), DEADLINE_S) is None
     assert backend.step == 6
 
 
@@ -363,7 +340,7 @@ def test_resize_to_infinite_workers_during_a_run_is_refused_and_the_run_goes_on(
                 refused.append(str(exc))
 
     trainer.add_observer(observe)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     assert len(refused) == 4 and all("nothing was changed" in r for r in refused), refused
     assert backend.step == 8
     stats = trainer.statistics()
@@ -401,7 +378,7 @@ def test_extreme_staleness_bounds_run(
     """0 is strictly on-policy; huge bounds behave as no bound (the channel's capacity is
     huge, which costs nothing until groups fill it)."""
     trainer = _trainer(model, backend, max_steps=6, **bounds)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     assert backend.step == 6
     if 0 in bounds.values():
         assert all(
@@ -449,7 +426,7 @@ def test_a_forced_stop_inside_backend_train_gives_the_batch_a_fate_and_resume_tr
                     break
             trainer.request_stop(force=True)
 
-    assert _run(how, main) is None
+    assert run_with_deadline(how, main, DEADLINE_S) is None
     stats = trainer.statistics()
     watch.check_against(stats)
     held = [e for e in watch.events if isinstance(e, BatchTaken)][-1]
@@ -463,7 +440,7 @@ def test_a_forced_stop_inside_backend_train_gives_the_batch_a_fate_and_resume_tr
     # and trained again, once.
     backend.hold_from_step, backend.hold_train = None, False
     resumed = _trainer(model, backend, max_steps=4)
-    assert _run(how, _train(resumed)) is None
+    assert run_with_deadline(how, _train(resumed), DEADLINE_S) is None
     trained = _trained_ids(backend)
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     assert {e.scenario_index for e in in_batch} <= set(trained)
@@ -497,7 +474,7 @@ def test_backend_train_raising_gives_its_batch_a_fate(
     watch = _Settled()
     trainer = _trainer(model, backend, max_steps=10)
     trainer.add_observer(watch)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     find_leaf(exc, _FailingBackend.Failed)
     stats = trainer.statistics()
@@ -530,7 +507,7 @@ def test_a_batch_trained_but_not_logged_is_counted_once_on_resume(
     watch = _Settled()
     trainer = _trainer(model, backend, max_steps=10)
     trainer.add_observer(watch)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     find_leaf(exc, _LogFails)
     watch.check_against(trainer.statistics())
@@ -539,7 +516,7 @@ def test_a_batch_trained_but_not_logged_is_counted_once_on_resume(
     assert all(e.fate is Fate.DROPPED_AT_STOP for e in in_batch)
     object.__setattr__(model, "log", original_log)
     resumed = _trainer(model, backend, max_steps=3)
-    assert _run(how, _train(resumed)) is None
+    assert run_with_deadline(how, _train(resumed), DEADLINE_S) is None
     trained = _trained_ids(backend)
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     state = StateStore(Path(model._get_output_dir())).read()
@@ -571,7 +548,7 @@ def test_an_observer_raising_during_wind_down_does_not_replace_the_first_error(
 
     trainer.add_observer(observe)
     caplog.set_level(logging.ERROR, logger="art_trio")
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     leaf, notes = find_leaf(exc, _FailingBackend.Failed)
     with pytest.raises(LookupError):
@@ -600,7 +577,7 @@ def test_an_observer_that_fails_first_is_still_the_error(
             raise _WindDownObserverError(f"observer error {len(raised)}")
 
     trainer.add_observer(observe)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     leaf, _ = find_leaf(exc, _WindDownObserverError)
     assert str(leaf) == "observer error 1"
@@ -645,7 +622,7 @@ def test_statistics_from_another_thread_is_a_consistent_snapshot(
             poller.thread.start()
 
     try:
-        assert _run(how, main) is None
+        assert run_with_deadline(how, main, DEADLINE_S) is None
     finally:
         poller.done.set()
         poller.thread.join(30)
@@ -687,7 +664,7 @@ def test_a_blocked_loop_is_reported_to_another_thread_not_hung_on(
             release.wait(30)  # blocks the loop, as a badly written callback would
 
     trainer.add_observer(observe)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     assert len(answers) == 1 and "did not answer within 0.2 s" in str(answers[0])
     assert backend.step == 4
 
@@ -715,7 +692,7 @@ def test_resize_and_request_stop_from_another_thread(
             threading.Thread(target=controller, daemon=True).start()
 
     trainer.add_observer(observe)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     assert len(results) == 2, results
     resized, refused = results
     assert isinstance(resized, RunStatistics) and resized.num_rollout_workers == 7
@@ -741,7 +718,7 @@ def test_an_observer_may_stop_the_run_from_inside_its_callback(
             trainer.request_stop(force=force)  # twice: harmless
 
     trainer.add_observer(observe)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     watch.check_against(trainer.statistics())
     trained = _trained_ids(backend)
     assert len(trained) == len(set(trained))
@@ -766,7 +743,7 @@ def test_an_observer_may_resize_the_run_from_inside_every_callback(
         trainer.resize(num_rollout_workers=workers, min_batch_size=batch, max_batch_size=batch)
 
     trainer.add_observer(observe)
-    assert _run(how, _train(trainer)) is None
+    assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     assert backend.step == 12
     watch.check_against(trainer.statistics())
     assert all(1 <= len(call.scenario_ids) <= 3 for call in backend.calls)
@@ -788,7 +765,7 @@ def test_an_observer_resizing_on_every_resized_event_fails_the_run_not_hangs_it(
             trainer.resize(num_rollout_workers=flip[0])
 
     trainer.add_observer(observe)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     find_leaf(exc, RecursionError)
     assert _fates_add_up(trainer.statistics())
@@ -811,7 +788,7 @@ def test_an_observer_raising_a_base_exception_ends_the_run_cleanly(
             raise kind()
 
     trainer.add_observer(observe)
-    exc = _run(how, _train(trainer))
+    exc = run_with_deadline(how, _train(trainer), DEADLINE_S)
     assert exc is not None
     leaf, _ = find_leaf(exc, kind)
     assert type(leaf) is kind
@@ -820,4 +797,4 @@ def test_an_observer_raising_a_base_exception_ends_the_run_cleanly(
     assert state is not None and state.training_step in (backend.step, backend.step - 1)
     # The lock is released: another trainer runs on the directory.
     again = _trainer(model, backend, max_steps=1)
-    assert _run(how, _train(again)) is None
+    assert run_with_deadline(how, _train(again), DEADLINE_S) is None

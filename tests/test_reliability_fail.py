@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import art
@@ -37,10 +35,10 @@ import trio_asyncio
 
 from art_trio import PipelineTrainer
 from art_trio.messages.types import EvalResult
-from art_trio.plumbing.ledger.files import SIDECAR_FILE
 from art_trio.plumbing.ledger.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
+from tests.loops import sidecar
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -67,14 +65,6 @@ def _trainer(
         None,
         **options,
     )
-
-
-
-
-def _sidecar(model: art.TrainableModel) -> dict[str, Any]:
-    data = json.loads((Path(model._get_output_dir()) / SIDECAR_FILE).read_text())
-    assert isinstance(data, dict)
-    return data
 
 
 def _resolved(state: dict[str, Any]) -> set[int]:
@@ -141,7 +131,7 @@ async def test_a_failing_stage_cancels_the_others_and_leaves_nothing_behind(
     assert set(threading.enumerate()) - threads_before == set()
     assert trio_asyncio.current_loop.get() is None
     # Persisted: the batch handed to the backend is pending, nothing is resolved.
-    state = _sidecar(model)
+    state = sidecar(model)
     assert state["pending_batch"] == {"step": 1, "scenario_indices": [0, 1]}
     assert _resolved(state) == set()
 
@@ -155,7 +145,7 @@ async def test_backend_train_failure_is_retrained_on_resume_none_skipped(
     leaf, notes = find_leaf(excinfo.value, RuntimeError)
     assert "backend exploded at step 3" in str(leaf)
     assert any("training stage" in note for note in notes), notes
-    state = _sidecar(model)
+    state = sidecar(model)
     failed_batch = state["pending_batch"]
     assert failed_batch is not None and failed_batch["step"] == 3
     first_run = _trained_ids(backend)
@@ -167,7 +157,7 @@ async def test_backend_train_failure_is_retrained_on_resume_none_skipped(
     trained = _trained_ids(backend)
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     assert set(failed_batch["scenario_indices"]) <= set(trained[len(first_run):])
-    final = _sidecar(model)
+    final = sidecar(model)
     assert final["pending_batch"] is None
     # None skipped: everything under the watermark was trained (no discards in this run).
     assert set(range(final["scenario_offset"])) <= set(trained)
@@ -242,7 +232,7 @@ async def test_model_log_raising_in_the_training_stage_ends_the_run(
     assert trio_asyncio.current_loop.get() is None
     # backend.train ran before model.log failed: the step is done, so resume counts it.
     assert backend.step == 1
-    state = _sidecar(model)
+    state = sidecar(model)
     assert state["pending_batch"]["step"] == 1
 
 
@@ -311,7 +301,7 @@ async def test_a_rollout_that_raises_is_counted_as_errored_and_the_run_goes_on(
     assert len(lines) == 1, lines
     assert "scenario_id=3" in lines[0]
     # Errored counts as resolved: a resumed run does not roll it again.
-    assert 3 in _resolved(_sidecar(model))
+    assert 3 in _resolved(sidecar(model))
 
 
 @pytest.mark.parametrize("returned", [None, [], "a group"], ids=["None", "list", "str"])

@@ -65,6 +65,7 @@ from tests.doubles import (
     trajectory,
 )
 from tests.errors import find_leaf
+from tests.loops import run_with_deadline
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -89,8 +90,6 @@ def _trainer(
         model, backend, rollout_fn, scenarios(400) if source is None else source, None,
         eval_fn, **options,
     )
-
-
 
 
 def _out(model: art.TrainableModel) -> Path:
@@ -125,35 +124,6 @@ def _open_files() -> set[str]:
         except OSError:
             pass
     return paths
-
-
-def _run_with_deadline(fn: Callable[[], Any], how: str, seconds: float = 60.0) -> BaseException:
-    """Run `fn` under trio or asyncio in a thread; the exception it ended with.
-
-    A hang fails the test instead of hanging it (the thread is a daemon: a loop that cannot
-    be ended stays behind, which is the fault being tested for).
-    """
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            if how == "trio":
-                trio.run(fn)
-            else:
-                anyio.run(fn, backend="asyncio")
-        except BaseException as exc:  # noqa: BLE001  (the test inspects it)
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"train() under {how} did not return within {seconds:g} s: it hangs")
-    result = outcome[0]
-    assert result is not None, "train() returned normally"
-    return result
 
 
 # == 1, 2: one run per model directory ==========================================================
@@ -464,7 +434,8 @@ def test_keyboard_interrupt_or_system_exit_in_asyncio_code_ends_train(
         eval_every_n_steps=2, max_steps=50,
     )
     threads_before = set(threading.enumerate())
-    exc = _run_with_deadline(functools.partial(trainer.train, handle_signals=False), how)
+    exc = run_with_deadline(how, functools.partial(trainer.train, handle_signals=False), 60.0)
+    assert exc is not None, "train() returned normally"
     assert type(exc) is kind, repr(exc)
     assert any("stage" in note for note in getattr(exc, "__notes__", [])), exc
     assert backend.step < 50

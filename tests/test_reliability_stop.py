@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import signal
 import threading
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,7 +32,6 @@ import trio
 import trio.testing
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger.files import SIDECAR_FILE
 from art_trio.plumbing.ledger.store import StateStore
 from tests.doubles import (
     RecordingBackend,
@@ -43,6 +40,7 @@ from tests.doubles import (
     scenarios,
     trajectory,
 )
+from tests.loops import sidecar
 
 HOUR = 3600.0
 
@@ -66,12 +64,6 @@ class HourLongRollouts:
             return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
         finally:
             self.finalized.append(scenario["i"])
-
-
-def _sidecar(model: art.TrainableModel) -> dict[str, Any]:
-    data = json.loads((Path(model._get_output_dir()) / SIDECAR_FILE).read_text())
-    assert isinstance(data, dict)
-    return data
 
 
 def _trainer(
@@ -105,7 +97,7 @@ async def test_request_stop_cancels_hour_long_rollouts_after_the_grace_period(
     assert sorted(rollouts.finalized) == sorted(rollouts.started)
     assert backend.calls == []
     # Persisted, and nothing in flight was marked resolved.
-    state = _sidecar(model)
+    state = sidecar(model)
     assert state["scenario_offset"] == 0
     assert state["resolved_scenarios"] == []
     assert state["pending_batch"] is None
@@ -170,7 +162,7 @@ async def test_rollouts_finishing_within_the_grace_period_are_not_cancelled_or_t
     assert trio.current_time() - stopped_at == pytest.approx(100.0)
     assert sorted(finished) == [0, 1, 2, 3]
     assert backend.calls == []
-    assert _sidecar(model)["scenario_offset"] == 0
+    assert sidecar(model)["scenario_offset"] == 0
 
 
 async def test_a_running_backend_train_finishes_and_no_new_one_starts(
@@ -194,7 +186,7 @@ async def test_a_running_backend_train_finishes_and_no_new_one_starts(
     assert [call.step for call in backend.calls] == [1]
     trained = set(backend.calls[0].scenario_ids)
     # Its scenarios are committed; nothing else is.
-    state = _sidecar(model)
+    state = sidecar(model)
     assert state["pending_batch"] is None
     assert state["training_step"] == 1
     resolved = set(range(state["scenario_offset"])) | set(state["resolved_scenarios"])
@@ -236,7 +228,7 @@ async def test_request_stop_before_train_makes_it_return_at_once(
     await trainer.train(handle_signals=False)
     assert trio.current_time() - started_at < 1.0
     assert backend.calls == []
-    assert _sidecar(model)["scenario_offset"] == 0
+    assert sidecar(model)["scenario_offset"] == 0
 
 
 # -- signals -------------------------------------------------------------------------------
@@ -265,7 +257,7 @@ async def test_second_sigint_cancels_everything_and_handlers_are_restored(
     assert trio.current_time() - second_at < 2.0
     assert sorted(rollouts.finalized) == [0, 1, 2, 3]
     assert backend.calls == []
-    assert _sidecar(model)["scenario_offset"] == 0
+    assert sidecar(model)["scenario_offset"] == 0
     after = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     assert after == before
 

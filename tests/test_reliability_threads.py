@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,9 @@ import art
 import pytest
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger.files import SIDECAR_FILE
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
+from tests.loops import run_with_deadline, sidecar
 
 HOW = ["trio", "asyncio"]
 GRACE_S = 0.2
@@ -88,39 +87,6 @@ def never() -> Iterator[Never]:
         blocking.release()
 
 
-def _run(how: str, main: Callable[[], Awaitable[Any]]) -> BaseException | None:
-    """Run `main` under trio or anyio's asyncio in a daemon thread; what it raised, if
-    anything. A run still going BOUND_S after `main` signalled its stop (or at all, after
-    a minute) fails the test."""
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            if how == "trio":
-                import trio
-
-                trio.run(main)
-            else:
-                anyio.run(main, backend="asyncio")
-        except BaseException as exc:  # noqa: BLE001  (the test inspects it)
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(60 + BOUND_S)
-    if thread.is_alive():
-        pytest.fail(f"the run under {how} did not return: it waits for the blocking call")
-    return outcome[0]
-
-
-def _sidecar(model: art.TrainableModel) -> dict[str, Any]:
-    data = json.loads((Path(model._get_output_dir()) / SIDECAR_FILE).read_text())
-    assert isinstance(data, dict)
-    return data
-
-
 def _trainer(
     model: art.TrainableModel, backend: RecordingBackend, rollout_fn: Any, **kwargs: Any
 ) -> PipelineTrainer[Any, None]:
@@ -143,7 +109,8 @@ def _resume_trains_every_scenario_once(
 ) -> None:
     """The ledger after the stopped run: a resumed run trains all 6 scenarios, none twice."""
     resumed = _trainer(model, backend, asyncio_rollout)
-    assert _run(how, functools.partial(resumed.train, handle_signals=False)) is None
+    train = functools.partial(resumed.train, handle_signals=False)
+    assert run_with_deadline(how, train, 60 + BOUND_S) is None
     trained = [i for call in backend.calls for i in call.scenario_ids]
     assert sorted(trained) == list(range(6)), trained
 
@@ -210,7 +177,9 @@ def test_a_stop_does_not_wait_for_a_rollout_blocked_in_a_thread(
     times = _Times()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome = _run(how, lambda: _stop_when_blocked(trainer, never, times, force=force))
+        outcome = run_with_deadline(
+            how, lambda: _stop_when_blocked(trainer, never, times, force=force), 60 + BOUND_S
+        )
         run_returned = time.monotonic()
     assert outcome is None, repr(outcome)
     assert times.returned - times.stop < BOUND_S
@@ -219,7 +188,7 @@ def test_a_stop_does_not_wait_for_a_rollout_blocked_in_a_thread(
     [warning] = _abandoned_warnings(caught)
     assert "2 blocking call(s)" in warning and "Never.block (x2)" in warning, warning
     assert backend.calls == []
-    state = _sidecar(model)
+    state = sidecar(model)
     assert state["scenario_offset"] == 0 and state["resolved_scenarios"] == []
     assert state["pending_batch"] is None
     _resume_trains_every_scenario_once(how, model, backend)
@@ -281,7 +250,7 @@ def test_a_failure_does_not_wait_for_a_backend_train_blocked_in_a_thread(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome = _run(how, main)
+        outcome = run_with_deadline(how, main, 60 + BOUND_S)
         run_returned = time.monotonic()
     assert outcome is not None
     leaf, _ = find_leaf(outcome, RuntimeError)
@@ -292,7 +261,7 @@ def test_a_failure_does_not_wait_for_a_backend_train_blocked_in_a_thread(
     [warning] = _abandoned_warnings(caught)
     assert "1 blocking call(s)" in warning and "block" in warning, warning
     assert backend.calls == []
-    assert _sidecar(model)["pending_batch"] == {"step": 1, "scenario_indices": [0, 1]}
+    assert sidecar(model)["pending_batch"] == {"step": 1, "scenario_indices": [0, 1]}
     backend.never = None
     _resume_trains_every_scenario_once(how, model, backend)
 
@@ -339,7 +308,7 @@ def test_a_forced_stop_does_not_wait_for_cpubackends_training_step(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome = _run(how, main)
+        outcome = run_with_deadline(how, main, 60 + BOUND_S)
         run_returned = time.monotonic()
     assert outcome is None, repr(outcome)
     assert times.returned - times.stop < BOUND_S and run_returned - times.stop < BOUND_S
@@ -349,7 +318,7 @@ def test_a_forced_stop_does_not_wait_for_cpubackends_training_step(
         # default executor: nothing waits for it there either, but nothing names it.
         [warning] = _abandoned_warnings(caught)
         assert "CPUBackend.train.<locals>.work" in warning, warning
-    assert _sidecar(model)["pending_batch"]["step"] == 1
+    assert sidecar(model)["pending_batch"]["step"] == 1
 
 
 # -- item 5: own executors -------------------------------------------------------------------
@@ -377,7 +346,8 @@ def test_a_rollout_may_run_blocking_work_in_its_own_executor(
             return art.TrajectoryGroup([trajectory(r) for r in rewards])
 
         trainer = _trainer(model, backend, rollout, max_steps=3)
-        assert _run(how, functools.partial(trainer.train, handle_signals=False)) is None
+        train = functools.partial(trainer.train, handle_signals=False)
+        assert run_with_deadline(how, train, 60 + BOUND_S) is None
     assert trainer.last_counters is not None and trainer.last_counters.errored == 0
     assert backend.step == 3
     assert threads and all(name.startswith("env") for name in threads)
