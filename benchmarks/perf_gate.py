@@ -7,8 +7,7 @@ art_trio's own committed baseline (benchmarks/baseline.json).
 
 The run is `art-trio bench` on the README's workloads (ART's asyncio trainer and art_trio's,
 each in a subprocess of its own, one after the other), about four and a half minutes on two
-cores.
-A noisy machine moves both trainers alike, so every figure is judged as art_trio's against
+cores. A noisy machine moves both trainers alike, so every figure is judged as art_trio's against
 ART's in the same run (a difference for utilization, a ratio for costs and rates), and that
 against the same comparison in the baseline; each workload's figure is the median over its
 seeds. The tolerances are set from repeated runs on a two-core machine: wide enough that
