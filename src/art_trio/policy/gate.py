@@ -127,10 +127,12 @@ class PolicyGate:
     Waiting workers queue up and are woken one at a time as admission frees up, so a policy
     update wakes exactly the workers that may start instead of every worker at once.
 
-    Every method that changes what a decision reads (the snapshot's counts, versions, sizes
-    and measurements) ends by waking the waiters the change lets in (`_pump`): nothing else
-    wakes them, so a change that raised the headroom unannounced would leave workers waiting
-    for an event that may never come, with nothing in flight to bring it.
+    Every change that can raise the headroom ends by waking the waiters it lets in (`_pump`):
+    nothing else wakes them, so a change that raised it unannounced would leave workers
+    waiting for an event that may never come, with nothing in flight to bring it. A rollout's
+    end is one decision, not one per call it makes: its time note is followed by its
+    `rollout_done` (which decides) or its `hand_over` (which raises the headroom only under
+    the load cap, and decides there).
     """
 
     def __init__(
