@@ -60,6 +60,8 @@ class Rule:
     slack: float
     #: ... and, where set, never worse than this against ART (the README's promise).
     bound: float | None = None
+    #: The slack is a share of the baseline's comparison, not an absolute amount.
+    relative: bool = False
 
     def value(self, ours: float, art: float) -> float | None:
         if self.compare == "difference":
@@ -69,8 +71,11 @@ class Rule:
     def fails(self, now: float, baseline: float | None) -> str | None:
         if self.bound is not None and (now - self.bound) * self.better < 0:
             return f"past the bound {self.bound:+.3f}"
-        if baseline is not None and (now - baseline) * self.better < -self.slack:
-            return f"worse than the baseline's {baseline:+.3f} by more than {self.slack:.3f}"
+        if baseline is None:
+            return None
+        slack = self.slack * abs(baseline) if self.relative else self.slack
+        if (now - baseline) * self.better < -slack:
+            return f"worse than the baseline's {baseline:+.3f} by more than {slack:.3f}"
         return None
 
 
@@ -82,8 +87,9 @@ RULES = (
     Rule("rollout_s_per_group", SCHEDULING, "ratio", -1, slack=0.08, bound=1.05),
     Rule("waste", SCHEDULING, "difference", -1, slack=0.04),
     # The scheduler's own cost: groups per second with rollouts and training that take no
-    # time. Noisier than the rest (it is CPU against CPU), hence the wider slack.
-    Rule("groups_per_s", OVERHEAD, "ratio", +1, slack=0.25),
+    # time. Noisier than the rest (CPU against CPU: single runs at batch 1 moved 1.0x-1.5x
+    # ART's on a loaded machine), so up to 30% of the baseline's ratio may go.
+    Rule("groups_per_s", OVERHEAD, "ratio", +1, slack=0.3, relative=True),
 )
 
 
