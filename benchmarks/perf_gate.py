@@ -144,22 +144,25 @@ def run_bench(kinds: Sequence[str], out: Path) -> dict[str, Any]:
     from art_trio.bench.runner import main as bench
 
     parts = []
-    tmp = tempfile.mkdtemp()
-    for seeds in dict.fromkeys(SEEDS.get(w, DEFAULT_SEEDS) for w in (*SCHEDULING, *OVERHEAD)):
-        workloads = [w for w in (*SCHEDULING, *OVERHEAD) if SEEDS.get(w, DEFAULT_SEEDS) == seeds]
-        part = Path(tmp) / f"part{len(parts)}.json"
-        code = bench(
-            [
-                "--workloads", ",".join(workloads),
-                "--kinds", ",".join(kinds),
-                "--seeds", ",".join(map(str, seeds)),
-                "--sweep", "off",
-                "--json", str(part),
+    groups = dict.fromkeys(SEEDS.get(w, DEFAULT_SEEDS) for w in (*SCHEDULING, *OVERHEAD))
+    with tempfile.TemporaryDirectory() as tmp:
+        for seeds in groups:
+            workloads = [
+                w for w in (*SCHEDULING, *OVERHEAD) if SEEDS.get(w, DEFAULT_SEEDS) == seeds
             ]
-        )  # fmt: skip
-        if code:
-            raise SystemExit(f"perf gate: the benchmark failed (exit {code}); see above")
-        parts.append(json.loads(part.read_text()))
+            path = Path(tmp) / f"part{len(parts)}.json"
+            code = bench(
+                [
+                    "--workloads", ",".join(workloads),
+                    "--kinds", ",".join(kinds),
+                    "--seeds", ",".join(map(str, seeds)),
+                    "--sweep", "off",
+                    "--json", str(path),
+                ]
+            )  # fmt: skip
+            if code:
+                raise SystemExit(f"perf gate: the benchmark failed (exit {code}); see above")
+            parts.append(json.loads(path.read_text()))
     merged = parts[0]
     for part in parts[1:]:
         merged["runs"] += part["runs"]

@@ -109,7 +109,7 @@ def latency_grows_with_load(load_latency: tuple[tuple[int, float, float], ...]) 
 def completed_count(times: tuple[float, ...]) -> int:
     """How many of the sorted recent rollout times are completed rollouts': cancelled ones
     count as infinite and sort last, so the completed are the prefix before them (found in
-    log time: admission asks on every decision)."""
+    log time: the in-flight cancel window asks on every snapshot)."""
     return bisect.bisect_left(times, math.inf)
 
 
