@@ -66,7 +66,9 @@ class Backend:
 
 def trajectory(reward):
     return art.Trajectory(
-        messages_and_choices=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        messages_and_choices=[
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+        ],
         reward=reward,
         metrics={"completion_tokens": 1},
     )
@@ -110,7 +112,8 @@ print(json.dumps(sorted(
 def code_lines(path: Path) -> int:
     """Radon's SLOC minus Multi: the module's code lines, its docstrings left out."""
     raw = analyze(path.read_text())
-    return raw.sloc - raw.multi
+    # A module that is all docstring counts 0, not below (radon's Multi counts blank lines too).
+    return max(raw.sloc - raw.multi, 0)
 
 
 def loaded_modules() -> list[Path]:

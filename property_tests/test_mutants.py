@@ -606,7 +606,7 @@ def test_no_false_stall_catches_a_watchdog_counting_only_steps(
 ) -> None:
     """A watchdog that takes only a finished step for the run moving reports every run whose
     steps are further apart than `stall_seconds`, though its rollouts each end well within it."""
-    from art_trio.stages.watchdog import WatchdogStage
+    from art_trio.watchdog.stage import WatchdogStage
 
     from .test_stall_watchdog import prop_no_false_stall, slow_cases
 

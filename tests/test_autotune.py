@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.messages.errors import ProfileError
-from art_trio.messages.events import RunStatistics
-from art_trio.plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
-from art_trio.policy.autotune.policy import AutotunePolicy
-from art_trio.policy.autotune.profile import (
+from art_trio.autotune.policy import AutotunePolicy
+from art_trio.autotune.profile import (
     AutotuneConfig,
     initial_runtime,
     profile_document,
     profile_path,
     save_profile,
 )
-from art_trio.policy.autotune.window import InferenceLoad, parse_vllm_metrics
+from art_trio.autotune.window import InferenceLoad, parse_vllm_metrics
+from art_trio.messages.errors import ProfileError
+from art_trio.messages.events import RunStatistics
+from art_trio.plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from art_trio.sim.doubles import make_rollout_fn
 from art_trio.sim.recorder import Recorder
 from art_trio.sim.workloads import PRESETS
@@ -578,8 +578,8 @@ def test_a_refused_change_is_logged_and_the_run_keeps_its_sizes(caplog):
     from types import SimpleNamespace
 
     from art_trio import PipelineSettings
-    from art_trio.policy.autotune.window import Decision
-    from art_trio.stages.autotune import AutotuneStage
+    from art_trio.autotune.stage import AutotuneStage
+    from art_trio.autotune.window import Decision
 
     settings = PipelineSettings.from_flat(
         {"num_rollout_workers": 4, "min_batch_size": 8, "max_batch_size": 8}

@@ -26,13 +26,13 @@ import art
 import pytest
 import trio
 
+from art_trio.executors import InProcessExecutor, RolloutExecutor
 from art_trio.messages.errors import RolloutLost
-from art_trio.plumbing.executor import InProcessExecutor, RolloutExecutor
 from tests import ray_rollouts
 
 ray = pytest.importorskip("ray")
 
-from art_trio.plumbing.ray_executor import RayActorsNotPlaced, RayRolloutExecutor  # noqa: E402
+from art_trio.executors.ray import RayActorsNotPlaced, RayRolloutExecutor  # noqa: E402
 from tests.ray_cluster import AUTH_ENV, RayCluster  # noqa: E402
 
 # -- without a cluster ------------------------------------------------------------------------
@@ -42,9 +42,9 @@ def test_importing_art_trio_does_not_import_ray() -> None:
     code = (
         "import sys, art_trio\n"
         "assert 'ray' not in sys.modules, 'import art_trio imported ray'\n"
-        "assert 'art_trio.plumbing.ray_executor' not in sys.modules\n"
+        "assert 'art_trio.executors.ray' not in sys.modules\n"
         "cls = art_trio.RayRolloutExecutor\n"
-        "assert 'ray' in sys.modules and cls.__module__ == 'art_trio.plumbing.ray_executor'\n"
+        "assert 'ray' in sys.modules and cls.__module__ == 'art_trio.executors.ray'\n"
         "assert 'RayRolloutExecutor' in dir(art_trio)\n"
     )
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}

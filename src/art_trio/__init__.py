@@ -66,10 +66,9 @@ from .observation.fates import RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import trio_native
 from .plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
-from .plumbing.executor import InProcessExecutor, RolloutExecutor
+from .plumbing.executor import RolloutExecutor
 from .plumbing.rollouts import make_group_rollout_fn
 from .policy.admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
-from .policy.autotune.profile import AutotuneConfig
 from .policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -87,18 +86,26 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 
-def __getattr__(name: str) -> Any:
-    # Imported on first use only: `import art_trio` must not import ray (extra `art-trio[ray]`).
-    # Not in __all__, so `from art_trio import *` works without ray installed.
-    if name == "RayRolloutExecutor":
-        from .plumbing.ray_executor import RayRolloutExecutor
+#: Names of the extensions' (each from its own subpackage), imported on first use so that a
+#: run that does not use one does not load it; `import art_trio` never imports ray.
+_EXTENSION_NAMES = {
+    "AutotuneConfig": "autotune",
+    "InProcessExecutor": "executors",
+    "RayRolloutExecutor": "executors",
+}
 
-        return RayRolloutExecutor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    package = _EXTENSION_NAMES.get(name)
+    if package is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{package}", __name__), name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"RayRolloutExecutor"})
+    return sorted(set(globals()) | set(_EXTENSION_NAMES))
 
 
 __all__ = [

@@ -24,7 +24,6 @@ from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRu
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
 from ..policy.admission import Admission
-from ..policy.autotune.profile import initial_runtime, load_profile_settings, profile_path
 from ..policy.retention import CheckpointRetentionStrategy
 from .settings import (
     DECLARATIONS,
@@ -206,20 +205,21 @@ def resolve_settings(
     autotune: PipelineAutotuneConfig | None,
     rollout_executor: RolloutExecutor | None,
     eval_step_0: bool,
+    tuned_start: Callable[[], dict[str, int | None]] | None = None,
     owner: str = "PipelineTrainer.__init__",
 ) -> PipelineSettings:
     """The constructor's settings keywords, their aliases resolved, validated (ValueError
-    with ART's text; TypeError for a keyword no parameter has)."""
+    with ART's text; TypeError for a keyword no parameter has). With autotuning on,
+    `tuned_start` gives the sizes the autotuner starts from (`art_trio.autotune`)."""
     refuse_unknown(keywords, owner)
     flat, sizes = _flat(keywords)
     if sizes is not None and pipeline is not None:
         raise ValueError("Use either sizes=Sizes(...) or pipeline=PipelineRuntimeConfig(...)")
     direct = {name: flat.pop(name, None) for name in RUNTIME_FIELDS}
-    runtime = resolve_runtime(pipeline if sizes is None else sizes, autotune, direct)
+    runtime = resolve_runtime(pipeline if sizes is None else sizes, autotune, direct, tuned_start)
     # After resolve_runtime's ValueErrors, as ART orders them; ART 0.5.20+ only. The frames
     # above the warning: this function, the constructor, then the user's call.
     _deprecate_direct_runtime({k: v for k, v in direct.items() if v is not None}, stacklevel=3)
-    runtime = autotune_start(autotune, model, runtime)
     explicit_workers = direct["num_rollout_workers"] is not None or (
         "num_rollout_workers" in getattr(pipeline, "model_fields_set", ())
     )
@@ -243,7 +243,10 @@ def resolve_settings(
 
 
 def resolve_runtime(
-    pipeline: Any | None, autotune: Any | None, direct: dict[str, int | None]
+    pipeline: Any | None,
+    autotune: Any | None,
+    direct: dict[str, int | None],
+    tuned_start: Callable[[], dict[str, int | None]] | None = None,
 ) -> dict[str, int | None]:
     """The four runtime settings, from `pipeline=PipelineRuntimeConfig(...)` or the direct kwargs.
 
@@ -260,8 +263,10 @@ def resolve_runtime(
                 "Pipeline runtime config cannot be provided when pipeline autotuning is "
                 "enabled. The autotuner owns the initial and online pipeline settings."
             )
-        # The autotuner's starting point (a saved profile, if asked for: autotune_start).
-        return initial_runtime(autotune)
+        if tuned_start is None:
+            raise ValueError("autotuning needs the autotune extension's starting sizes")
+        # The autotuner's starting point (a saved profile, if asked for).
+        return tuned_start()
     if pipeline is not None and given:
         raise ValueError(
             "Use either pipeline=PipelineRuntimeConfig(...) or deprecated direct pipeline "
@@ -270,27 +275,6 @@ def resolve_runtime(
     if pipeline is not None:
         return {name: getattr(pipeline, name) for name in direct}
     return {**RUNTIME_DEFAULTS, **given}
-
-
-def autotune_start(
-    config: PipelineAutotuneConfig | None, model: Any, runtime: dict[str, int | None]
-) -> dict[str, int | None]:
-    """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
-    always with mode "profile", with "online" when `profile=` names one)."""
-    mode, name = getattr(config, "mode", "off"), getattr(config, "profile", None)
-    if mode == "off" or model is None or (mode == "online" and not name):
-        return runtime
-    path = profile_path(model._get_output_dir(), name)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
-            "(a run with mode='online' saves one there)"
-        )
-    loaded = load_profile_settings(
-        path, model_name=getattr(model, "name", None),
-        max_workers=getattr(config, "max_rollout_workers", None),
-    )
-    return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}
 
 
 def fit_executor(executor: object | None, workers: int, *, explicit: bool) -> int:

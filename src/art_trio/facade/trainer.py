@@ -17,7 +17,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, Unpack
 
@@ -47,11 +47,9 @@ from ..plumbing.group_queue import GroupQueue
 from ..plumbing.hooks import backend_hook
 from ..plumbing.lock import RunLock
 from ..plumbing.threads import DEFAULT_TIMEOUT_S, LoopHandle
-from ..policy.autotune.profile import policy_for, profile_path
 from ..policy.rules import count_error
 from ..run import PipelineRun, compose_statistics
-from ..stages import Stage
-from ..stages.autotune import AutotuneStage
+from ..stages import RunView, Stage, StageExtension
 from ..stages.checkpoints import CheckpointBook
 from ..stages.control import ControlStage
 from ..stages.evaluation import EvalStage
@@ -59,7 +57,7 @@ from ..stages.metrics import TrainMetrics
 from ..stages.rollout import RolloutStage
 from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
-from ..stages.watchdog import WatchdogStage
+from .compose import run_extensions, tuned_start
 from .startup import open_run
 from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 
@@ -103,6 +101,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         score_reference_groups_per_step: float | None = None,
         score_reference_rollouts_per_group: float | None = None,
         eval_step_0: bool = True,
+        extensions: Sequence[StageExtension] = (),
         **settings: Unpack[SettingKeywords],
     ) -> None:
         # The settings keywords, each as art_trio.config.settings declares it (`inspect` shows them
@@ -112,7 +111,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.settings = resolve_settings(
             settings, model=model, pipeline=pipeline, autotune=autotune,
             rollout_executor=rollout_executor, eval_step_0=eval_step_0,
+            tuned_start=tuned_start(autotune, model),
         )
+        #: Your own extensions, run beside the stages of every run (see `StageExtension`).
+        self.extensions = tuple(extensions)
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -145,8 +147,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._rollouts: RolloutStage | None = None
         #: Changes the groups channel's capacity while a run goes (set with the channel).
         self._resize_queue: Callable[[int], None] | None = None
-        #: The online autotuner of the running `train()`, told of the user's own resizes.
-        self._tuner: AutotuneStage | None = None
+        #: The running `train()`'s extensions, told of the user's own resizes.
+        self._extensions: list[StageExtension] = []
         self._last_statistics: RunStatistics | None = None
         #: The reason of the last resize made with no run built (its Resized event's).
         self._startup_resize_reason = "resize"
@@ -297,7 +299,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._run = None
         self._rollouts = None
         self._resize_queue = None
-        self._tuner = None
+        self._extensions = []
         self.last_counters = run.counters
         close_run(run, failure)
 
@@ -351,19 +353,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 emit=run.emit, clock=run.now, persist=run.persist,
             ),
             StatusStage(run.status, start_step=run.context.start_step, finished=run.stop.finished),
-            WatchdogStage(
-                stall_seconds=settings.status.stall_seconds,
-                stall_action=settings.status.stall_action,
-                counters=run.counters, gate=run.gate, calls=run.calls, stop=run.stop,
-                bridge=run.context.bridge, status=run.status, emit=run.emit, clock=run.now,
-                rollouts_in_flight=rollouts.in_flight,
-                workers_running=lambda: rollouts.workers_running,
-                ready=lambda: len(training.ready),
-                queue=groups.statistics,
-            ),
         ]
-        if getattr(self.autotune, "mode", "off") == "online":
-            stages.append(self._autotune_stage(run))
+        view = RunView(
+            model=self.model, settings=live, counters=run.counters, gate=run.gate,
+            calls=run.calls, stop=run.stop, bridge=run.context.bridge, status=run.status,
+            clock=run.now, emit=run.emit, observe=run.observers.add, statistics=self.statistics,
+            resize=self.resize, rollouts_in_flight=rollouts.in_flight,
+            workers_running=lambda: rollouts.workers_running, ready=lambda: len(training.ready),
+            queue=groups.statistics,
+        )
+        self._extensions = run_extensions(
+            settings, self.autotune, self.rollout_executor, self.extensions
+        )
+        stages += [s for s in (ext.stage(view) for ext in self._extensions) if s is not None]
         with run.stop.run_scope as run_scope:
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
@@ -382,25 +384,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             # stage ended without an error and this run trained a step; not after a forced
             # stop. Its metrics feed only ART's autotuner attachments, which art_trio has not.
             await run.context.bridge.call(finalize, self.model)
-
-    def _autotune_stage(self, run: PipelineRun) -> AutotuneStage:
-        s = self.settings
-        policy = policy_for(self.autotune, {
-            "num_rollout_workers": s.sizes.num_rollout_workers,
-            "min_batch_size": s.sizes.min_batch_size, "max_batch_size": s.sizes.max_batch_size,
-        })
-        capacity = getattr(self.rollout_executor, "max_workers", None)
-        if capacity is not None:
-            policy.max_workers = min(policy.max_workers, capacity)
-        self._tuner = AutotuneStage(
-            policy=policy, config=self.autotune, model=self.model, settings=lambda: self.settings,
-            stop=run.stop, observe=run.observers.add, status=run.status,
-            statistics=self.statistics, resize=self.resize,
-            profile=profile_path(
-                self.model._get_output_dir(), getattr(self.autotune, "output_name", None)
-            ),
-        )
-        return self._tuner
 
     def statistics(self, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> RunStatistics:
         """The run as it is now: an immutable snapshot, cheap enough to take every step.
@@ -523,10 +506,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self._startup_resize_reason = reason
             return self.statistics()
         self._resize_run(run, s, resized, reason)
-        if self._tuner is not None:
-            # The user's values win over the tuner's (it stops changing what they set).
-            self._tuner.resized(num_rollout_workers=num_rollout_workers,
-                                min_batch_size=min_batch_size, max_batch_size=max_batch_size)
+        for extension in self._extensions:
+            # The user's values win over an autotuner's (it stops changing what they set).
+            told = getattr(extension, "resized", None)
+            if told is not None:
+                told(num_rollout_workers=num_rollout_workers,
+                     min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         return self.statistics()
 
     def _resize_run(

@@ -85,7 +85,7 @@ class _AutotuneConfig(pydantic.BaseModel):
     mode: Literal["off", "online", "profile"] = "off"
     profile: str | None = None
     output_name: str = "latest"
-    # The fields art_trio's autotuner honours (art_trio.policy.autotune), with ART 0.5.23's
+    # The fields art_trio's autotuner honours (art_trio.autotune), with ART 0.5.23's
     # defaults.
     window_steps: int = pydantic.Field(default=4, ge=1)
     warmup_ignore_steps: int = pydantic.Field(default=3, ge=0)

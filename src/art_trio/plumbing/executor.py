@@ -1,4 +1,5 @@
-"""Where a rollout runs: the executor protocol the trainer calls, and the in-process default.
+"""Where a rollout runs: the executor protocol the trainer calls (implementations live in
+`art_trio.executors`; with no executor the trainer calls the rollout function itself).
 
 The protocol is ART 0.5.20's `art.distributed.rollout.RolloutExecutor`, same names, so an
 executor written for ART's trainer fits here. `run` is asyncio code: the trainer awaits it
@@ -9,8 +10,7 @@ rollout raises `RolloutLost`; any other failure raises the rollout's own excepti
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -41,121 +41,3 @@ class RolloutExecutor(Protocol):
     ) -> Any:
         """`await rollout_fn(model, scenario, config)`, wherever this executor runs it."""
         ...
-
-
-class InProcessExecutor:
-    """Runs the rollout in the trainer's own process and asyncio loop: the trainer's default."""
-
-    @property
-    def max_workers(self) -> int | None:
-        return None
-
-    def set_target(self, target_workers: int) -> None:
-        if target_workers < 1:
-            raise ValueError("target_workers must be >= 1")
-
-    def set_workers(self, worker_ids: tuple[int, ...]) -> None:
-        del worker_ids
-
-    async def run(
-        self,
-        worker_id: int,
-        rollout_fn: Callable[..., Awaitable[Any]],
-        model: Any,
-        scenario: Any,
-        config: Any,
-    ) -> Any:
-        del worker_id
-        return await rollout_fn(model, scenario, config)
-
-
-#: Fields set after construction, as `model.register()` sets them on the trainer's side.
-_INFERENCE_FIELDS = ("inference_api_key", "inference_base_url", "inference_model_name")
-
-#: Private serving state `model.openai_client()` reads on the lines that have it (0.5.20+ adds
-#: the binary routes and serving capabilities); copied when the model has it, else skipped.
-_SERVING_PRIVATE = (
-    "_internal_config",
-    "_art_binary_routes_base_url",
-    "_serving_capabilities",
-    "_inference_connection_errors_are_fatal",
-)
-
-
-@dataclass(frozen=True)
-class ModelView:
-    """An inference-only, picklable view of an ART model, rebuilt as the same class elsewhere.
-
-    Holds the model's public fields (so `name`, `project`, `base_model`, `run_name` on 0.5.20+
-    and so on), its `config`, the serving state `openai_client()` needs, and the inference name
-    the trainer's backend gives the current step (`get_inference_name()`), since the rebuilt
-    model has no backend to ask. Not carried: the backend, W&B run, metrics builder, and any
-    client already made. `get_inference_name(step=k)` on the rebuilt model therefore answers
-    `f"{current_name}@{k}"`, as ART's own `RolloutModelSpec` does.
-
-    Works on both ART lines: it asks the model's class for its fields instead of knowing them.
-    """
-
-    model_class: type
-    fields: Mapping[str, Any]
-    config: Any
-    private: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, model: Any) -> ModelView:
-        model_class = type(model)
-        # A pydantic model keeps its fields in __dict__ and its private attributes in
-        # __pydantic_private__: read there, not through its (slow) __getattr__.
-        values = vars(model)
-        fields = {
-            name: values[name]
-            for name in model_class.model_fields
-            if name != "config" and name in values
-        }
-        fields["inference_model_name"] = model.get_inference_name()
-        private_values = getattr(model, "__pydantic_private__", None) or {}
-        private = {
-            name: private_values[name]
-            for name in _SERVING_PRIVATE
-            if private_values.get(name) is not None
-        }
-        return cls(model_class, fields, values.get("config"), private)
-
-    def fingerprint(self) -> str:
-        """Equal for views that build equal models (`config` compared by identity)."""
-        return repr(
-            (
-                f"{self.model_class.__module__}.{self.model_class.__qualname__}",
-                sorted(self.fields.items()),
-                id(self.config),
-                sorted((k, repr(v)) for k, v in self.private.items()),
-            )
-        )
-
-    def build(self) -> Any:
-        """A new model of the same class, ready for `openai_client()` (no backend)."""
-        init = {k: v for k, v in self.fields.items() if k not in _INFERENCE_FIELDS}
-        init.pop("trainable", None)
-        model = self.model_class(**init, config=self.config)
-        for name in _INFERENCE_FIELDS:
-            if name in self.fields:
-                setattr(model, name, self.fields[name])
-        for name, value in self.private.items():
-            object.__setattr__(model, name, value)
-        return model
-
-
-def scenario_id(scenario: Any) -> Any | None:
-    """The scenario's id for an error message: `metadata.scenario_id`, else `id`, else None."""
-    metadata = _get(scenario, "metadata")
-    found = _get(metadata, "scenario_id") if metadata is not None else None
-    return found if found is not None else _get(scenario, "id")
-
-
-def _get(obj: Any, key: str) -> Any | None:
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    try:
-        return getattr(obj, key, None)
-    except Exception:
-        return None

@@ -12,9 +12,9 @@ from typing import Any
 
 import pydantic
 
-from ...messages.errors import ProfileError
-from ...plumbing.compat import PipelineAutotuneConfig
-from ...plumbing.ledger.files import atomic_write_json
+from ..messages.errors import ProfileError
+from ..plumbing.compat import PipelineAutotuneConfig
+from ..plumbing.ledger.files import atomic_write_json
 from .policy import DEFAULT_TARGET_UTILIZATION, AutotunePolicy
 
 
@@ -182,3 +182,24 @@ def save_profile(path: Path, document: dict[str, Any]) -> None:
     plain = json.loads(json.dumps(document, default=repr, allow_nan=True),
                        parse_constant=lambda _: None)
     atomic_write_json(path, plain, fsync=True)
+
+
+def start_sizes(config: PipelineAutotuneConfig | None, model: Any) -> dict[str, int | None]:
+    """A tuned run's starting sizes: a saved profile's where one is asked for (ART's rule:
+    always with mode "profile", with "online" when `profile=` names one), else the config's
+    initial ones (`initial_runtime`)."""
+    runtime = initial_runtime(config)
+    mode, name = getattr(config, "mode", "off"), getattr(config, "profile", None)
+    if mode == "off" or model is None or (mode == "online" and not name):
+        return runtime
+    path = profile_path(model._get_output_dir(), name)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"autotune mode {mode!r} starts from a saved profile, and there is none at {path} "
+            "(a run with mode='online' saves one there)"
+        )
+    loaded = load_profile_settings(
+        path, model_name=getattr(model, "name", None),
+        max_workers=getattr(config, "max_rollout_workers", None),
+    )
+    return {k: (loaded.get(k) if loaded.get(k) is not None else v) for k, v in runtime.items()}

@@ -49,7 +49,7 @@ except ModuleNotFoundError as exc:  # the extra is not installed
     ) from exc
 
 from ..messages.errors import ExecutorUnavailable, RolloutLost
-from .executor import ModelView
+from .model_view import ModelView
 from .ray_placement import (
     actors_the_cluster_holds,
     describe_cluster,

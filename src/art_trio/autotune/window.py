@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...messages.events import RunStatistics
+from ..messages.events import RunStatistics
 
 
 @dataclass(frozen=True, slots=True)

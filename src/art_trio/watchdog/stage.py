@@ -46,11 +46,11 @@ from ..observation.status import StatusReporter
 from ..plumbing.bridge.calls import Bridge
 from ..plumbing.group_queue import GroupQueueStatistics
 from ..plumbing.stop import StopControl
-from ..plumbing.tasktree import task_tree, thread_stack
 from ..policy.admission import reference_gate_allows
 from ..policy.gate import PolicyGate
 from ..policy.gate_snapshot import GateSnapshot
 from ..run import CallsInFlight
+from .tasktree import task_tree, thread_stack
 
 logger = logging.getLogger("art_trio")
 

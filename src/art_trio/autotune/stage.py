@@ -24,10 +24,10 @@ from ..config.settings import PipelineSettings
 from ..messages.events import Observer, RunEvent, RunStatistics, StepTrained
 from ..observation.status import StatusReporter
 from ..plumbing.stop import StopControl
-from ..policy.autotune.policy import AutotunePolicy
-from ..policy.autotune.profile import config_field, profile_document, save_profile
-from ..policy.autotune.window import Decision, InferenceLoad, parse_vllm_metrics
-from .checkpoints import append_metrics_row
+from ..stages.checkpoints import append_metrics_row
+from .policy import AutotunePolicy
+from .profile import config_field, profile_document, save_profile
+from .window import Decision, InferenceLoad, parse_vllm_metrics
 
 logger = logging.getLogger("art_trio")
 

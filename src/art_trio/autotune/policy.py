@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...messages.events import RunStatistics
+from ..messages.events import RunStatistics
 from .window import Decision, InferenceLoad, Window, measure
 
 #: Trainer utilization the autotuner keeps unless told otherwise.

@@ -16,7 +16,7 @@ import ray
 import ray.exceptions as rex
 from art import TrajectoryGroup
 
-from .executor import scenario_id
+from .model_view import scenario_id
 
 #: Errors that mean the worker (process, actor or node) running the rollout is gone.
 LOST_ERRORS: tuple[type[BaseException], ...] = (

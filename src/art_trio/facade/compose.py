@@ -1,0 +1,46 @@
+"""What a run is made of beyond the kernel: the extensions its settings ask for.
+
+The one kernel module that names extension packages, and each is imported only where a
+setting asks for it: a run with `stall_seconds=None` and no `autotune=` loads neither.
+`tests/test_layers.py` holds this module to imports inside functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config.settings import PipelineSettings
+from ..stages import StageExtension
+
+
+def tuned_start(autotune: Any, model: Any) -> Callable[[], dict[str, int | None]] | None:
+    """The sizes an autotuned run starts from (None without autotuning)."""
+    if getattr(autotune, "mode", "off") == "off":
+        return None
+
+    def start() -> dict[str, int | None]:
+        from ..autotune import start_sizes
+
+        return start_sizes(autotune, model)
+
+    return start
+
+
+def run_extensions(
+    settings: PipelineSettings, autotune: Any, executor: Any, given: Sequence[StageExtension]
+) -> list[StageExtension]:
+    """The stage extensions of one run: the watchdog and the autotuner where the settings ask
+    for them, then the user's own (`PipelineTrainer(..., extensions=[...])`)."""
+    extensions: list[StageExtension] = []
+    if settings.status.stall_seconds is not None:
+        from ..watchdog import StallWatchdog
+
+        extensions.append(
+            StallWatchdog(settings.status.stall_seconds, settings.status.stall_action)
+        )
+    if getattr(autotune, "mode", "off") == "online":
+        from ..autotune import Autotuner
+
+        extensions.append(Autotuner(autotune, getattr(executor, "max_workers", None)))
+    return [*extensions, *given]
