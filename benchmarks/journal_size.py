@@ -20,10 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from art_trio.plumbing.ledger import files
-from art_trio.plumbing.ledger import store as ledger_store
-from art_trio.plumbing.ledger.state import PipelineState
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume import files
+from art_trio.resume import store as ledger_store
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 
 
 def main(steps: int, backlog: bool = False, unsaved: bool = False) -> None:

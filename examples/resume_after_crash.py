@@ -5,7 +5,7 @@ trained two steps, and kills it with SIGKILL (no ``finally``, no state saved on 
 It then builds a new trainer on the same model directory and calls ``train()`` again: the run
 continues from the backend's last step, scenarios that were in flight or queued at the kill
 are rolled again, and no scenario is trained twice (the per-step journal,
-``art_trio/plumbing/ledger/``).
+``art_trio/resume/``).
 
     python examples/resume_after_crash.py     # writes under ./.art
 """

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 import art_trio.config.settings
 import art_trio.facade.trainer
-import art_trio.plumbing.ledger.scenarios
 import art_trio.policy.admission
 import art_trio.policy.gate
+import art_trio.resume.scenarios
 import art_trio.stages.checkpoints
 import art_trio.stages.evaluation
 import art_trio.stages.rollout
@@ -462,10 +462,10 @@ def test_capacity_catches_oversized_channel(monkeypatch: pytest.MonkeyPatch) -> 
 def test_resume_catches_ledger_forgetting_trained_scenarios(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def forgetting(self: art_trio.plumbing.ledger.scenarios.ScenarioLedger) -> None:
+    def forgetting(self: art_trio.resume.scenarios.ScenarioLedger) -> None:
         self.pending = None  # the batch trained, but its scenarios are never resolved
 
-    ledger = art_trio.plumbing.ledger.scenarios.ScenarioLedger
+    ledger = art_trio.resume.scenarios.ScenarioLedger
     monkeypatch.setattr(ledger, "commit_batch", forgetting)
     counterexample(
         prop_resume,

@@ -56,9 +56,9 @@ from art.types import TrainResult
 from art_trio import PipelineTrainer, trio_native
 from art_trio.plumbing.bridge.calls import is_native
 from art_trio.plumbing.compat import trainable_model
-from art_trio.plumbing.ledger.scenarios import ScenarioLedger
-from art_trio.plumbing.ledger.state import PipelineState
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.scenarios import ScenarioLedger
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 REPO = Path(__file__).resolve().parents[1]

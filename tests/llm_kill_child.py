@@ -36,8 +36,8 @@ from typing import Any
 import art
 import trio
 
-import art_trio.plumbing.ledger
-import art_trio.plumbing.ledger.files
+import art_trio.resume
+import art_trio.resume.files
 from art_trio import PipelineTrainer
 from art_trio.cpu import CPUBackend, training
 from art_trio.cpu import backend as cpu_backend
@@ -120,13 +120,13 @@ def install(moment: Moments, out: Path) -> None:
         target = Path(dst)
         if target.parent.name == "checkpoints":
             moment("checkpoint-renamed")
-        elif target.name in (art_trio.plumbing.ledger.files.SIDECAR_FILE, "state.json"):
+        elif target.name in (art_trio.resume.files.SIDECAR_FILE, "state.json"):
             moment("state-file-replaced")
 
     os.replace = replace_hooked
 
     # The journal's one write seam (ledger/files.py), as the reliability tests patch it.
-    os_write = art_trio.plumbing.ledger.files.os_write
+    os_write = art_trio.resume.files.os_write
 
     def journal_write_hooked(fd: int, data: bytes | memoryview) -> int:
         if len(data) > 1:
@@ -139,7 +139,7 @@ def install(moment: Moments, out: Path) -> None:
         moment("journal-written")
         return written
 
-    art_trio.plumbing.ledger.files.os_write = journal_write_hooked
+    art_trio.resume.files.os_write = journal_write_hooked
 
     log = art.TrainableModel.log
 

@@ -15,7 +15,7 @@ import art
 import pytest
 import trio
 
-from art_trio.plumbing.ledger.files import SIDECAR_FILE
+from art_trio.resume.files import SIDECAR_FILE
 
 
 def run_with_deadline(

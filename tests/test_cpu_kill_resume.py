@@ -112,7 +112,7 @@ def _check(out: Path, observed: Observed, what: str) -> int:
     from safetensors.torch import load_file
 
     from art_trio.cpu.backend import ADAPTER_FILE, OPTIMIZER_FILE, saved_steps
-    from art_trio.plumbing.ledger.store import StateStore
+    from art_trio.resume.store import StateStore
 
     model_dir = _model_dir(out)
     saved = saved_steps(model_dir / "checkpoints")

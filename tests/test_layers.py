@@ -135,7 +135,7 @@ TOOLS = (
 #: Micro-benchmarks of one internal module, which they exist to time: allowed that module.
 INTERNAL_MICROBENCHMARKS = {
     "bridge_overhead.py": {"art_trio.plumbing.bridge"},  # the per-call cost of the asyncio bridge
-    "journal_size.py": {"art_trio.plumbing.ledger"},  # the resume journal's record and file sizes
+    "journal_size.py": {"art_trio.resume"},  # the resume journal's record and file sizes
     # the groups queue against anyio's stream
     "group_queue_bench.py": {"art_trio.plumbing.group_queue"},
 }

@@ -27,10 +27,11 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger.files import SIDECAR_FILE
-from art_trio.plumbing.ledger.scenarios import PendingBatch, ScenarioLedger
-from art_trio.plumbing.ledger.state import PIPELINE_STATE_KEY, PipelineState
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.plumbing.progress import PIPELINE_STATE_KEY
+from art_trio.resume.files import SIDECAR_FILE
+from art_trio.resume.scenarios import PendingBatch, ScenarioLedger
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 from tests.crash_harness import Child, Harness, expected_ledger
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 

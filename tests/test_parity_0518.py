@@ -25,7 +25,7 @@ import trio
 
 from art_trio import PipelineTrainer, trio_native
 from art_trio.plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK, trainable_model
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, scenarios, trajectory
 
 # -- a backend with ART 0.5.18's optional adapter hooks ------------------------------------

@@ -348,7 +348,7 @@ def test_set_workers_spreads_workers_over_actors_and_keeps_assignments(executor)
 
 
 def test_actors_that_fit_counts_per_node() -> None:
-    from art_trio.plumbing.ray_placement import actors_that_fit
+    from art_trio.executors.ray_placement import actors_that_fit
 
     two = [{"Alive": True, "Resources": {"CPU": 2.0, "memory": 8e9}},
            {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
@@ -554,7 +554,7 @@ def test_kill_9_of_the_trainer_then_resume_trains_each_scenario_once(
 ) -> None:
     """The trainer process itself dies mid-run (its Ray rollouts with it); a new process
     resumes from the directory with a new executor. Nothing trained twice, nothing skipped."""
-    from art_trio.plumbing.ledger.state import PipelineState
+    from art_trio.resume.state import PipelineState
     from tests.crash_harness import TRAINED_LOG, read_trained
 
     repo = Path(__file__).resolve().parents[1]

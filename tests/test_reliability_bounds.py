@@ -53,9 +53,9 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.plumbing.ledger.store import StateStore
 from art_trio.policy.batching import Freshness
 from art_trio.policy.freshness import mean_policy_version, token_count_error
+from art_trio.resume.store import StateStore
 from tests.doubles import (
     RecordingBackend,
     asyncio_rollout,

@@ -35,7 +35,7 @@ import trio_asyncio
 
 from art_trio import PipelineTrainer
 from art_trio.messages.types import EvalResult
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf
 from tests.loops import sidecar

@@ -17,7 +17,7 @@ What a user may rely on (each is a test below, named after it):
 - `backend.train` must advance the step by one: not advancing or jumping is a clear error;
 - stops are honoured while resume skips the resolved prefix and during start-up, and
   `request_stop(force=True)` does what a second signal does;
-- `resume=False` killed at any moment leaves the old run or the fresh one, never a mix;
+- `resume=False` (ART's record only) killed at any moment leaves the old run or the fresh one;
 - empty groups are warned about, SIGINT during start-up is a clean stop, and after a second
   signal the host's handlers are back (for rollouts that swallow cancellation).
 """
@@ -52,10 +52,10 @@ from art_trio.messages.errors import (
     StateWriteError,
 )
 from art_trio.messages.types import EvalResult
-from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
-from art_trio.plumbing.ledger.state import PipelineState
-from art_trio.plumbing.ledger.store import StateStore
-from art_trio.plumbing.lock import LOCK_FILE, RunLock
+from art_trio.resume.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.resume.lock import LOCK_FILE, RunLock
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import (
     RecordingBackend,
@@ -281,7 +281,7 @@ async def test_a_journal_write_that_fails_part_way_stops_before_backend_train(
     """The fault-injection run's os.write returned 130 of 216 bytes; the batch then trained
     and on resume read as never started. Now: an error, no train call, and the journal cut
     back to the record before; with the disk still full for the final snapshot too."""
-    from art_trio.plumbing.ledger import files
+    from art_trio.resume import files
 
     # One journal record per step (snapshots are separate files): the 4th step's fails.
     fault = _ShortWrites(fail_at=4, written=written, error=error)
@@ -632,7 +632,7 @@ async def test_request_stop_force_cancels_a_running_backend_train(
     _assert_exactly_once(model, backend)
 
 
-# == 10: resume=False is crash-safe =============================================================
+# == 10: resume=False keeps ART's record, and a later resume follows it ====================
 
 
 class _Killed(BaseException):
@@ -652,60 +652,49 @@ def _old_run(model: art.TrainableModel) -> None:
     store.close()
 
 
-@pytest.mark.parametrize(
-    "moment", ["before-snapshot-rename", "after-snapshot-rename", "after-mirror-rename",
-               "after-journal-reset"],
-)
-async def test_resume_false_killed_at_any_moment_leaves_the_old_run_or_the_fresh_one(
+@pytest.mark.parametrize("moment", ["before-first-record", "after-first-record", "finished"])
+async def test_resume_false_leaves_the_old_run_or_the_fresh_one_never_a_mix(
     model: art.TrainableModel,
     backend: RecordingBackend,
     autojump_clock: trio.abc.Clock,
     monkeypatch: pytest.MonkeyPatch,
     moment: str,
 ) -> None:
+    """resume=False writes ART's own record (state.json's `_pipeline_trainer`, no journal):
+    killed before its first record the old durable run is still the one to resume; from its
+    first record on, a resume follows the fresh run at ART's granularity (its consumed count),
+    never the old journal's ledger mixed in."""
     _old_run(model)
+    sidecar = (_out(model) / SIDECAR_FILE).read_bytes()
     old = StateStore(_out(model)).read()
     assert old is not None and old.ledger.watermark == 10 and old.ledger.pending is not None
-    real_replace, real_truncate = os.replace, os.ftruncate
+    real_overwrite = type(model).overwrite_state
 
-    def replace(src: Any, dst: Any) -> None:
-        name = Path(dst).name
-        if moment == "before-snapshot-rename" and name == SIDECAR_FILE:
+    def overwrite(self: Any, state: Any) -> None:
+        if moment == "before-first-record":
             raise _Killed
-        real_replace(src, dst)
-        if (moment, name) in {("after-snapshot-rename", SIDECAR_FILE),
-                              ("after-mirror-rename", "state.json")}:
+        real_overwrite(self, state)
+        if moment == "after-first-record":
             raise _Killed
 
-    def ftruncate(fd: int, length: int) -> None:
-        real_truncate(fd, length)
-        journal = os.readlink(f"/proc/self/fd/{fd}").endswith(JOURNAL_FILE)
-        if moment == "after-journal-reset" and journal:
-            raise _Killed
-
-    monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(os, "ftruncate", ftruncate)
-    real_path_truncate = os.truncate
-
-    def truncate(path: Any, length: int) -> None:
-        real_path_truncate(path, length)
-        if moment == "after-journal-reset" and Path(path).name == JOURNAL_FILE:
-            raise _Killed
-
-    monkeypatch.setattr(os, "truncate", truncate)
-    with pytest.raises((_Killed, BaseExceptionGroup)):
-        await _trainer(model, backend, resume=False).train(handle_signals=False)
+    monkeypatch.setattr(type(model), "overwrite_state", overwrite)
+    trainer = _trainer(model, backend, resume=False, max_steps=2)
+    if moment == "finished":
+        await trainer.train(handle_signals=False)
+    else:
+        with pytest.raises((_Killed, BaseExceptionGroup)):
+            await trainer.train(handle_signals=False)
     monkeypatch.undo()
+    assert (_out(model) / SIDECAR_FILE).read_bytes() == sidecar  # the durable files untouched
     after = StateStore(_out(model)).read()
     assert after is not None
-    fresh = PipelineState()
     seen = (after.ledger.watermark, after.ledger.resolved_above, after.ledger.pending)
-    assert seen in [
-        (old.ledger.watermark, old.ledger.resolved_above, old.ledger.pending),
-        (fresh.ledger.watermark, fresh.ledger.resolved_above, fresh.ledger.pending),
-    ], seen
-    expected_old = moment == "before-snapshot-rename"
-    assert (after.ledger.watermark == 10) is expected_old
+    if moment == "before-first-record":
+        assert seen == (old.ledger.watermark, old.ledger.resolved_above, old.ledger.pending)
+    else:
+        consumed = trainer.statistics().rollouts_started if moment == "finished" else 0
+        assert seen == (consumed, set(), None), seen
+        assert after.training_step == (2 if moment == "finished" else 0)
 
 
 # == 11: the minor ones =========================================================================

@@ -49,15 +49,15 @@ from art_trio.messages.errors import (
     RunLockedError,
     StateWriteError,
 )
-from art_trio.plumbing import lock as lock_module
 from art_trio.plumbing.compat import trainable_model
-from art_trio.plumbing.ledger import files as ledger_files
-from art_trio.plumbing.ledger import store as ledger_store
-from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
-from art_trio.plumbing.ledger.scenarios import scenario_digest
-from art_trio.plumbing.ledger.state import TALLY_FIELDS, PipelineState, eval_runs
-from art_trio.plumbing.ledger.store import StateStore
-from art_trio.plumbing.lock import LOCK_ENV, LOCK_FILE, RunLock
+from art_trio.resume import files as ledger_files
+from art_trio.resume import lock as lock_module
+from art_trio.resume import store as ledger_store
+from art_trio.resume.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.resume.lock import LOCK_ENV, LOCK_FILE, RunLock
+from art_trio.resume.scenarios import scenario_digest
+from art_trio.resume.state import TALLY_FIELDS, PipelineState, eval_runs
+from art_trio.resume.store import StateStore
 from tests.crash_harness import TRAINED_LOG, Child, Harness, read_trained
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 from tests.errors import find_leaf

@@ -31,9 +31,9 @@ from art_trio import PipelineTrainer
 from art_trio.config.settings import Evaluation, PipelineSettings, Shutdown, Sizes
 from art_trio.messages import errors as art_errors
 from art_trio.messages.errors import StateWriteError
-from art_trio.plumbing.ledger.state import PipelineState
-from art_trio.plumbing.ledger.store import StateStore
-from art_trio.plumbing.lock import RunLock
+from art_trio.resume.lock import RunLock
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 from tests.errors import find_leaf
 
@@ -424,7 +424,7 @@ def test_a_small_state_file_expanding_to_a_hundred_million_evals_is_refused(
     tmp_path: Path,
 ) -> None:
     from art_trio.messages.errors import StateFileError
-    from art_trio.plumbing.ledger.files import SIDECAR_FILE
+    from art_trio.resume.files import SIDECAR_FILE
 
     directory = tmp_path / "m"
     directory.mkdir()
@@ -447,8 +447,8 @@ def test_journal_records_stay_small_with_a_growing_eval_backlog_and_replay_exact
 ) -> None:
     """An eval every step, evals slower than steps: the backlog of pending evals grows to
     hundreds. Each record carries what changed, and a read replays the exact sets."""
-    from art_trio.plumbing.ledger import store as ledger_store
-    from art_trio.plumbing.ledger.files import JOURNAL_FILE
+    from art_trio.resume import store as ledger_store
+    from art_trio.resume.files import JOURNAL_FILE
 
     monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
     directory = tmp_path / "m"
@@ -491,9 +491,9 @@ def test_journal_records_carry_unsaved_batches_as_changes_and_replay_exactly(
     back. Each record carries the batches that joined and how many left, not the whole list
     (which made every record O(64 x batch size)); failed writes, the cap and checkpoints in
     between still replay to the exact list."""
-    from art_trio.plumbing.ledger import store as ledger_store
-    from art_trio.plumbing.ledger.files import JOURNAL_FILE
-    from art_trio.plumbing.ledger.scenarios import MAX_UNSAVED_STEPS
+    from art_trio.resume import store as ledger_store
+    from art_trio.resume.files import JOURNAL_FILE
+    from art_trio.resume.scenarios import MAX_UNSAVED_STEPS
 
     monkeypatch.setattr(ledger_store, "SNAPSHOT_EVERY", 10**9)  # the whole journal stays
     directory = tmp_path / "m"
@@ -530,7 +530,7 @@ def test_journal_records_carry_unsaved_batches_as_changes_and_replay_exactly(
 
 
 def _fail_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from art_trio.plumbing.ledger import files as ledger_files
+    from art_trio.resume import files as ledger_files
 
     real = ledger_files.os_write
 
@@ -679,7 +679,7 @@ async def test_a_run_whose_lock_is_unlocked_under_it_stops_and_a_resume_trains_o
 
     async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
         if backend.step == 2:
-            lock = trainer._run_lock
+            lock = trainer._keeper._lock  # type: ignore[union-attr]
             assert lock is not None and lock._fd is not None
             _unlock(lock._fd)
         return await original_train(model, groups, **kwargs)

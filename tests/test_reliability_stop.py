@@ -32,7 +32,7 @@ import trio
 import trio.testing
 
 from art_trio import PipelineTrainer
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.store import StateStore
 from tests.doubles import (
     RecordingBackend,
     announce_training,

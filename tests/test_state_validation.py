@@ -20,9 +20,10 @@ import trio
 
 from art_trio import PipelineTrainer
 from art_trio.messages.errors import ForeignStateError, StateFileError
-from art_trio.plumbing.ledger.files import JOURNAL_FILE, SIDECAR_FILE
-from art_trio.plumbing.ledger.state import PIPELINE_STATE_KEY, PipelineState
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.plumbing.progress import PIPELINE_STATE_KEY
+from art_trio.resume.files import JOURNAL_FILE, SIDECAR_FILE
+from art_trio.resume.state import PipelineState
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
 
 

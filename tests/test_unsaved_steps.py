@@ -22,7 +22,7 @@ import pytest
 
 from art_trio import PipelineTrainer, StepTrained, trainable_model
 from art_trio.demo import CpuBackend, TaskConfig, rollout
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.store import StateStore
 
 
 def _scenarios() -> list[dict[str, Any]]:
@@ -93,7 +93,7 @@ def test_steps_the_backend_did_not_checkpoint_are_trained_again_after_a_restart(
 )
 def test_a_hostile_unsaved_batches_field_is_refused(unsaved: Any, says: str) -> None:
     from art_trio.messages.errors import StateFileError
-    from art_trio.plumbing.ledger.state import PipelineState
+    from art_trio.resume.state import PipelineState
 
     with pytest.raises(StateFileError, match=says):
         PipelineState.from_json({"scenario_offset": 10**7, "unsaved_batches": unsaved})

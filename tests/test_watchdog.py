@@ -27,7 +27,7 @@ import trio
 
 from art_trio import PipelineStalled, PipelineTrainer, Stalled, StallReport
 from art_trio.plumbing.compat import trainable_model
-from art_trio.plumbing.ledger.store import StateStore
+from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 HERE = Path(__file__).name

@@ -29,8 +29,7 @@ from .plumbing.bridge.calls import Bridge
 from .plumbing.compat import eval_lease, in_flight_updates, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
-from .plumbing.ledger.state import PipelineState
-from .plumbing.ledger.store import StateStore
+from .plumbing.progress import ProgressKeeper, RunProgress
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
 from .policy.admission import admission_policy
@@ -172,8 +171,8 @@ class PipelineRun:
         backend: Any,
         settings: PipelineSettings,
         bridge: Bridge,
-        state: PipelineState,
-        store: StateStore,
+        state: RunProgress,
+        keeper: ProgressKeeper,
         status: StatusReporter,
         fold: CounterFold,
         start_step: int,
@@ -200,7 +199,7 @@ class PipelineRun:
             eval_lease=eval_lease(backend),
         )
         self.state = state
-        self.store = store
+        self.keeper = keeper
         self.status = status
         self.source = source
         self.freshness = settings.freshness.rule
@@ -289,14 +288,14 @@ class PipelineRun:
         )
 
     def persist(self) -> None:
-        """Record the state's changes in the journal (cheap: one append; see ledger.py)."""
+        """Record the progress's changes (cheap: a durable store appends one record)."""
         self.sync_tallies()
-        self.store.append(self.state)
+        self.keeper.record(self.state)
 
     def snapshot(self) -> None:
-        """Write the whole state atomically (start and end of a run)."""
+        """Write the whole progress (start and end of a run)."""
         self.sync_tallies()
-        self.store.write(self.state)
+        self.keeper.snapshot(self.state)
 
 
 def compose_statistics(

@@ -14,7 +14,7 @@ import pydantic
 
 from ..messages.errors import ProfileError
 from ..plumbing.compat import PipelineAutotuneConfig
-from ..plumbing.ledger.files import atomic_write_json
+from ..plumbing.files import atomic_write_json
 from .policy import DEFAULT_TARGET_UTILIZATION, AutotunePolicy
 
 

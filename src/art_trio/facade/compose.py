@@ -1,7 +1,8 @@
 """What a run is made of beyond the kernel: the extensions its settings ask for.
 
 The one kernel module that names extension packages, and each is imported only where a
-setting asks for it: a run with `stall_seconds=None` and no `autotune=` loads neither.
+setting asks for it: a run with `resume=False`, `stall_seconds=None` and no `autotune=` loads
+none of them.
 `tests/test_layers.py` holds this module to imports inside functions.
 """
 
@@ -11,7 +12,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config.settings import PipelineSettings
+from ..plumbing.progress import ArtRecord, ProgressKeeper
 from ..stages import StageExtension
+
+
+def progress_keeper(settings: PipelineSettings, model: Any) -> ProgressKeeper:
+    """Where a run keeps its progress: with `resume=True` (the default) the durable
+    exactly-once store, which also holds the directory for the run; else ART's own record."""
+    if not settings.persistence.resume:
+        return ArtRecord(model)
+    from ..resume import DurableResume
+
+    return DurableResume(model, fsync=settings.persistence.fsync_state)
 
 
 def tuned_start(autotune: Any, model: Any) -> Callable[[], dict[str, int | None]] | None:

@@ -1,10 +1,11 @@
-"""A run's start-up: the resume state read and settled against the backend, the run built.
+"""A run's start-up: the progress opened against the backend's step, the run built.
 
 `open_run` is the one place a `train()` call turns its trainer's configuration into a live
-`PipelineRun`: it asks the backend for its step, settles a batch left pending by a run that
-died inside `backend.train`, queues the evals a stop interrupted (and the start-of-run eval),
-and writes the state once. Nothing is written before the run is built, so a stop during
-start-up (a cancellation of this call) leaves the state on disk as it was.
+`PipelineRun`: it asks the backend for its step, opens the progress keeper there (a durable
+store settles a batch left pending by a run that died inside `backend.train`), queues the
+evals a stop interrupted (and the start-of-run eval), and writes the progress once. Nothing
+is written before the run is built, so a stop during start-up (a cancellation of this call)
+leaves the state on disk as it was.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from ..observation.fates import CounterFold
 from ..observation.status import StatusReporter
 from ..plumbing.bridge.calls import Bridge
 from ..plumbing.executor import RolloutExecutor
-from ..plumbing.ledger.state import PipelineState
-from ..plumbing.ledger.store import StateStore
-from ..plumbing.lock import RunLock
+from ..plumbing.progress import ProgressKeeper, RunProgress
 from ..plumbing.source import ScenarioSource
 from ..run import PipelineRun
 
@@ -38,7 +37,7 @@ async def open_run(
     backend: Any,
     settings: PipelineSettings,
     scenarios: Any,
-    lock: RunLock | None,
+    keeper: ProgressKeeper,
     rollout_fn: Any,
     eval_fn: Any,
     config: Any,
@@ -48,19 +47,8 @@ async def open_run(
 ) -> tuple[PipelineRun, MemoryObjectSendStream[int], MemoryObjectReceiveStream[int]]:
     """The run, and the eval channel with the evals it starts with already queued."""
     start_step = int(await bridge.call(model.get_step))
-    store = StateStore(
-        model._get_output_dir(),
-        fsync=settings.persistence.fsync_state,
-        identity={"model": model.name, "project": model.project},
-        lock=lock,
-    )
-    stored = store.read() if settings.persistence.resume else None
-    state = stored or PipelineState()
-    _settle_with_backend(state, start_step)
-
-    source: ScenarioSource[Any] = ScenarioSource(
-        scenarios, state, bridge, state_file=str(store.sidecar_path)
-    )
+    state, resumed = keeper.open(start_step, resume=settings.persistence.resume)
+    source: ScenarioSource[Any] = ScenarioSource(scenarios, state, bridge)
     fold = CounterFold()
     status = StatusReporter(
         get_scenario_offset=lambda: source.position,
@@ -77,7 +65,7 @@ async def open_run(
         settings=settings,
         bridge=bridge,
         state=state,
-        store=store,
+        keeper=keeper,
         status=status,
         fold=fold,
         start_step=start_step,
@@ -95,32 +83,14 @@ async def open_run(
     if eval_fn is not None:
         _queue_first_evals(
             state, eval_send, start_step,
-            at_start=settings.evaluation.eval_at_start and (stored is None or start_step == 0),
+            at_start=settings.evaluation.eval_at_start and (not resumed or start_step == 0),
         )
     run.snapshot()
     return run, eval_send, eval_receive
 
 
-def _settle_with_backend(state: PipelineState, start_step: int) -> None:
-    """Settle a pending batch, and the steps trained without a checkpoint, against the
-    backend's step; the backend's step wins."""
-    pending = state.ledger.pending
-    if state.ledger.settle_pending(start_step) and pending is not None:
-        state.at_step(pending.step)
-    lost = state.ledger.roll_back_unsaved(start_step)
-    if state.training_step is not None and state.training_step != start_step:
-        logger.warning(
-            "the pipeline state was saved at step %d but the backend is at step %d "
-            "(its last checkpoint); continuing from the backend's step.%s",
-            state.training_step,
-            start_step,
-            f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
-        )
-    state.at_step(start_step)
-
-
 def _queue_first_evals(
-    state: PipelineState, eval_send: MemoryObjectSendStream[int], start_step: int,
+    state: RunProgress, eval_send: MemoryObjectSendStream[int], start_step: int,
     *, at_start: bool,
 ) -> None:
     """Evals a stop interrupted, then the start-of-run eval."""

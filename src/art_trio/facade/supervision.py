@@ -116,4 +116,4 @@ def close_run(run: PipelineRun, failure: BaseException | None) -> None:
             stacklevel=3,
         )
     finally:
-        run.store.close()
+        run.keeper.close()

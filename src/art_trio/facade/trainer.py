@@ -45,7 +45,7 @@ from ..plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.executor import RolloutExecutor
 from ..plumbing.group_queue import GroupQueue
 from ..plumbing.hooks import backend_hook
-from ..plumbing.lock import RunLock
+from ..plumbing.progress import ProgressKeeper
 from ..plumbing.threads import DEFAULT_TIMEOUT_S, LoopHandle
 from ..policy.rules import count_error
 from ..run import PipelineRun, compose_statistics
@@ -57,7 +57,7 @@ from ..stages.metrics import TrainMetrics
 from ..stages.rollout import RolloutStage
 from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
-from .compose import run_extensions, tuned_start
+from .compose import progress_keeper, run_extensions, tuned_start
 from .startup import open_run
 from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 
@@ -135,8 +135,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: A stop requested before the run existed: None, "graceful" or "force".
         self._stop_before_start: str | None = None
         self._prepare_scope: anyio.CancelScope | None = None
-        #: The lock on the model directory while train() runs (its state store checks it).
-        self._run_lock: RunLock | None = None
+        #: Where the running train() keeps its progress (acquired for the whole call).
+        self._keeper: ProgressKeeper | None = None
         #: True from the first line of train() to its end (the in-process guard).
         self._active = False
         #: True from the first line of train() until its run is built (start-up).
@@ -202,15 +202,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._starting = True
         self._stop_signal = None
         try:
-            lock = RunLock(self.model._get_output_dir())
-            lock.acquire()
-            self._run_lock = lock
+            keeper = progress_keeper(self.settings, self.model)
+            keeper.acquire()
+            self._keeper = keeper
             try:
                 with _long_lived_objects_frozen():
                     await self._train_locked(handle_signals, task_status)
             finally:
-                self._run_lock = None
-                lock.release()
+                self._keeper = None
+                keeper.release()
         finally:
             self._loop = None
             self._starting = False
@@ -238,13 +238,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         prepared = None
         # What the run is built from: a resize during start-up changes self.settings.
         configured = self.settings
+        assert self._keeper is not None  # acquired by train() before this runs
         with anyio.CancelScope() as prepare_scope:
             # request_stop() during start-up cancels it: nothing has been written yet.
             self._prepare_scope = prepare_scope
             try:
                 prepared = await open_run(
                     bridge, model=self.model, backend=self.backend, settings=self.settings,
-                    scenarios=self._scenarios, lock=self._run_lock, rollout_fn=self.rollout_fn,
+                    scenarios=self._scenarios, keeper=self._keeper, rollout_fn=self.rollout_fn,
                     eval_fn=self.eval_fn, config=self.config, executor=self.rollout_executor,
                     observers=self._observers, score_references=self._score_references,
                 )

@@ -41,7 +41,7 @@ from ..messages.events import (
 from ..messages.values import RESOLVED_AT_ONCE, Fate
 
 if TYPE_CHECKING:
-    from ..plumbing.ledger.scenarios import ScenarioLedger
+    from ..plumbing.progress import ScenarioBook
 
 
 class _Discards(Protocol):
@@ -232,7 +232,7 @@ class FateRecord:
     def __init__(
         self,
         *,
-        ledger: ScenarioLedger,
+        ledger: ScenarioBook,
         gate: _Discards,
         observers: Observers,
     ) -> None:

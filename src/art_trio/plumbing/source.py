@@ -1,4 +1,4 @@
-"""The scenario source: hands out scenarios with their index, skipping resolved ones on resume."""
+"""The scenario source: hands out scenarios with their index, skipping settled ones on resume."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..messages.errors import ForeignStateError, _BaseExceptionEscaped
+from ..messages.errors import _BaseExceptionEscaped
 from .bridge.calls import Bridge, is_native, trio_native
-from .ledger.scenarios import scenario_digest
-from .ledger.state import SCENARIO_DIGESTS, PipelineState
+from .progress import RunProgress
 
 T = TypeVar("T")
 logger = logging.getLogger("art_trio")
@@ -20,15 +19,6 @@ logger = logging.getLogger("art_trio")
 
 class _End:
     pass
-
-
-#: Per state file, the fingerprint each of its run's first scenarios had when a source first
-#: yielded it, with the object itself (so its id stays its own). A rollout may annotate its
-#: scenario (`scenario["seen"] = True`): a resume in the same program given the same objects
-#: must be compared by what they were when yielded, not by what rollouts made of them.
-_FIRST_SEEN: dict[str, dict[int, tuple[object, str | None]]] = {}
-#: Entries kept per state file: the first scenarios of the last few sources given for it.
-_FIRST_SEEN_KEPT = 4 * SCENARIO_DIGESTS
 
 
 _END = _End()
@@ -40,20 +30,18 @@ class ScenarioSource(Generic[T]):
     Sync iterables are read directly; async iterators are asyncio code unless marked
     `trio_native`, and are then pulled through the bridge. One taker at a time.
 
-    The resolved prefix is skipped by the first `take()`, inside the rollout stage, so a
+    The settled prefix is skipped by the first `take()`, inside the rollout stage, so a
     stop is honoured while a slow or hanging source is being skipped: `close()` cancels a
-    pull in progress (after a stop no scenario is needed any more). The first scenarios are
-    checked against the fingerprints the stored state recorded (see `ledger.scenario_digest`)
-    before any is handed out: a resumed run given another source is refused.
+    pull in progress (after a stop no scenario is needed any more). The first scenarios go
+    to `RunProgress.check_scenario` before any is handed out (a durable store refuses a
+    resumed run given another source).
     """
 
     def __init__(
         self,
         scenarios: Iterable[T] | AsyncIterator[T],
-        state: PipelineState,
+        state: RunProgress,
         bridge: Bridge,
-        *,
-        state_file: str = "the stored state",
     ) -> None:
         self._sync: Iterator[T] | None = None
         self._async: AsyncIterator[T] | None = None
@@ -68,8 +56,7 @@ class ScenarioSource(Generic[T]):
         # Scenarios whose rollout was lost (a dead executor worker), to be taken first.
         self._returned: deque[tuple[int, T]] = deque()
         self._skip_target = state.ledger.watermark
-        self._stored_digests = list(state.scenario_digests)
-        self._state_file = state_file
+        self._checked = state.checked_scenarios
         self._pull_scope: anyio.CancelScope | None = None
         self.exhausted = False
         self.closed = False
@@ -144,44 +131,13 @@ class ScenarioSource(Generic[T]):
                     self._skip_target,
                 )
             return None
-        if index < SCENARIO_DIGESTS:
-            self._check_digest(index, item)
+        if index < self._checked:
+            self._state.check_scenario(index, item)
         self._next_index += 1
         if self._state.ledger.is_resolved(index):
             return None
         self._state.scenario_taken()
         return index, item
-
-    def _digest(self, item: T) -> str | None:
-        """The item's fingerprint as first yielded for this state file (see `_FIRST_SEEN`)."""
-        seen = _FIRST_SEEN.setdefault(self._state_file, {})
-        known = seen.pop(id(item), None)
-        if known is not None and known[0] is item:
-            digest = known[1]
-        else:
-            digest = scenario_digest(item)
-        seen[id(item)] = (item, digest)  # re-inserted last: the oldest entries go first
-        while len(seen) > _FIRST_SEEN_KEPT:
-            del seen[next(iter(seen))]
-        return digest
-
-    def _check_digest(self, index: int, item: T) -> None:
-        """Refuse a source whose first scenarios differ from the stored state's; record them."""
-        digest = self._digest(item)
-        stored = self._stored_digests
-        if index < len(stored):
-            if stored[index] is not None and digest is not None and stored[index] != digest:
-                raise ForeignStateError(
-                    f"scenario {index} of this run's source differs from scenario {index} of "
-                    f"the run whose state is in {self._state_file}: a resumed run must be given "
-                    "the same scenarios in the same order, or it skips and repeats the wrong "
-                    "ones. Pass the same source, or train with resume=False to start over (if "
-                    "the scenarios are the same and only their JSON form changed, delete the "
-                    "`scenario_digests` key from that file)."
-                )
-            return
-        if index == len(self._state.scenario_digests):
-            self._state.digest_noted(digest)
 
     @property
     def position(self) -> int:

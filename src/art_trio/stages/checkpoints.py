@@ -21,7 +21,7 @@ from typing import Any
 from ..config.settings import PipelineSettings
 from ..plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK
 from ..plumbing.hooks import backend_hook
-from ..plumbing.ledger.state import PipelineState
+from ..plumbing.progress import RunProgress
 from ..policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -40,7 +40,7 @@ class CheckpointBook:
 
     context: StageContext
     settings: PipelineSettings
-    state: PipelineState
+    state: RunProgress
     leases: StepLeases
     calls: CallsInFlight
     retention_window: int

@@ -22,7 +22,7 @@ from ..messages.errors import CallbackNotAwaitable, _BaseExceptionEscaped
 from ..messages.events import EvalEnded, EvalStarted, RunEvent
 from ..plumbing.compat import policy_spans_reported
 from ..plumbing.eval_leases import EvalRetentionLeases
-from ..plumbing.ledger.state import PipelineState
+from ..plumbing.progress import RunProgress
 from ..plumbing.stop import StopControl
 from ..policy.batching import eval_splits, split_eval_items
 from ..policy.provenance import check_eval_provenance, describe_mode
@@ -40,7 +40,7 @@ class EvalStage:
 
     receive: MemoryObjectReceiveStream[int]
     context: StageContext
-    state: PipelineState
+    state: RunProgress
     stop: StopControl
     calls: CallsInFlight
     leases: StepLeases

@@ -46,7 +46,7 @@ from ..messages.values import Delivered, Fate
 from ..observation.fates import FateRecord
 from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..plumbing.group_queue import GroupSendEnd
-from ..plumbing.ledger.state import PipelineState
+from ..plumbing.progress import RunProgress
 from ..plumbing.source import ScenarioSource
 from ..plumbing.stop import StopControl
 from ..policy.batching import (
@@ -109,7 +109,7 @@ class RolloutStage:
     observers: Observers
     stop: StopControl
     leases: StepLeases
-    state: PipelineState
+    state: RunProgress
     freshness: Freshness
     #: The backend updates weights under running rollouts (their tokens span policies).
     in_flight_updates: bool

@@ -39,7 +39,7 @@ from ..observation.status import reward_summary
 from ..plumbing.eval_leases import EvalRetentionLeases
 from ..plumbing.group_queue import GroupReceiveEnd
 from ..plumbing.hooks import backend_hook
-from ..plumbing.ledger.state import PipelineState
+from ..plumbing.progress import RunProgress
 from ..plumbing.stop import StopControl
 from ..policy.batching import Freshness, all_failed_error, is_zero_variance
 from ..policy.freshness import token_policy_age
@@ -89,7 +89,7 @@ class TrainingStage:
     context: StageContext
     #: The settings in force (a resize replaces them).
     settings: Callable[[], PipelineSettings]
-    state: PipelineState
+    state: RunProgress
     gate: PolicyGate
     fates: FateRecord
     observers: Observers

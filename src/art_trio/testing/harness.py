@@ -65,8 +65,8 @@ from art_trio import (  # noqa: E402
 )
 from art_trio.config.keywords import resolve_settings  # noqa: E402
 from art_trio.plumbing.bridge.calls import call_asyncio_from_trio, is_native  # noqa: E402
-from art_trio.plumbing.ledger.state import PipelineState  # noqa: E402
-from art_trio.plumbing.ledger.store import StateStore  # noqa: E402
+from art_trio.resume.state import PipelineState  # noqa: E402
+from art_trio.resume.store import StateStore  # noqa: E402
 from art_trio.testing.doubles import BackendDouble as SharedBackendDouble  # noqa: E402
 from art_trio.testing.doubles import (  # noqa: E402
     EvalCall,

@@ -43,5 +43,77 @@ What a write guarantees (issue 19):
 
 The package's modules, one concern each: `scenarios` (the in-memory ledger), `state` (the
 persisted state and its JSON forms), `files` (the files on disk and their writes), `store`
-(`StateStore`: reading and writing one directory's state).
+(`StateStore`: reading and writing one directory's state), `lock` (one run per directory).
+`DurableResume` is the kernel's `ProgressKeeper` over them, which the trainer composes when
+`resume=True` (the default).
 """
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..plumbing.progress import RunProgress
+from .lock import RunLock
+from .state import PipelineState
+from .store import StateStore
+
+__all__ = ["DurableResume", "PipelineState", "RunLock", "StateStore"]
+
+logger = logging.getLogger("art_trio")
+
+
+class DurableResume:
+    """Exactly-once resume: a `ProgressKeeper` whose progress has a durable ledger, held by
+    one run at a time (`RunLock`, from `acquire` to `release`)."""
+
+    def __init__(self, model: Any, *, fsync: bool = False) -> None:
+        directory = model._get_output_dir()
+        self._lock = RunLock(directory)
+        self.store = StateStore(
+            directory, fsync=fsync, identity={"model": model.name, "project": model.project},
+            lock=self._lock,
+        )
+        self.where = str(self.store.sidecar_path)
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def open(self, start_step: int, *, resume: bool) -> tuple[RunProgress, bool]:
+        stored = self.store.read() if resume else None
+        state = stored or PipelineState()
+        state.state_file = self.where
+        _settle_with_backend(state, start_step)
+        return state, stored is not None
+
+    def record(self, progress: RunProgress) -> None:
+        assert isinstance(progress, PipelineState)
+        self.store.append(progress)
+
+    def snapshot(self, progress: RunProgress) -> None:
+        assert isinstance(progress, PipelineState)
+        self.store.write(progress)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _settle_with_backend(state: PipelineState, start_step: int) -> None:
+    """Settle a pending batch, and the steps trained without a checkpoint, against the
+    backend's step; the backend's step wins."""
+    pending = state.ledger.pending
+    if state.ledger.settle_pending(start_step) and pending is not None:
+        state.at_step(pending.step)
+    lost = state.ledger.roll_back_unsaved(start_step)
+    if state.training_step is not None and state.training_step != start_step:
+        logger.warning(
+            "the pipeline state was saved at step %d but the backend is at step %d "
+            "(its last checkpoint); continuing from the backend's step.%s",
+            state.training_step,
+            start_step,
+            f" The {len(lost)} scenarios trained after it are rolled again." if lost else "",
+        )
+    state.at_step(start_step)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...messages.errors import ModelDirectoryLostError, StateFileError
+from ..messages.errors import ModelDirectoryLostError, StateFileError
+
+# The whole-file write, here with `os_write` as the seam fault injection patches.
+from ..plumbing.files import atomic_write_json as atomic_write_json
 from .state import PipelineState, _is_count
 
 SIDECAR_FILE = "art_trio_state.json"
@@ -23,34 +25,6 @@ This file is only ever replaced atomically, so resume never depends on ART's wri
 
 JOURNAL_FILE = "art_trio_journal.jsonl"
 """Per-step records newer than the snapshot; appended, never rewritten."""
-
-
-def atomic_write_json(path: Path, data: dict[str, Any], *, fsync: bool) -> None:
-    """Replace `path` with `data` so readers see the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            # Flushed here, inside the try, so that a full disk raises before the rename and
-            # never leaves a short file in place of the old one.
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if fsync:
-            # The rename is durable only once the directory entry is on disk too.
-            directory = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def os_write(fd: int, data: bytes | memoryview) -> int:

@@ -18,17 +18,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...messages.errors import (
+from ..messages.errors import (
     ForeignStateError,
     RunLockedError,
     RunLockLostError,
     StateFileError,
     StateWriteError,
 )
-from ..lock import RunLock
+from ..plumbing.progress import PIPELINE_STATE_KEY
 from . import files
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
-from .state import PIPELINE_STATE_KEY, PipelineState, _count
+from .lock import RunLock
+from .state import PipelineState, _count
 
 logger = logging.getLogger("art_trio")
 
@@ -116,6 +117,17 @@ class StateStore:
         snapshot: dict[str, Any] | None = None
         where = str(self.sidecar_path)
         advice = _SIDECAR_ADVICE
+        mirror = (art_state or {}).get(PIPELINE_STATE_KEY)
+        if sidecar is not None and isinstance(mirror, dict) and mirror.get("journal") is False:
+            # The record in state.json is newer than the snapshot: written by a run that kept
+            # no journal (resume=False). That run is the one to resume, at ART's granularity
+            # (its consumed count); the snapshot and journal are an earlier run's.
+            logger.warning(
+                "%s was written by a run that kept no journal after %s: resuming from the "
+                "former's `%s` record", self.art_state_path, self.sidecar_path.name,
+                PIPELINE_STATE_KEY,
+            )
+            sidecar = None
         self._has_sidecar = sidecar is not None
         if sidecar is not None:
             snapshot = sidecar

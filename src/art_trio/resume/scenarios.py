@@ -10,6 +10,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..plumbing.progress import ScenarioBook
+
 
 def scenario_digest(scenario: object) -> str | None:
     """A stable fingerprint of one scenario, or None if it has no stable JSON form.
@@ -34,6 +36,29 @@ def scenario_digest(scenario: object) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: Per state file, the fingerprint each of its run's first scenarios had when a source first
+#: yielded it, with the object itself (so its id stays its own). A rollout may annotate its
+#: scenario (`scenario["seen"] = True`): a resume in the same program given the same objects
+#: must be compared by what they were when yielded, not by what rollouts made of them.
+_FIRST_SEEN: dict[str, dict[int, tuple[object, str | None]]] = {}
+#: Entries kept per state file: the first scenarios of the last few sources given for it.
+_FIRST_SEEN_KEPT = 32
+
+
+def first_seen_digest(state_file: str, item: object) -> str | None:
+    """The item's fingerprint as first yielded for this state file (see `_FIRST_SEEN`)."""
+    seen = _FIRST_SEEN.setdefault(state_file, {})
+    known = seen.pop(id(item), None)
+    if known is not None and known[0] is item:
+        digest = known[1]
+    else:
+        digest = scenario_digest(item)
+    seen[id(item)] = (item, digest)  # re-inserted last: the oldest entries go first
+    while len(seen) > _FIRST_SEEN_KEPT:
+        del seen[next(iter(seen))]
+    return digest
+
+
 #: The most unsaved steps the ledger remembers (see `ScenarioLedger.note_checkpoint`).
 MAX_UNSAVED_STEPS = 64
 
@@ -47,7 +72,7 @@ class PendingBatch:
 
 
 @dataclass(slots=True)
-class ScenarioLedger:
+class ScenarioLedger(ScenarioBook):
     """Resolution of scenario indices, compacted under a low watermark."""
 
     watermark: int = 0

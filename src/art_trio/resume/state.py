@@ -8,11 +8,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages.errors import StateFileError
-from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger
-
-PIPELINE_STATE_KEY = "_pipeline_trainer"
-"""Key of the pipeline state inside ART's `state.json` (the reference's, so ART can read it)."""
+from ..messages.errors import ForeignStateError, StateFileError
+from ..plumbing.progress import RunProgress
+from .scenarios import MAX_UNSAVED_STEPS, PendingBatch, ScenarioLedger, first_seen_digest
 
 STATE_FORMAT = "art_trio/4"
 """4: unsaved batches as changes in records; 3: pending evals as changes in records; 2:
@@ -21,7 +19,6 @@ are read."""
 
 SCENARIO_DIGESTS = 8
 """How many of the first scenarios are fingerprinted, to refuse a state from another source."""
-
 
 
 #: The tallies ART 0.5.20+ persists beside the reference's fields (same names and meaning).
@@ -33,21 +30,11 @@ TALLY_FIELDS = (
 
 
 @dataclass(slots=True)
-class PipelineState:
-    """Everything persisted under `_pipeline_trainer`, the reference's four fields first."""
+class PipelineState(RunProgress):
+    """Everything persisted under `_pipeline_trainer`: the run's progress (the reference's
+    four fields first) with a durable ledger, and what the journal has not yet recorded."""
 
     ledger: ScenarioLedger = field(default_factory=ScenarioLedger)
-    total_scenarios_consumed: int = 0
-    training_step: int | None = None
-    last_eval_step: int = 0
-    completed_eval_steps: set[int] = field(default_factory=set)
-    #: Eval steps scheduled but not finished: a resumed run evaluates them again.
-    pending_eval_steps: set[int] = field(default_factory=set)
-    #: ART 0.5.20's running tallies (groups trained; completed groups discarded as stale or
-    #: as zero variance), kept across resumes so `discarded/cum/*` continue where they were.
-    accepted_trainable_groups: int = 0
-    discarded_stale_groups: int = 0
-    discarded_zero_variance_groups: int = 0
     #: Fingerprints of the first scenarios of the source (None: no stable form), in order.
     scenario_digests: list[str | None] = field(default_factory=list)
     #: Whether `scenario_digests` grew since the last journal record.
@@ -66,21 +53,12 @@ class PipelineState:
     #: no step is checkpointed and would make every record O(64 x batch size).
     unsaved_journaled: list[PendingBatch] = field(default_factory=list)
     unsaved_before: list[PendingBatch] = field(default_factory=list)
+    #: The snapshot file this state belongs to (named in messages; keys `FIRST_SEEN`).
+    state_file: str = "the stored state"
+
+    checked_scenarios = SCENARIO_DIGESTS
 
     # -- the changes a run makes (each persisted with the next record or snapshot) ---------
-
-    def at_step(self, step: int) -> None:
-        """The run's model is at `step` (trained, resumed or settled against the backend)."""
-        self.training_step = step
-
-    def schedule_eval(self, step: int) -> None:
-        """`step` is to be evaluated (a resumed run does it first if this one does not)."""
-        self.pending_eval_steps.add(step)
-        self.last_eval_step = step
-
-    def drop_eval(self, step: int) -> None:
-        """`step`'s eval failed: done with, as in ART (not retried on resume)."""
-        self.pending_eval_steps.discard(step)
 
     def complete_eval(self, step: int) -> None:
         """An eval finished: persisted with the next record, which carries only the new ones."""
@@ -90,20 +68,24 @@ class PipelineState:
         self.completed_eval_steps.add(step)
         self.evals_unjournaled.append(step)
 
-    def scenario_taken(self, count: int = 1) -> None:
-        """`count` scenarios were taken from the source (-1: one was given back)."""
-        self.total_scenarios_consumed += count
-
-    def digest_noted(self, digest: str | None) -> None:
-        """The next scenario's fingerprint, recorded once (see `ScenarioSource`)."""
-        self.scenario_digests.append(digest)
-        self.digests_unjournaled = True
-
-    def set_tallies(self, accepted: int, stale: int, zero_variance: int) -> None:
-        """ART 0.5.20's persisted tallies, carried forward from this run's counters."""
-        self.accepted_trainable_groups = accepted
-        self.discarded_stale_groups = stale
-        self.discarded_zero_variance_groups = zero_variance
+    def check_scenario(self, index: int, scenario: object) -> None:
+        """Refuse a source whose first scenarios differ from the stored state's; record them."""
+        digest = first_seen_digest(self.state_file, scenario)
+        stored = self.scenario_digests
+        if index < len(stored):
+            if stored[index] is not None and digest is not None and stored[index] != digest:
+                raise ForeignStateError(
+                    f"scenario {index} of this run's source differs from scenario {index} of "
+                    f"the run whose state is in {self.state_file}: a resumed run must be given "
+                    "the same scenarios in the same order, or it skips and repeats the wrong "
+                    "ones. Pass the same source, or train with resume=False to start over (if "
+                    "the scenarios are the same and only their JSON form changed, delete the "
+                    "`scenario_digests` key from that file)."
+                )
+            return
+        if index == len(stored):
+            stored.append(digest)
+            self.digests_unjournaled = True
 
     def snapshot_written(self) -> None:
         """A snapshot holds everything: the next journal record starts from it."""
