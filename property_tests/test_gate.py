@@ -25,7 +25,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from art_trio.policy.admission import ADMISSION_POLICIES, admission_policy
+from art_trio.admission import MeasuredSnapshot, StalenessAwareAdmission
+from art_trio.policy.admission import AdmissionPolicy, EagerAdmission
 from art_trio.policy.batching import (
     Freshness,
     group_initial_version,
@@ -33,8 +34,15 @@ from art_trio.policy.batching import (
     stamp_policy_versions,
 )
 from art_trio.policy.gate import PolicyGate
-from art_trio.policy.gate_snapshot import GateSnapshot
 from art_trio.testing.checks import expect
+
+#: The `admission=` modes by name.
+ADMISSION_MODES = ("staleness_aware", "eager")
+
+
+def admission_policy(mode: str, beyond: int) -> AdmissionPolicy:
+    """The policy of an `admission=` mode, as the trainer builds it."""
+    return EagerAdmission() if mode == "eager" else StalenessAwareAdmission(beyond)
 
 ADMISSION_BOUND = "gate admits only when the reference's gate allows"
 IN_FLIGHT = "in-flight counts never negative, and match the rollouts admitted"
@@ -85,11 +93,12 @@ class GateMachine(RuleBasedStateMachine):
         self.m = m
         self.doomed_cancelled = admission == "staleness_aware"
         self.policy = self.next = start
-        self.gate = PolicyGate(
+        policy = admission_policy(admission, beyond)
+        self.gate = (policy.gate_class or PolicyGate)(
             start_step=start,
             max_steps_off_policy=m,
             max_batch_size=b,
-            policy=admission_policy("eager" if admission == "eager" else "staleness_aware", beyond),
+            policy=policy,
             clock=lambda: self.now,
         )
         self.eager = admission == "eager"
@@ -274,8 +283,12 @@ TestGateMachine = GateMachine.TestCase
 
 # -- the pure rules ---------------------------------------------------------------------------
 
-snapshots = st.builds(
-    lambda policy, training, m, b, queued, fresh, latency, period, times, stale, load: GateSnapshot(
+def _snapshot(
+    policy: int, training: bool, m: int, b: int, queued: int, fresh: int,
+    latency: float | None, period: float | None, times: list[float], stale: int | None,
+    load: dict[int, tuple[float, float]],
+) -> MeasuredSnapshot:
+    return MeasuredSnapshot(
         policy_version=policy,
         next_training_step=policy + int(training),
         max_steps_off_policy=m,
@@ -287,7 +300,11 @@ snapshots = st.builds(
         recent_rollout_times=tuple(sorted(times)),
         in_flight=None if stale is None else fresh + stale,
         load_latency=tuple((n, lat, w) for n, (lat, w) in sorted(load.items())),
-    ),
+    )
+
+
+snapshots = st.builds(
+    _snapshot,
     st.integers(0, 10),
     st.booleans(),
     st.integers(0, 4),
@@ -322,8 +339,8 @@ snapshots = st.builds(
 )
 
 #: Minimized counterexample, kept after the fix: rollouts measured at 0 s made
-#: GateSnapshot.on_time_probability divide by zero, which crashed the rollout stage.
-ZERO_LATENCY = GateSnapshot(
+#: MeasuredSnapshot.on_time_probability divide by zero, which crashed the rollout stage.
+ZERO_LATENCY = MeasuredSnapshot(
     policy_version=0,
     next_training_step=0,
     max_steps_off_policy=1,
@@ -342,9 +359,9 @@ TINY_STEP_PERIOD = replace(ZERO_LATENCY, rollout_latency=1.0, step_period=5e-324
 @example(ZERO_LATENCY, 0)
 @example(TINY_STEP_PERIOD, 0)
 @given(snapshots, st.integers(0, 4))
-def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
+def test_admission_decision_is_total(s: MeasuredSnapshot, beyond: int) -> None:
     """Every snapshot gets a yes/no in both modes (rollouts may take no time at all)."""
-    for mode in ADMISSION_POLICIES:
+    for mode in ADMISSION_MODES:
         try:
             decision = admission_policy(mode, beyond).headroom(s) > 0
         except ArithmeticError as exc:
@@ -353,7 +370,7 @@ def test_admission_decision_is_total(s: GateSnapshot, beyond: int) -> None:
 
 
 @given(snapshots, st.integers(0, 4))
-def test_admission_never_more_lenient_than_reference(s: GateSnapshot, beyond: int) -> None:
+def test_admission_never_more_lenient_than_reference(s: MeasuredSnapshot, beyond: int) -> None:
     """ "eager" is exactly the reference's gate; "staleness_aware" never admits more."""
     reference = reference_allows(s.policy_version, s.next_training_step, s.max_steps_off_policy)
     assert (admission_policy("eager", beyond).headroom(s) > 0) == reference
@@ -362,13 +379,13 @@ def test_admission_never_more_lenient_than_reference(s: GateSnapshot, beyond: in
 
 
 @given(snapshots, st.integers(0, 4), st.integers(0, 80))
-def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: int) -> None:
+def test_headroom_is_single_admissions_counted(s: MeasuredSnapshot, beyond: int, k: int) -> None:
     """The gate wakes `headroom` waiters at once; one at a time would have admitted as many.
 
     After `k` more admissions (each one more fresh rollout in flight, and one more on the
     server) another is allowed exactly when `k` is below the headroom, in both modes.
     """
-    for mode in ADMISSION_POLICIES:
+    for mode in ADMISSION_MODES:
         policy = admission_policy(mode, beyond)
         headroom = policy.headroom(s)
         later = replace(
@@ -379,7 +396,7 @@ def test_headroom_is_single_admissions_counted(s: GateSnapshot, beyond: int, k: 
         assert (policy.headroom(later) > 0) == (k < headroom), (mode, headroom, later)
 
 
-def _saturated_throughput(s: GateSnapshot) -> float | None:
+def _saturated_throughput(s: MeasuredSnapshot) -> float | None:
     """Restated: the best rate any measured load achieved (count / latency), if latency is
     seen to rise with load at least half as fast as count (lowest vs highest, >= 1.25x apart).
     """
@@ -407,7 +424,7 @@ queueing_snapshots = st.builds(
 
 
 @given(st.one_of(snapshots, queueing_snapshots), st.integers(0, 4))
-def test_admitted_rollouts_can_finish_inside_the_window(s: GateSnapshot, beyond: int) -> None:
+def test_admitted_rollouts_can_finish_inside_the_window(s: MeasuredSnapshot, beyond: int) -> None:
     """The promise at a shared server: once latency is seen to grow with load, admission never
     takes the rollouts in flight past what the server, at its measured throughput, finishes
     inside the window (one may always run when none is in flight)."""

@@ -651,11 +651,11 @@ def test_window_promise_catches_admission_blind_to_queueing(
 ) -> None:
     """Admission that ignores the shared server's load (latency measured at today's load
     only, as before the load model) admits rollouts the server cannot finish in time."""
-    from art_trio.policy.gate_snapshot import GateSnapshot
+    from art_trio.admission import MeasuredSnapshot
 
     from .test_gate import test_admitted_rollouts_can_finish_inside_the_window
 
-    monkeypatch.setattr(GateSnapshot, "load_cap", property(lambda self: None))
+    monkeypatch.setattr(MeasuredSnapshot, "load_cap", property(lambda self: None))
     with pytest.raises(AssertionError):
         test_admitted_rollouts_can_finish_inside_the_window()
 
@@ -666,12 +666,13 @@ def test_race_property_catches_judging_from_the_winners_alone(
     """A gate that reads the slow tail from completed rollouts only, as if the cancelled
     losers of a race were never run: a race's winners look alike whatever the latencies, so
     it narrows the race on independent latencies and the trainer waits for batches."""
-    from art_trio.policy.gate_snapshot import latency_tail
+    import art_trio.admission.gate
+    from art_trio.admission.snapshot import latency_tail
 
     from .test_race import independent, prop_independent_race_stays_wide
 
     monkeypatch.setattr(
-        art_trio.policy.gate, "latency_tail", lambda done, cancelled: latency_tail(done, ())
+        art_trio.admission.gate, "latency_tail", lambda done, cancelled: latency_tail(done, ())
     )
 
     @settings(max_examples=RACE_MUTANT_BUDGET, derandomize=True, database=None, deadline=None)

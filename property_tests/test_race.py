@@ -18,7 +18,7 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from art_trio.policy.gate_snapshot import GateSnapshot
+from art_trio.admission import MeasuredSnapshot
 from art_trio.sim.simulate import SimReport, SimSpec, simulate
 from art_trio.testing.distributions import Constant, Exponential, LogNormal
 
@@ -33,7 +33,7 @@ RACE_EXAMPLES = 8
 
 def full_race(spec: SimSpec) -> SimReport:
     """The run with the race never narrowed, as the reference races."""
-    with mock.patch.object(GateSnapshot, "racers_end_together", property(lambda s: False)):
+    with mock.patch.object(MeasuredSnapshot, "racers_end_together", property(lambda s: False)):
         return simulate(spec)
 
 

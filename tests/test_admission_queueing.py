@@ -2,7 +2,7 @@
 
 The gate measures mean rollout latency per number of rollouts in flight; where it grows with
 load, admission runs no more rollouts at once than the server can finish inside the freshness
-window (`GateSnapshot.load_cap`). Shown here on the gate itself (with a hand-driven clock)
+window (`MeasuredSnapshot.load_cap`). Shown here on the gate itself (with a hand-driven clock)
 and on the simulator's processor-sharing server, in virtual time.
 """
 
@@ -16,9 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from art_trio.policy.admission import StalenessAwareAdmission
-from art_trio.policy.gate import PolicyGate, cohort_lateness
-from art_trio.policy.gate_snapshot import GateSnapshot, latency_tail
+from art_trio.admission import MeasuredSnapshot, MeasuringGate, StalenessAwareAdmission
+from art_trio.admission.gate import cohort_lateness
+from art_trio.admission.snapshot import latency_tail
 from art_trio.sim.simulate import SimSpec, simulate
 from art_trio.testing.distributions import parse_distribution
 
@@ -31,8 +31,8 @@ class Clock:
         return self.now
 
 
-def _gate(clock: Clock, m: int = 1) -> PolicyGate:
-    return PolicyGate(
+def _gate(clock: Clock, m: int = 1) -> MeasuringGate:
+    return MeasuringGate(
         start_step=0,
         max_steps_off_policy=m,
         max_batch_size=2,
@@ -41,7 +41,7 @@ def _gate(clock: Clock, m: int = 1) -> PolicyGate:
     )
 
 
-def _run_batch(gate: PolicyGate, clock: Clock, n: int, seconds_per_rollout: float) -> None:
+def _run_batch(gate: MeasuringGate, clock: Clock, n: int, seconds_per_rollout: float) -> None:
     """`n` rollouts admitted together on a server serving one at a time: all run until the
     last ends (`n * seconds_per_rollout`), then end together and leave."""
     versions = [trio.run(gate.admit) for _ in range(n)]
@@ -106,7 +106,7 @@ def test_cap_is_what_the_server_finishes_inside_the_window() -> None:
     20 s: with max_steps_off_policy=1 a rollout started while a batch is collected has two
     step periods, so 40 s / 5 s = 8 may run at once; one more would make them all late.
     Rollouts in flight that no batch can train any more still load the server."""
-    snap = GateSnapshot(
+    snap = MeasuredSnapshot(
         policy_version=3,
         next_training_step=3,
         max_steps_off_policy=1,
@@ -119,23 +119,23 @@ def test_cap_is_what_the_server_finishes_inside_the_window() -> None:
     )
     assert snap.load_cap == 8
     assert StalenessAwareAdmission().headroom(snap) == 1
-    unmeasured = GateSnapshot(**{**_fields(snap), "load_latency": ()})
+    unmeasured = MeasuredSnapshot(**{**_fields(snap), "load_latency": ()})
     assert StalenessAwareAdmission().headroom(unmeasured) == 4
 
 
-def _fields(snap: GateSnapshot) -> dict[str, object]:
-    return {name: getattr(snap, name) for name in GateSnapshot.__dataclass_fields__}
+def _fields(snap: MeasuredSnapshot) -> dict[str, object]:
+    return {name: getattr(snap, name) for name in MeasuredSnapshot.__dataclass_fields__}
 
 
 def _measure(spec: SimSpec, *, without: tuple[str, object] | None = None) -> dict[str, float]:
     """The simulated run's rollouts started and cancelled, rollout-seconds per trained group and
-    wall time; `without=(name, value)` runs it with the `GateSnapshot` property `name` pinned to
+    wall time; `without=(name, value)` runs it with the `MeasuredSnapshot` property `name` pinned to
     `value` (the gate without that rule)."""
     if without is None:
         report = simulate(spec)
     else:
         name, value = without
-        with mock.patch.object(GateSnapshot, name, property(lambda s: value)):
+        with mock.patch.object(MeasuredSnapshot, name, property(lambda s: value)):
             report = simulate(spec)
     return {
         "started": report.rollouts_started,
@@ -181,11 +181,11 @@ def _race_snapshot(
     fresh: int = 0,
     m: int = 0,
     cancelled: tuple[float, ...] = (),
-) -> GateSnapshot:
+) -> MeasuredSnapshot:
     """At max_steps_off_policy=0, collecting the batch of step 6; at 1, training step 6 (only
     the batch of step 7 can take a rollout started now). `times` are completed rollouts',
     `cancelled` the times cancelled ones ran."""
-    return GateSnapshot(
+    return MeasuredSnapshot(
         latency_tail=latency_tail(times, cancelled),
         policy_version=5,
         next_training_step=5 + m,
@@ -290,7 +290,7 @@ def test_cohort_lateness_groups_rollouts_by_start() -> None:
     assert cohort_lateness([(0.0, 1.0, False), (100.0, 1.0, False)]) == ()
 
 
-def _drifting_run(gate: PolicyGate, clock: Clock, lengths: list[float]) -> None:
+def _drifting_run(gate: MeasuringGate, clock: Clock, lengths: list[float]) -> None:
     """Cohorts of 4 admitted at a publish, ending within 4% of each other, one cohort per 30 s
     step, each cohort's rollouts `length` seconds long: a policy whose answers shrink and grow
     over the run."""
@@ -354,7 +354,7 @@ def test_admitting_only_free_slots_at_a_batching_server_costs_less() -> None:
 # -- the load cap never leaves workers waiting with nothing in flight (issue 51, item 1) ----
 
 
-def _capped_gate(clock: Clock) -> PolicyGate:
+def _capped_gate(clock: Clock) -> MeasuringGate:
     """A gate whose load model is measured (latency 5 s per rollout in flight: 0.2 rollouts/s)
     and whose steps come every 10 s, collecting a batch of 2 at max_steps_off_policy=1: the
     server can finish 0.2 x 2 x 10 = 4 rollouts inside the window, fewer than the window's
@@ -370,7 +370,7 @@ def _capped_gate(clock: Clock) -> PolicyGate:
 
 
 async def _hold_at_the_load_cap(
-    gate: PolicyGate, nursery: trio.Nursery
+    gate: MeasuringGate, nursery: trio.Nursery
 ) -> tuple[list[int], list[int]]:
     """Admit rollouts up to the load cap, then start two workers that must wait: the versions
     admitted, and the list the waiting workers append their versions to once admitted."""

@@ -17,10 +17,9 @@ import trio
 from openai.types.chat.chat_completion import Choice
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.policy.admission import StalenessAwareAdmission
+from art_trio.admission import MeasuringGate, StalenessAwareAdmission
 from art_trio.policy.batching import Freshness
 from art_trio.policy.freshness import mean_policy_version, version_tokens
-from art_trio.policy.gate import PolicyGate
 from art_trio.testing.doubles import TrainBatch
 from tests.doubles import RecordingBackend, scenarios
 
@@ -130,7 +129,7 @@ def test_admission_counts_rollouts_running_on_past_the_start_version_window() ->
     cancelled while its mix can still meet the mean bound), and batches take the oldest ready
     groups first: it comes before any rollout started now, so admission counts it as one of
     the fresh rollouts in flight. Without in-flight updates it would have been cancelled."""
-    gate = PolicyGate(
+    gate = MeasuringGate(
         start_step=0, max_steps_off_policy=1, max_batch_size=2,
         policy=StalenessAwareAdmission(beyond_bound=0), clock=lambda: 0.0,
         cancel_window=Freshness(None, 1.0).cancel_window(True),
@@ -163,7 +162,7 @@ def test_the_wider_cancel_window_holds_only_where_rollouts_outlast_training(
     it as fresh. Where they take 25 s, it goes on under the next policy. Before any rollout
     has completed, the start version's window holds."""
     now = [0.0]
-    gate = PolicyGate(
+    gate = MeasuringGate(
         start_step=0, max_steps_off_policy=Freshness(None, 0.5).window, max_batch_size=1,
         policy=StalenessAwareAdmission(beyond_bound=0), clock=lambda: now[0],
         cancel_window=Freshness(None, 0.5).cancel_window(True),

@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from art_trio.policy.gate_snapshot import GateSnapshot
+from art_trio.admission import MeasuredSnapshot
 from art_trio.sim.report import plot_sweep, run_table, sweep_summary, sweep_table
 from art_trio.sim.simulate import (
     SimReport,
@@ -116,7 +116,7 @@ def reference_race() -> Iterator[None]:
     admission narrows the race once it sees rollouts end together, and which of 8 rollouts
     ending at one virtual instant count as ended (not cancelled) follows trio's randomised
     scheduling order: hand-computed runs use the reference's race."""
-    with mock.patch.object(GateSnapshot, "racers_end_together", property(lambda s: False)):
+    with mock.patch.object(MeasuredSnapshot, "racers_end_together", property(lambda s: False)):
         yield
 
 

@@ -68,7 +68,7 @@ from .plumbing.bridge.calls import trio_native
 from .plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
 from .plumbing.executor import RolloutExecutor
 from .plumbing.rollouts import make_group_rollout_fn
-from .policy.admission import AdmissionPolicy, EagerAdmission, StalenessAwareAdmission
+from .policy.admission import AdmissionPolicy, EagerAdmission
 from .policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -91,6 +91,7 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 _EXTENSION_NAMES = {
     "AutotuneConfig": "autotune",
     "InProcessExecutor": "executors",
+    "StalenessAwareAdmission": "admission",
     "RayRolloutExecutor": "executors",
 }
 

@@ -32,7 +32,7 @@ from .plumbing.executor import RolloutExecutor
 from .plumbing.progress import ProgressKeeper, RunProgress
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
-from .policy.admission import admission_policy
+from .policy.admission import AdmissionPolicy
 from .policy.gate import LoopEvent, PolicyGate
 
 R = TypeVar("R")
@@ -177,6 +177,7 @@ class PipelineRun:
         fold: CounterFold,
         start_step: int,
         source: ScenarioSource[Any],
+        admission: AdmissionPolicy,
         rollout_fn: Any,
         eval_fn: Any,
         config: Any,
@@ -211,12 +212,12 @@ class PipelineRun:
         self.started_at = self._clock()
         #: The calls and phases each stage awaits now (the stall watchdog reads them).
         self.calls = CallsInFlight(self._clock)
-        self.gate = PolicyGate(
+        self.gate = (admission.gate_class or PolicyGate)(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
             cancel_window=self.freshness.cancel_window(self.in_flight_updates),
             max_batch_size=settings.sizes.max_batch_size,
-            policy=admission_policy(settings.freshness.admission, settings.rollouts_beyond_bound),
+            policy=admission,
             clock=self._clock,
             new_event=loop_event_factory(),
         )

@@ -23,13 +23,14 @@ from typing import Any, Literal, TypedDict, cast, get_type_hints
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
-from ..policy.admission import Admission
+from ..policy.admission import AdmissionPolicy
 from ..policy.retention import CheckpointRetentionStrategy
 from .settings import (
     DECLARATIONS,
     FIELDS,
     GROUP_TYPES,
     GROUPS,
+    Admission,
     Evaluation,
     FreshnessSettings,
     Persistence,
@@ -66,7 +67,7 @@ class SettingKeywords(TypedDict, total=False):
     queue_maxsize: int | None
     max_steps_off_policy: int | None
     limit_mean_steps_off_policy: float | None
-    admission: Admission
+    admission: Admission | AdmissionPolicy
     max_rollouts_beyond_bound: int | None
     learning_rate: float
     loss_fn: str

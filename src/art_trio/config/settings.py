@@ -22,12 +22,21 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ..plumbing.compat import check_line_supports
-from ..policy.admission import ADMISSION_POLICIES, Admission
+from ..policy.admission import AdmissionPolicy
 from ..policy.batching import Freshness
 from ..policy.retention import CheckpointRetentionStrategy
 from ..policy.rules import Rule, above, at_least, count_error, not_a_number, not_finite, one_of
 
 StallAction = Literal["log", "raise", "stop"]
+#: The `admission=` modes by name (`facade/compose.py` builds each); or a policy object.
+Admission = Literal["staleness_aware", "eager"]
+ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
+
+
+def _admission_ok(value: object) -> bool:
+    if isinstance(value, str):
+        return value in ADMISSION_MODES
+    return all(callable(getattr(value, m, None)) for m in ("headroom", "lookahead", "take_batch"))
 STALL_ACTIONS: tuple[StallAction, ...] = ("log", "raise", "stop")
 
 STALL_FLOOR_SECONDS = 600.0
@@ -132,10 +141,12 @@ class FreshnessSettings:
     limit_mean_steps_off_policy: float | None = setting(
         None, "ART 0.5.20's bound on a group's token-weighted mean policy age (None: off).",
         rule=at_least(0), number="finite")
-    admission: Admission = setting(
+    admission: Admission | AdmissionPolicy = setting(
         "staleness_aware", "'staleness_aware' starts a rollout only if a batch still to come "
-        "can train it; 'eager' is the reference's gate exactly.",
-        rule=one_of(tuple(ADMISSION_POLICIES)))
+        "can train it; 'eager' is the reference's gate exactly; or a policy of your own (an "
+        "`AdmissionPolicy`).",
+        rule=Rule(_admission_ok, f"one of {', '.join(map(repr, ADMISSION_MODES))} or an "
+                  "AdmissionPolicy (headroom, lookahead, take_batch)"))
     max_rollouts_beyond_bound: int | None = setting(
         None, "Rollouts 'staleness_aware' admits past its bound, trading wasted rollouts for "
         "trainer utilization (None: max_batch_size / 8).",

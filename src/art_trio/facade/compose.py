@@ -1,8 +1,8 @@
 """What a run is made of beyond the kernel: the extensions its settings ask for.
 
 The one kernel module that names extension packages, and each is imported only where a
-setting asks for it: a run with `resume=False`, `stall_seconds=None` and no `autotune=` loads
-none of them.
+setting asks for it: a run with `resume=False`, `stall_seconds=None`, `admission="eager"` and
+no `autotune=` loads none of them.
 `tests/test_layers.py` holds this module to imports inside functions.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config.settings import PipelineSettings
 from ..plumbing.progress import ArtRecord, ProgressKeeper
+from ..policy.admission import AdmissionPolicy, EagerAdmission
 from ..stages import StageExtension
 
 
@@ -24,6 +25,18 @@ def progress_keeper(settings: PipelineSettings, model: Any) -> ProgressKeeper:
     from ..resume import DurableResume
 
     return DurableResume(model, fsync=settings.persistence.fsync_state)
+
+
+def admission_policy(settings: PipelineSettings) -> AdmissionPolicy:
+    """The run's admission policy: `admission=` by name, or the user's own object."""
+    chosen = settings.freshness.admission
+    if not isinstance(chosen, str):
+        return chosen
+    if chosen == "eager":
+        return EagerAdmission()
+    from ..admission import StalenessAwareAdmission
+
+    return StalenessAwareAdmission(settings.rollouts_beyond_bound)
 
 
 def tuned_start(autotune: Any, model: Any) -> Callable[[], dict[str, int | None]] | None:

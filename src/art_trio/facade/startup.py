@@ -25,6 +25,7 @@ from ..plumbing.bridge.calls import Bridge
 from ..plumbing.executor import RolloutExecutor
 from ..plumbing.progress import ProgressKeeper, RunProgress
 from ..plumbing.source import ScenarioSource
+from ..policy.admission import AdmissionPolicy
 from ..run import PipelineRun
 
 logger = logging.getLogger("art_trio")
@@ -38,6 +39,7 @@ async def open_run(
     settings: PipelineSettings,
     scenarios: Any,
     keeper: ProgressKeeper,
+    admission: AdmissionPolicy,
     rollout_fn: Any,
     eval_fn: Any,
     config: Any,
@@ -70,6 +72,7 @@ async def open_run(
         fold=fold,
         start_step=start_step,
         source=source,
+        admission=admission,
         rollout_fn=rollout_fn,
         eval_fn=eval_fn,
         config=config,

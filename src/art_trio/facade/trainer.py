@@ -57,7 +57,7 @@ from ..stages.metrics import TrainMetrics
 from ..stages.rollout import RolloutStage
 from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
-from .compose import progress_keeper, run_extensions, tuned_start
+from .compose import admission_policy, progress_keeper, run_extensions, tuned_start
 from .startup import open_run
 from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
 
@@ -246,6 +246,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 prepared = await open_run(
                     bridge, model=self.model, backend=self.backend, settings=self.settings,
                     scenarios=self._scenarios, keeper=self._keeper, rollout_fn=self.rollout_fn,
+                    admission=admission_policy(self.settings),
                     eval_fn=self.eval_fn, config=self.config, executor=self.rollout_executor,
                     observers=self._observers, score_references=self._score_references,
                 )

@@ -12,96 +12,37 @@ Admission and freshness are decided here and nowhere else, so the rollout side (
 rollout start?) and the training side (is this group still fresh?) can never drift apart.
 Whether a rollout may start is the admission policy's decision (see admission.py), a pure
 function of the `GateSnapshot` (gate_snapshot.py) the gate takes; the gate keeps the counts
-it is made from.
+it is made from. A policy that decides from more than these counts brings a subclass of this
+gate that measures it (`AdmissionPolicy.gate_class`; `art_trio.admission`'s measures rollout
+latency under load, cohorts and the slow tail): the subclass hooks in where a rollout ends
+(`_rollout_measured`), where the in-flight count changes (`_load_changing`) and where doomed
+rollouts are cancelled (`_cancel_doomed`).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 
 from ..messages.errors import _GateClosed
-from .admission import AdmissionPolicy, StalenessAwareAdmission
-from .gate_snapshot import (
-    MIN_LOAD_COMPLETIONS,
-    MIN_TIME_SAMPLES,
-    RACE_SPREAD,
-    GateSnapshot,
-    completed_count,
-    latency_grows_with_load,
-    latency_tail,
-)
+from .admission import AdmissionPolicy, EagerAdmission
+from .gate_snapshot import GateSnapshot, completed_count
 
 #: Weight of the newest sample in the step-period average.
 EWA_ALPHA = 0.2
 #: Per-rollout decay of the latency estimate's sums: it follows roughly the last 100 rollouts.
 LATENCY_DECAY = 0.99
-#: Recent rollout times the gate keeps (re-sorted every TIME_REFRESH rollouts); the snapshot
-#: trusts them over the exponential model from `MIN_TIME_SAMPLES` on.
+#: Recent rollout times the gate keeps, re-sorted every TIME_REFRESH rollouts (and every one
+#: while fewer than TIME_REFRESH are known).
 RECENT_TIMES = 256
 TIME_REFRESH = 32
-#: Recent rollouts whose start times the gate keeps, to find the ones that started together
-#: (`cohort_lateness`), and how close two starts must be, as a share of the shorter rollout's
-#: time, for the two to count as started together.
-RECENT_RUNS = 64
-COHORT_GAP = 0.02
-#: Doomed rollouts let run on whose times stand in for the slow tail of latency where races
-#: cancel most rollouts (`latency_tail` cannot tell): the last this many that ended.
-MIN_SPARED = 4
-#: Changes of the in-flight count the gate remembers, to average a rollout's load over its
-#: life (a rollout that started before the oldest is averaged from there).
-LOAD_MARKS = 4096
-
-
 def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
-
-
-def _look_alike(completed: list[float]) -> bool:
-    """The sorted completed times' slow decile is within `RACE_SPREAD` of their median: what a
-    race's winners show whatever the latencies, so a reason to measure, never to narrow."""
-    n = len(completed)
-    return n >= 2 * MIN_SPARED and completed[int(0.9 * (n - 1))] <= RACE_SPREAD * completed[
-        (n - 1) // 2
-    ]
-
-
-def cohort_lateness(runs: Iterable[tuple[float, float, bool]]) -> tuple[float, ...]:
-    """How much later than the median of its cohort each rollout ended, sorted.
-
-    `runs` are rollouts' (start, seconds run, completed). A cohort is the rollouts that
-    started together (a publish, or a race, admitting several at once: starts apart by at
-    most `COHORT_GAP` of the shorter one's time); one that started alone has no cohort and is
-    left out. A rollout cancelled before it ended did not end with its cohort: it is
-    infinitely late (at `max_steps_off_policy == 0` the losers of a race, whose winners alone
-    would look as if they ended together).
-    """
-    late: list[float] = []
-    cohort: list[float] = []
-    first_start, first_seconds = -math.inf, 0.0
-    for start, seconds, completed in sorted(runs):
-        if start - first_start > COHORT_GAP * min(seconds, first_seconds):
-            _add_lateness(cohort, late)
-            cohort, first_start, first_seconds = [], start, seconds
-        cohort.append(seconds if completed else math.inf)
-    _add_lateness(cohort, late)
-    return tuple(sorted(late))
-
-
-def _add_lateness(cohort: list[float], late: list[float]) -> None:
-    if len(cohort) > 1:
-        cohort.sort()
-        median = cohort[(len(cohort) - 1) // 2]
-        if math.isinf(median):  # most were cancelled: none ended with the cohort
-            late.extend([math.inf] * len(cohort))
-        else:
-            late.extend(seconds - median for seconds in cohort)
 
 
 class LoopEvent(Protocol):
@@ -156,7 +97,7 @@ class PolicyGate:
         # (`Freshness.cancel_window`).
         self._cancel_window = max_steps_off_policy if cancel_window is None else cancel_window
         self._max_batch_size = max_batch_size
-        self._policy: AdmissionPolicy = policy or StalenessAwareAdmission()
+        self._policy: AdmissionPolicy = policy or EagerAdmission()
         self._queued = 0
         self._in_flight: Counter[int] = Counter()
         self._waiters: deque[_Waiter] = deque()
@@ -167,11 +108,6 @@ class PolicyGate:
         # runs in virtual time replay exactly.)
         # Each scope's value is when its rollout started.
         self._rollout_scopes: dict[int, dict[anyio.CancelScope, float]] = {}
-        # Doomed rollouts let run on to measure the slow tail (see `begin_training`): when
-        # each started and when it was doomed; and how long the ended ones ran over the time
-        # they had run when doomed.
-        self._spared: dict[anyio.CancelScope, tuple[float, float]] = {}
-        self._spared_lateness: deque[float] = deque(maxlen=MIN_SPARED)
         # Measured pace of the pipeline (exponentially weighted), for `pipeline_target`.
         self._clock = clock
         self._new_event = new_event
@@ -185,22 +121,10 @@ class PolicyGate:
         self._recent_times: deque[tuple[float, bool]] = deque(maxlen=RECENT_TIMES)
         self._since_sorted = 0
         self._sorted_times: tuple[float, ...] = ()
-        self._latency_tail: float | None = None
-        self._spare_a_loser = False
-        self._recent_runs: deque[tuple[float, float, bool]] = deque(maxlen=RECENT_RUNS)
-        self._cohort_lateness: tuple[float, ...] = ()
-        # The load model (see gate_snapshot.py): rollouts in flight over time, as the running
-        # integral of the count at each change, and latency sums per mean count.
+        #: Rollouts admitted and not yet ended, fresh or not.
         self._load = 0
-        self._load_area = 0.0
-        self._load_at: float | None = None
-        self._mark_times: list[float] = []
-        self._mark_areas: list[float] = []
-        self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
-        self._load_samples = 0
-        self._load_latency: tuple[tuple[int, float, float], ...] = ()
-        # The load model shows a shared server: a group handed over frees a slot there.
-        self._queueing = False
+        #: A group handed over frees a slot the policy counts (a shared server's): decide.
+        self._hand_over_frees = False
 
     # -- what the stages read -----------------------------------------------------------
 
@@ -239,22 +163,22 @@ class PolicyGate:
         # (with in-flight updates, past the start version's window where that can pay: see
         # `_effective_cancel_window`), and batches take the oldest first: all of them come
         # before a rollout started now.
+        return GateSnapshot(**self._snapshot_fields())
+
+    def _snapshot_fields(self) -> dict[str, Any]:
         floor = self.min_fresh_version
-        return GateSnapshot(
-            policy_version=self._policy_version,
-            next_training_step=self._next_training_step,
-            max_steps_off_policy=self._max_steps_off_policy,
-            max_batch_size=self._max_batch_size,
-            queued=self._queued,
-            fresh_in_flight=sum(n for v, n in self._in_flight.items() if v >= floor),
-            rollout_latency=self.rollout_latency,
-            step_period=self._step_period_ewa,
-            recent_rollout_times=self._sorted_times,
-            cohort_lateness=self._cohort_lateness,
-            latency_tail=self._latency_tail,
-            in_flight=self._load,
-            load_latency=self._load_latency,
-        )
+        return {
+            "policy_version": self._policy_version,
+            "next_training_step": self._next_training_step,
+            "max_steps_off_policy": self._max_steps_off_policy,
+            "max_batch_size": self._max_batch_size,
+            "queued": self._queued,
+            "fresh_in_flight": sum(n for v, n in self._in_flight.items() if v >= floor),
+            "rollout_latency": self.rollout_latency,
+            "step_period": self._step_period_ewa,
+            "recent_rollout_times": self._sorted_times,
+            "in_flight": self._load,
+        }
 
     @property
     def rollout_latency(self) -> float | None:
@@ -284,12 +208,10 @@ class PolicyGate:
         self._latency_time = self._latency_time * LATENCY_DECAY + seconds
         self._latency_completions = self._latency_completions * LATENCY_DECAY + completed
         self._recent_times.append((seconds, completed))
-        now = self._clock()
-        self._recent_runs.append((now - seconds, seconds, completed))
-        self._note_load(seconds, completed, now)
         self._since_sorted += 1
-        # Every rollout while few are known (the race rule reads them from a few on).
-        if self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= MIN_TIME_SAMPLES:
+        # Every rollout while few are known (a measuring policy reads them from a few on).
+        refresh = self._since_sorted >= TIME_REFRESH or len(self._recent_times) <= TIME_REFRESH
+        if refresh:
             self._since_sorted = 0
             done: list[float] = []
             cancelled: list[float] = []
@@ -300,66 +222,16 @@ class PolicyGate:
             # A cancelled rollout missed its window: for on-time chances and stragglers it is
             # late, however long it ran.
             self._sorted_times = tuple(done) + (math.inf,) * len(cancelled)
-            tail = latency_tail(done, cancelled)
-            self._spare_a_loser = tail is None and _look_alike(done)
-            if tail is None and len(self._spared_lateness) == MIN_SPARED:
-                tail = sorted(self._spared_lateness)[int(0.9 * (MIN_SPARED - 1))]
-            self._latency_tail = tail
-            self._cohort_lateness = cohort_lateness(self._recent_runs)
-
-    def _note_load(self, seconds: float, completed: bool, now: float) -> None:
-        """File a rollout that ran `seconds` until `now` under the mean in-flight count."""
-        self._mark_load(now)
-        start = now - seconds
-        if seconds > 0 and self._mark_times:
-            i = bisect.bisect_right(self._mark_times, start) - 1
-            if i < 0:
-                # Started before the oldest mark: average from the oldest.
-                i, start = 0, self._mark_times[0]
-            # The count is constant between marks: the area up to `start` is linear there.
-            area_then = self._mark_areas[i] + self._count_after(i) * (start - self._mark_times[i])
-            span = now - start
-            mean = (self._load_area - area_then) / span if span > 0 else self._load
+            self._rollout_measured(seconds, completed, done, cancelled)
         else:
-            mean = self._load
-        count = max(1, round(mean))
-        self._load_samples += 1
-        entry = self._by_load.setdefault(count, [0.0, 0.0, self._load_samples])
-        decay = LATENCY_DECAY ** (self._load_samples - entry[2])
-        entry[0] = entry[0] * decay + seconds
-        entry[1] = entry[1] * decay + completed
-        entry[2] = self._load_samples
-        if self._load_samples <= TIME_REFRESH or self._since_sorted + 1 >= TIME_REFRESH:
-            self._load_latency = self._load_model()
-            self._queueing = latency_grows_with_load(self._load_latency)
+            self._rollout_measured(seconds, completed, None, None)
 
-    def _count_after(self, i: int) -> float:
-        """The in-flight count between mark `i` and the next (from their areas)."""
-        if i + 1 < len(self._mark_times):
-            width = self._mark_times[i + 1] - self._mark_times[i]
-            if width > 0:
-                return (self._mark_areas[i + 1] - self._mark_areas[i]) / width
-            return 0.0
-        return self._load
-
-    def _load_model(self) -> tuple[tuple[int, float, float], ...]:
-        model = []
-        for count, (total, completions, sample) in sorted(self._by_load.items()):
-            decay = LATENCY_DECAY ** (self._load_samples - sample)
-            if completions * decay >= MIN_LOAD_COMPLETIONS:
-                model.append((count, total / completions, completions * decay))
-        return tuple(model)
-
-    def _mark_load(self, now: float) -> None:
-        """Bring the in-flight integral up to `now` (before the count changes)."""
-        if self._load_at is not None:
-            self._load_area += self._load * (now - self._load_at)
-        self._load_at = now
-        self._mark_times.append(now)
-        self._mark_areas.append(self._load_area)
-        if len(self._mark_times) > 2 * LOAD_MARKS:
-            del self._mark_times[:LOAD_MARKS]
-            del self._mark_areas[:LOAD_MARKS]
+    def _rollout_measured(
+        self, seconds: float, completed: bool, done: list[float] | None,
+        cancelled: list[float] | None,
+    ) -> None:
+        """A measuring gate's hook: a rollout ran `seconds` (and `done`/`cancelled` are the
+        recent times, sorted, when they were just re-sorted; else None)."""
 
     @property
     def min_fresh_version(self) -> int:
@@ -403,9 +275,8 @@ class PolicyGate:
 
     @property
     def spared(self) -> Collection[anyio.CancelScope]:
-        """Scopes of doomed rollouts left running to measure the slow tail of latency (see
-        `begin_training`)."""
-        return self._spared.keys()
+        """Scopes of doomed rollouts a measuring gate left running (none here)."""
+        return ()
 
     @property
     def closed(self) -> bool:
@@ -455,11 +326,11 @@ class PolicyGate:
         self._release(version)
         self._queued += 1
         # Under the window rules the group only moves from in flight to queued, which never
-        # raises the headroom; under the load cap (gate_snapshot.py) it leaves the shared
+        # raises the headroom; under a load cap (art_trio.admission) it leaves the shared
         # server, which does. Counted queued first, so no waiter is let into the slot the
         # window still owes this group. (Only there: a decision per hand-over costs the
         # scheduler a tenth of its time per group where no cap can hold.)
-        if self._queueing:
+        if self._hand_over_frees:
             self._pump()
 
     # -- the training side ---------------------------------------------------------------
@@ -484,19 +355,16 @@ class PolicyGate:
         self._next_training_step = step
         if self._policy.cancels_doomed_rollouts:
             floor = self.min_fresh_version
-            # Where the completed rollouts look alike but the slow tail of latency is not
-            # measured (most were cancelled: a race's winners), one doomed rollout runs on to
-            # its end. Cancelled rollouts only say they would have taken longer; these show
-            # whether the rest would have ended with the winners (`latency_tail`).
-            spare = self._spare_a_loser
-            for version in [v for v in self._rollout_scopes if v < floor]:
-                for scope, started in self._rollout_scopes.pop(version).items():
-                    if spare and started < now:
-                        spare = False
-                        self._spared[scope] = (started, now)
-                    else:
-                        scope.cancel()
+            doomed = [v for v in self._rollout_scopes if v < floor]
+            self._cancel_doomed([self._rollout_scopes.pop(v) for v in doomed], now)
         self._pump()
+
+    def _cancel_doomed(self, doomed: list[dict[anyio.CancelScope, float]], now: float) -> None:
+        """Cancel the rollouts no batch still to be taken can train (scopes with their start
+        times, by version, oldest first); a measuring gate may let one run on."""
+        for scopes in doomed:
+            for scope in scopes:
+                scope.cancel()
 
     def track(self, version: int, scope: anyio.CancelScope) -> None:
         """Register a running rollout's scope: it is cancelled once no batch can train it."""
@@ -506,10 +374,6 @@ class PolicyGate:
         self._rollout_scopes.setdefault(version, {})[scope] = self._clock()
 
     def untrack(self, version: int, scope: anyio.CancelScope) -> None:
-        spared = self._spared.pop(scope, None)
-        if spared is not None and not scope.cancel_called:
-            started, doomed = spared
-            self._spared_lateness.append((self._clock() - started) / (doomed - started))
         scopes = self._rollout_scopes.get(version)
         if scopes is not None:
             scopes.pop(scope, None)
@@ -551,8 +415,11 @@ class PolicyGate:
 
     # -- internals -----------------------------------------------------------------------
 
+    def _load_changing(self) -> None:
+        """A measuring gate's hook: the in-flight count is about to change."""
+
     def _take_slot(self) -> int:
-        self._mark_load(self._clock())
+        self._load_changing()
         self._load += 1
         self._in_flight[self._policy_version] += 1
         return self._policy_version
@@ -576,7 +443,7 @@ class PolicyGate:
 
     def _release(self, version: int) -> None:
         """Give back an in-flight slot; versions with none left leave the counter."""
-        self._mark_load(self._clock())
+        self._load_changing()
         self._load -= 1
         left = self._in_flight[version] - 1
         if left == 0:

@@ -327,8 +327,8 @@ class _Hold:
 def _hold(snap: GateSnapshot, headroom: Callable[[GateSnapshot], float]) -> _Hold:
     """Why admission refuses every rollout now (`headroom` is the policy's decision).
 
-    The load cap is what holds the workers where the same decision without the load model
-    would admit one: the freshness window has room, the shared server has none.
+    A measuring policy may name a reason of its own (`GateSnapshot.held_by`: staleness-aware
+    admission's load cap, where the freshness window has room and the shared server none).
     """
     version, step = snap.policy_version, snap.next_training_step
     if not reference_gate_allows(snap):
@@ -337,19 +337,9 @@ def _hold(snap: GateSnapshot, headroom: Callable[[GateSnapshot], float]) -> _Hol
             f"the staleness bound admits no rollout at policy version {version} until step "
             f"{step} is published (waiting for a policy)",
         )
-    cap, throughput = snap.load_cap, snap.server_throughput
-    if (
-        cap is not None and throughput is not None and snap.step_period
-        and headroom(replace(snap, load_latency=())) > 0
-    ):
-        return _Hold(
-            "the load cap",
-            f"the shared inference server can take {cap} at once, {snap.load} run there",
-            f"the load cap admits no rollout while {snap.load} run on the shared inference "
-            f"server, which can take {cap} at once and finish them inside the freshness window "
-            f"(measured {throughput:.3g} rollouts/s over {snap.batches_left} step periods of "
-            f"{snap.step_period:.1f} s); each rollout that ends lets one start",
-        )
+    measured = snap.held_by(headroom)
+    if measured is not None:
+        return _Hold(*measured)
     waits = (
         f"waiting for a policy: step {step} is training" if snap.training
         else f"waiting for the batch of step {step + 1} to be taken"
