@@ -36,6 +36,15 @@ EXPECTED: dict[str, list[tuple[list[str], list[str]]]] = {
     "cancel_scope.py": [
         ([], [r"cancelled at step (\d+); running=False", r"resumed from step \d+ and trained"])
     ],
+    "extensions.py": [
+        (
+            [],
+            [
+                r"8 workers, at most [123] rollouts in flight \(cap 3\)",
+                r"stopped by the reward target at step \d+; trained \d+ steps",
+            ],
+        )
+    ],
     "ray_rollouts.py": [([], [r"trained 3 steps, rollouts on 1 Ray node"])],
     "resume_after_crash.py": [
         (

@@ -28,6 +28,7 @@ from art_trio.messages.errors import ArtTrioError
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
+BENCHMARKS = ROOT / "benchmarks"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -85,11 +86,55 @@ PLANTED = [
         id="the testing tool reaching beyond what it checks",
     ),
     pytest.param(
+        "stages/training.py", "from art_trio.watchdog import stage as _extension  # noqa\n",
+        "Layers", "art_trio.stages.training -> art_trio.watchdog.stage",
+        id="the kernel naming an extension",
+    ),
+    pytest.param(
+        "watchdog/stage.py", "from art_trio.resume import lock as _other  # noqa\n",
+        "Layers", "art_trio.watchdog.stage -> art_trio.resume.lock",
+        id="one extension importing another",
+    ),
+    pytest.param(
         "stages/control.py", "from art_trio.stages import training as _sibling  # noqa\n",
         "The stages do not import each other", "art_trio.stages.control -> "
         "art_trio.stages.training", id="one stage importing another",
     ),
 ]
+
+
+#: The extension packages: what ART's trainer has no counterpart for (docs/architecture.md).
+EXTENSIONS = ("admission", "autotune", "executors", "resume", "watchdog")
+
+
+def test_the_facade_imports_an_extension_only_where_it_is_used() -> None:
+    """facade/compose.py, the one kernel module naming extensions, imports each inside the
+    function that needs it: importing the kernel loads none."""
+    tree = ast.parse((SRC / "art_trio" / "facade" / "compose.py").read_text())
+    top_level = [
+        node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    named = {
+        (node.module or "").lstrip(".").split(".")[0] for node in top_level
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert not named & set(EXTENSIONS), named
+    inside = {
+        (node.module or "").lstrip(".").split(".")[0]
+        for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node not in top_level
+    }
+    assert {"admission", "autotune", "resume", "watchdog"} <= inside, inside
+
+
+def test_a_plain_run_loads_no_extension() -> None:
+    """ART's pipeline with every art_trio-only capability off (benchmarks/kernel_size.py's
+    plain run) imports no module of an extension package."""
+    spec = importlib.util.spec_from_file_location("kernel_size", BENCHMARKS / "kernel_size.py")
+    assert spec is not None and spec.loader is not None
+    kernel_size = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_size)
+    loaded = [f.parts[f.parts.index("art_trio") + 1] for f in kernel_size.loaded_modules()]
+    assert not set(loaded) & set(EXTENSIONS), sorted(set(loaded) & set(EXTENSIONS))
 
 
 def test_the_contracts_hold_on_this_tree(tree: Path) -> None:

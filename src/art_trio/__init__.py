@@ -24,6 +24,7 @@ from .config.settings import (
     Training,
 )
 from .facade.trainer import PipelineTrainer
+from .stages import RunView, StageExtension
 from .messages.errors import (
     ArtTrioError,
     AsyncioTaskCancelled,
@@ -67,8 +68,10 @@ from .observation.status import StatusReporter
 from .plumbing.bridge.calls import trio_native
 from .plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig, trainable_model
 from .plumbing.executor import RolloutExecutor
+from .plumbing.progress import ProgressKeeper, RunProgress, ScenarioBook
 from .plumbing.rollouts import make_group_rollout_fn
 from .policy.admission import AdmissionPolicy, EagerAdmission
+from .policy.gate_snapshot import GateSnapshot
 from .policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -119,6 +122,7 @@ __all__ = [
     "CallbackNotAwaitable",
     "ChannelClosed",
     "EagerAdmission",
+    "GateSnapshot",
     "EvalProvenanceError",
     "Fate",
     "ForeignStateError",
@@ -174,6 +178,12 @@ __all__ = [
     "Status",
     "Training",
     "RolloutExecutor",
+    # The protocols extensions plug in through (docs/architecture.md).
+    "ProgressKeeper",
+    "RunProgress",
+    "RunView",
+    "ScenarioBook",
+    "StageExtension",
     "RolloutFn",
     "RolloutLost",
     "ScenarioT",
