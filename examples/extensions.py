@@ -22,8 +22,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # keep ART's impo
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import GateSnapshot, PipelineTrainer, RunView, StepTrained  # noqa: E402
-from art_trio import trainable_model  # noqa: E402
+from art_trio import (  # noqa: E402
+    GateSnapshot,
+    PipelineTrainer,
+    RunView,
+    StepTrained,
+    trainable_model,  # noqa: E402
+)
 from art_trio.demo import CpuBackend, TaskConfig, rollout, scenarios, start_over  # noqa: E402
 
 

@@ -24,7 +24,6 @@ from .config.settings import (
     Training,
 )
 from .facade.trainer import PipelineTrainer
-from .stages import RunView, StageExtension
 from .messages.errors import (
     ArtTrioError,
     AsyncioTaskCancelled,
@@ -81,6 +80,7 @@ from .policy.retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
+from .stages import RunView, StageExtension
 
 try:
     #: The installed distribution's version; pyproject.toml's `version` is the one source.
