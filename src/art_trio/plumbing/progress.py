@@ -61,6 +61,9 @@ class RunProgress:
     accepted_trainable_groups: int = 0
     discarded_stale_groups: int = 0
     discarded_zero_variance_groups: int = 0
+    #: The newest step the backend was asked to checkpoint (or every step, where the run
+    #: keeps no checkpoints): what a restarted backend comes back at.
+    saved_step: int | None = None
 
     #: How many of the source's first scenarios `check_scenario` must see.
     checked_scenarios = 0
@@ -68,6 +71,10 @@ class RunProgress:
     def at_step(self, step: int) -> None:
         """The run's model is at `step` (trained, resumed or settled against the backend)."""
         self.training_step = step
+
+    def checkpoint_saved(self, step: int) -> None:
+        """Step `step` trained and its checkpoint was asked for."""
+        self.saved_step = step
 
     def schedule_eval(self, step: int) -> None:
         """`step` is to be evaluated (a resumed run does it first if this one does not)."""
@@ -131,13 +138,18 @@ class ProgressKeeper(Protocol):
 
 
 class ArtRecord:
-    """ART's own record: `_pipeline_trainer` in the model's `state.json` after each step, as
-    ART's trainer writes it (its four fields). It reads none: a run that resumes uses the
-    durable store (`art_trio.resume`), which reads this record too."""
+    """ART's own record: `_pipeline_trainer` in the model's `state.json` (its four fields),
+    written at the start and end of a run and after each step whose checkpoint the backend
+    was asked for. ART's trainer writes it after every step, so after a crash it skips the
+    scenarios of steps the backend lost (it comes back at its last checkpoint); written with
+    the checkpoint, the record's step is the backend's and those are rolled again (scenarios
+    in flight still count as consumed, as in ART: exactly-once is `art_trio.resume`'s). It
+    reads none: a run that resumes uses the durable store, which reads this record too."""
 
     def __init__(self, model: Any) -> None:
         self._model = model
         self.where = f"{model._get_output_dir()}/state.json"
+        self._written: int | None = None
 
     def acquire(self) -> None:
         pass
@@ -147,9 +159,13 @@ class ArtRecord:
     def open(self, start_step: int, *, resume: bool) -> tuple[RunProgress, bool]:
         # A run that does not resume starts from the backend's step with nothing consumed.
         del resume
-        return RunProgress(training_step=start_step), False
+        return RunProgress(training_step=start_step, saved_step=start_step), False
 
     def record(self, progress: RunProgress) -> None:
+        if progress.saved_step != self._written:
+            self.snapshot(progress)
+
+    def snapshot(self, progress: RunProgress) -> None:
         # This run's record replaces whatever record was there (ART's `merge_state` would
         # keep another store's fields beside it, as if they were this run's).
         state = self._model.read_state() or {}
@@ -162,8 +178,7 @@ class ArtRecord:
             "journal": False,
         }
         self._model.overwrite_state(state)
-
-    snapshot = record
+        self._written = progress.saved_step
 
     def close(self) -> None:
         pass

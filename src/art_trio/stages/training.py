@@ -447,6 +447,8 @@ class TrainingStage:
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
         self.state.at_step(new_step)
+        if saved:
+            self.state.checkpoint_saved(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items

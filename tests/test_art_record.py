@@ -1,0 +1,77 @@
+"""The kernel's own record (`resume=False`): ART's `_pipeline_trainer` in state.json, written with
+the checkpoints, no journal and no lock; a later durable resume follows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import art
+import trio
+
+from art_trio import PipelineTrainer, RunEvent
+from art_trio.messages.events import TrainCallStarted
+from art_trio.plumbing.progress import PIPELINE_STATE_KEY
+from art_trio.resume.files import JOURNAL_FILE, SIDECAR_FILE
+from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+
+
+async def _eval(model: Any, step: int, config: Any) -> list[art.Trajectory]:
+    return [trajectory(1.0)]
+
+
+def _record(model: art.TrainableModel) -> dict[str, Any]:
+    return (model.read_state() or {})[PIPELINE_STATE_KEY]
+
+
+async def test_a_plain_run_writes_arts_record_with_each_checkpoint_and_no_journal(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    seen: dict[int, int] = {}
+
+    def heard(event: RunEvent) -> None:
+        if isinstance(event, TrainCallStarted):
+            seen[event.step] = _record(model)["training_step"]
+
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, _eval,
+        num_rollout_workers=2, min_batch_size=2, max_batch_size=2, max_steps=5,
+        eval_every_n_steps=2, resume=False,
+    )
+    trainer.add_observer(heard)
+    await trainer.train(handle_signals=False)
+    # Before each train call the record is at the newest step whose checkpoint was asked for
+    # (the eval steps 0, 2, 4): never ahead of what a restarted backend comes back at.
+    assert seen == {1: 0, 2: 0, 3: 2, 4: 2, 5: 4}
+    end = _record(model)
+    assert end["training_step"] == 5 and end["journal"] is False
+    assert end["total_scenarios_consumed"] == trainer.statistics().rollouts_started
+    out = Path(model._get_output_dir())
+    assert not (out / SIDECAR_FILE).exists() and not (out / JOURNAL_FILE).exists()
+
+
+async def test_a_durable_resume_after_a_plain_run_continues_from_its_record(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """An older durable run's snapshot is there too: the plain run's newer record wins, so the
+    resumed run skips what the plain run consumed (ART's granularity), never the old ledger."""
+    settings: dict[str, Any] = {
+        "num_rollout_workers": 2, "min_batch_size": 2, "max_batch_size": 2,
+        "eval_every_n_steps": 0, "eval_step_0": False,
+    }
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, max_steps=1, **settings
+    ).train(handle_signals=False)
+    assert (Path(model._get_output_dir()) / SIDECAR_FILE).exists()
+    plain = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, max_steps=3, resume=False,
+        **settings,
+    )
+    await plain.train(handle_signals=False)
+    consumed = _record(model)["total_scenarios_consumed"]
+    trained_before = len(backend.calls)
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, max_steps=4, **settings
+    ).train(handle_signals=False)
+    resumed = [i for call in backend.calls[trained_before:] for i in call.scenario_ids]
+    assert resumed and min(resumed) >= consumed, (consumed, resumed)
