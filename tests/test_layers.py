@@ -374,3 +374,16 @@ def test_public_errors_keep_the_builtin_bases_callers_catch() -> None:
     assert issubclass(CallbackNotAwaitable, TypeError) and issubclass(ProfileError, ValueError)
     assert issubclass(PipelineCheckFailed, AssertionError)
     assert issubclass(PipelineCheckFailed, ArtTrioError)
+
+
+def test_no_function_is_more_complex_than_radon_grade_c() -> None:
+    """Cyclomatic complexity at most 20 (radon's grade C) everywhere in the package."""
+    from radon.complexity import cc_rank, cc_visit
+
+    too_complex = [
+        f"{path.relative_to(SRC)}:{block.lineno} {block.name} ({cc_rank(block.complexity)})"
+        for path in sorted((SRC / "art_trio").rglob("*.py"))
+        for block in cc_visit(path.read_text())
+        if cc_rank(block.complexity) > "C"
+    ]
+    assert not too_complex, too_complex

@@ -272,6 +272,12 @@ class RolloutStage:
             raise
         return True
 
+    def _doomed(self, index: int, wall: float) -> None:
+        """A rollout no batch could train any more was cancelled after `wall` seconds: a
+        censored latency sample (cancelled rollouts are the slow ones), then its fate."""
+        self.gate.note_rollout_time(wall, completed=False)
+        self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+
     async def _roll(
         self,
         worker_id: int,
@@ -299,11 +305,8 @@ class RolloutStage:
         try:
             group = await self._call_tracked(worker_id, version, scenario, doom_scope)
             wall = self.clock() - started
-            if group is DOOMED:
-                # Its time counts as a censored latency sample (cancelled rollouts are the
-                # slow ones); the worker leaves its cancelled scope next.
-                gate.note_rollout_time(wall, completed=False)
-                self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+            if group is DOOMED:  # the worker leaves its cancelled scope next
+                self._doomed(index, wall)
                 return None
             gate.note_rollout_time(wall, completed=True)
             if isinstance(group, Exception):
@@ -321,10 +324,7 @@ class RolloutStage:
         except anyio.get_cancelled_exc_class():
             wall = self.clock() - started
             if doom_scope.cancel_called:
-                # Doomed: its time counts as a censored latency sample (cancelled rollouts
-                # are the slow ones).
-                gate.note_rollout_time(wall, completed=False)
-                self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+                self._doomed(index, wall)
             else:
                 # Stopped or ended: neither trained nor resolved; rolled again on resume.
                 self.fates.settle(Fate.DROPPED_AT_STOP, index)

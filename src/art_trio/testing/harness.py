@@ -164,27 +164,11 @@ class Config:
         it (and rejects what it does not know, with its own message).
         """
         own = {f for f in cls.__dataclass_fields__ if f not in ("extra", "in_flight_updates")}
-        defaults = PipelineSettings()
-        fields_by_group = {
-            f.name: {f2.name for f2 in dataclasses.fields(getattr(defaults, f.name))}
-            for f in dataclasses.fields(PipelineSettings)
-        }
-        group_of = {name: group for group, names in fields_by_group.items() for name in names}
-        groups = set(fields_by_group)
-        # The trainer's own rule reads every spelling (flat names, groups given whole,
-        # `pipeline=`, `eval_step_0`): the invariants then read what the trainer will run.
-        spelled = {k: v for k, v in settings.items() if k in group_of or k in groups}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # the trainer warns itself
-            resolved = resolve_settings(
-                spelled, model=None, pipeline=settings.get("pipeline"), autotune=None,
-                rollout_executor=None, eval_step_0=bool(settings.get("eval_step_0", True)),
-            )
+        group_of = _group_of_each_setting()
+        groups = set(group_of.values())
+        resolved = _resolved(settings, group_of)
         values: dict[str, Any] = {name: resolved.get(name) for name in sorted(own)}
-        given = set(settings) | {
-            name for group in groups if group in settings for name in group_of
-            if group_of[name] == group
-        }
+        given = set(settings) | {name for name, group in group_of.items() if group in settings}
         # Settings the invariants do not read, as the trainer resolved them (a group given
         # whole spelt out flat), then the trainer's other keywords as given.
         extra = tuple(
@@ -241,6 +225,28 @@ class Config:
     @property
     def discard_limit(self) -> int:
         return self.discard_queue_multiplier * self.min_batch_size
+
+def _group_of_each_setting() -> dict[str, str]:
+    """Each flat setting's name -> the `PipelineSettings` group it is declared in."""
+    defaults = PipelineSettings()
+    return {
+        name.name: group.name
+        for group in dataclasses.fields(PipelineSettings)
+        for name in dataclasses.fields(getattr(defaults, group.name))
+    }
+
+
+def _resolved(settings: Mapping[str, Any], group_of: Mapping[str, str]) -> PipelineSettings:
+    """`settings` read by the trainer's own rule (flat names, groups given whole, `pipeline=`,
+    `eval_step_0`): the invariants then read what the trainer will run."""
+    groups = set(group_of.values())
+    spelled = {k: v for k, v in settings.items() if k in group_of or k in groups}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the trainer warns itself
+        return resolve_settings(
+            spelled, model=None, pipeline=settings.get("pipeline"), autotune=None,
+            rollout_executor=None, eval_step_0=bool(settings.get("eval_step_0", True)),
+        )
 
 
 @dataclass(frozen=True)
