@@ -89,8 +89,9 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 
-#: Names of the extensions' (each from its own subpackage), imported on first use so that a
-#: run that does not use one does not load it; `import art_trio` never imports ray.
+#: Names of the extensions' (each from its own subpackage, where they are documented), kept
+#: here as they were before the extensions left the kernel; imported on first use so that a
+#: run that does not use one does not load it, and not in `__all__`. Never imports ray.
 _EXTENSION_NAMES = {
     "AutotuneConfig": "autotune",
     "InProcessExecutor": "executors",
@@ -115,7 +116,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "AdmissionPolicy",
     "ArtTrioError",
-    "AutotuneConfig",
     "AsyncioTaskCancelled",
     "BackendStepError",
     "BatchTaken",
@@ -143,7 +143,6 @@ __all__ = [
     "RunLockLostError",
     "RunStatistics",
     "ScenarioSettled",
-    "StalenessAwareAdmission",
     # The stall watchdog's report (`Stalled`, `PipelineStalled`) and its parts.
     "Stalled",
     "StallReport",
@@ -165,7 +164,6 @@ __all__ = [
     "ConfigT",
     "EvalFn",
     "ExecutorUnavailable",
-    "InProcessExecutor",
     "PipelineSettings",
     "ProfileError",
     "PipelineTrainer",
