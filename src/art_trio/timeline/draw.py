@@ -29,6 +29,7 @@ COLOURS = {
     "given_back": "#e6ab02",
     "unsettled": "#dddddd",
 }
+TRAIN_SHADES = ("#4a90d9", "#8cb8e8")
 LABELS = {"cancelled_stale": "cancelled (stale)", "dropped_at_stop": "dropped at stop"}
 
 
@@ -77,11 +78,12 @@ def draw(
         )
 
     trainer_row, eval_row = lanes + 0.5, lanes + 1.5
-    for band in run.train_calls:
+    for number, band in enumerate(run.train_calls):
+        # Two shades taking turns: back-to-back calls stay apart at any zoom.
         top.broken_barh(
             [(band.start - t0, band.end - band.start)],
             (trainer_row, 0.8),
-            facecolors="#4a90d9",
+            facecolors=TRAIN_SHADES[number % 2],
             edgecolors="white" if band.completed else "red",
             linewidth=0.5,
         )

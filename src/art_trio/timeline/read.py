@@ -1,8 +1,9 @@
 """Reading a timeline log back, with an error that names the file and what to do.
 
-Every way a log can be unusable raises `TimelineError` (an `art_trio.ArtTrioError` and a `ValueError`): no such file, an empty
-file, a first line that is not this format's header, a version this reader does not know, a
-line that is not one JSON event (cut short by a process that died, or edited by hand).
+Every way a log can be unusable raises `TimelineError` (an `art_trio.ArtTrioError` and a
+`ValueError`): no such file, an empty file, a first line that is not this format's header, a
+version this reader does not know, a line that is not one JSON event (cut short by a process
+that died, or edited by hand).
 """
 
 from __future__ import annotations
@@ -81,4 +82,5 @@ def _event(path: Path, number: int, line: str, *, last: bool) -> dict[str, Any]:
             f'{path}: line {number} is not an event (expected {{"t": SECONDS, "event": NAME, '
             "...}})"
         )
+    record["_line"] = number
     return record

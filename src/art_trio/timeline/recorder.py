@@ -40,14 +40,24 @@ def loop_clock() -> Callable[[], float]:
 
 
 def how_it_ended(exc: BaseException | None) -> tuple[str, str | None]:
-    """`returned`, `cancelled` or `raised` (with the error's type and message)."""
+    """`returned`, `cancelled` or `raised` (with the error's type and message). A group of
+    cancellations alone (a nursery's, as trio raises them) is a cancellation."""
     if exc is None:
         return "returned", None
     try:
-        cancelled: tuple[type[BaseException], ...] = (anyio.get_cancelled_exc_class(),)
+        cancelled: type[BaseException] | None = anyio.get_cancelled_exc_class()
     except sniffio.AsyncLibraryNotFoundError:
-        cancelled = ()
-    if isinstance(exc, cancelled) or type(exc).__name__ in {"Cancelled", "CancelledError"}:
+        cancelled = None
+
+    def is_cancelled(e: BaseException) -> bool:
+        if isinstance(e, BaseExceptionGroup):
+            return all(is_cancelled(inner) for inner in e.exceptions)
+        return (cancelled is not None and isinstance(e, cancelled)) or type(e).__name__ in {
+            "Cancelled",
+            "CancelledError",
+        }
+
+    if is_cancelled(exc):
         return "cancelled", None
     return "raised", f"{type(exc).__name__}: {exc}"
 
