@@ -1,12 +1,15 @@
 """`RunTracer`: an observer that turns a run's events into OpenTelemetry spans.
 
-It hears each event in the trainer's task (`trainer.add_observer`) and only starts, annotates
-and ends spans; it never calls into the run. Timestamps are wall-clock nanoseconds read when
-an event is heard (what tracing backends expect), so a span's end is its event's time even
-where the span is ended later: a rollout's span ends at its `RolloutEnded` but is closed only
-once its fate is known (a trained group's fate, step and age arrive with `StepTrained`), and a
-training call's span ends at its `TrainCallEnded` but closes at its `PolicyPublished`.
-`finish()` closes whatever is still open, so nothing outlives the run.
+It hears each event in the trainer's task (`trainer.add_observer`) and only notes times and
+facts; it never calls into the run. Timestamps are wall-clock nanoseconds read when an event is
+heard (what tracing backends expect). A rollout's or a training call's span is made whole once
+its last fact is known, with the start and end times noted on the way: a rollout's ends at its
+`RolloutEnded`, but its fate may come later (a trained group's fate, step and age arrive with
+`StepTrained`); a training call's ends at its `TrainCallEnded`, but its batch's ages and the
+version it published come after. Making each span in one call (attributes, events, start and
+end together) is also what keeps the observer cheap on the hot path: a rollout costs one span
+creation. The run's span is open for the whole run (its children name it as their parent);
+`finish()` makes whatever is still pending and ends it, so nothing outlives the run.
 
 Events are dispatched by class name: several (`RolloutStarted`, `TrainCallStarted`, ...) are
 public as events but not exported by `art_trio`, and a tool uses the public names only.
@@ -31,19 +34,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Rollout:
-    span: Span
-    lane: int
+class _Pending:
+    """A span in the making: its start, its attributes and events so far, its end once known."""
+
+    start_ns: int
+    attributes: dict[str, Any]
+    lane: int = -1
     end_ns: int | None = None
     fate: str | None = None
     queued_ns: int | None = None
-
-
-@dataclass
-class _Call:
-    span: Span
-    end_ns: int | None = None
-    attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
 
 
 class RunTracer:
@@ -67,10 +67,10 @@ class RunTracer:
         self._context: Any = None
         self._lanes = Lanes()
         self._version: int | None = None
-        self._rollouts: dict[int, _Rollout] = {}
-        self._calls: dict[int, _Call] = {}
+        self._rollouts: dict[int, _Pending] = {}
+        self._calls: dict[int, _Pending] = {}
         self._taken_ns: dict[int, int] = {}
-        self._evals: dict[int, Span] = {}
+        self._evals: dict[int, _Pending] = {}
         self._handlers: dict[type, Callable[[Any, int], None]] = {}
 
     @property
@@ -101,10 +101,7 @@ class RunTracer:
         attributes = {n.SCENARIO: e.scenario_index, n.LANE: lane}
         if self._version is not None:
             attributes[n.START_VERSION] = self._version
-        span = self._tracer.start_span(
-            n.ROLLOUT, context=self._context, attributes=attributes, start_time=now
-        )
-        self._rollouts[e.scenario_index] = _Rollout(span, lane)
+        self._rollouts[e.scenario_index] = _Pending(now, attributes, lane)
 
     def _on_RolloutEnded(self, e: Any, now: int) -> None:
         r = self._rollouts.get(e.scenario_index)
@@ -112,7 +109,7 @@ class RunTracer:
             return
         r.end_ns = now
         self._lanes.give_back(r.lane)
-        r.span.set_attribute(n.SPENT_S, e.spent_s)
+        r.attributes[n.SPENT_S] = e.spent_s
         if r.fate is not None and r.fate != "trained":
             self._close_rollout(e.scenario_index, now)
 
@@ -121,9 +118,8 @@ class RunTracer:
         if r is None:
             return
         r.fate = e.fate.value
-        r.span.set_attribute(n.FATE, r.fate)
         if r.fate == "cancelled_stale":
-            r.span.add_event(n.EV_CANCELLED, {"reason": "stale"}, timestamp=now)
+            r.events.append((n.EV_CANCELLED, {"reason": "stale"}, now))
         if r.fate != "trained" and r.end_ns is not None:
             self._close_rollout(e.scenario_index, now)
 
@@ -131,7 +127,7 @@ class RunTracer:
         r = self._rollouts.get(e.scenario_index)
         if r is not None:
             r.fate = "given_back"
-            r.span.add_event(n.EV_GIVEN_BACK, timestamp=now)
+            r.events.append((n.EV_GIVEN_BACK, {}, now))
 
     def _on_GroupQueued(self, e: Any, now: int) -> None:
         if (r := self._rollouts.get(e.scenario_index)) is not None:
@@ -139,14 +135,22 @@ class RunTracer:
 
     def _on_GroupReceived(self, e: Any, now: int) -> None:
         if (r := self._rollouts.get(e.scenario_index)) is not None and e.policy_version is not None:
-            r.span.set_attribute(n.GROUP_VERSION, e.policy_version)
+            r.attributes[n.GROUP_VERSION] = e.policy_version
 
     def _close_rollout(self, index: int, now: int) -> None:
         r = self._rollouts.pop(index)
         if r.end_ns is None:
             self._lanes.give_back(r.lane)
-        r.span.set_attribute(n.FATE, r.fate or "unsettled")
-        r.span.end(end_time=r.end_ns if r.end_ns is not None else now)
+        r.attributes[n.FATE] = r.fate or "unsettled"
+        self._emit(n.ROLLOUT, r, now)
+
+    def _emit(self, name: str, pending: _Pending, now: int) -> None:
+        span = self._tracer.start_span(
+            name, context=self._context, attributes=pending.attributes, start_time=pending.start_ns
+        )
+        for event, attributes, at in pending.events:
+            span.add_event(event, attributes, timestamp=at)
+        span.end(end_time=pending.end_ns if pending.end_ns is not None else now)
 
     # ----- training, publishing, evals, stalls -------------------------------------------
 
@@ -154,21 +158,18 @@ class RunTracer:
         self._taken_ns[e.step] = now
 
     def _on_TrainCallStarted(self, e: Any, now: int) -> None:
-        span = self._tracer.start_span(
-            n.TRAIN, context=self._context, attributes={n.STEP: e.step}, start_time=now
-        )
-        self._calls[e.step] = _Call(span)
+        self._calls[e.step] = _Pending(now, {n.STEP: e.step})
 
     def _on_TrainCallEnded(self, e: Any, now: int) -> None:
         if (call := self._calls.get(e.step)) is not None:
             call.end_ns = now
-            call.span.set_attribute(n.TRAIN_S, e.train_s)
+            call.attributes[n.TRAIN_S] = e.train_s
 
     def _on_StepTrained(self, e: Any, now: int) -> None:
         taken = self._taken_ns.pop(e.step, now)
         weighted, tokens = e.token_ages
         if (call := self._calls.get(e.step)) is not None:
-            call.span.set_attributes(
+            call.attributes.update(
                 {
                     n.GROUPS: e.batch_size,
                     n.SCENARIOS: list(e.scenario_indices),
@@ -178,20 +179,19 @@ class RunTracer:
                 }
             )
             if tokens:
-                call.span.set_attribute(n.TOKEN_AGE, weighted / tokens)
+                call.attributes[n.TOKEN_AGE] = weighted / tokens
             if e.reward_mean is not None:
-                call.span.set_attribute(n.REWARD, e.reward_mean)
+                call.attributes[n.REWARD] = e.reward_mean
         for i, index in enumerate(e.scenario_indices):
             r = self._rollouts.get(index)
             if r is None:
                 continue
             r.fate = "trained"
-            attributes: dict[str, Any] = {n.STEP: e.step}
+            r.attributes[n.STEP] = e.step
             if i < len(e.staleness):
-                attributes[n.AGE_STEPS] = e.staleness[i]
+                r.attributes[n.AGE_STEPS] = e.staleness[i]
             if r.queued_ns is not None:
-                attributes[n.QUEUED_S] = max(0, taken - r.queued_ns) / 1e9
-            r.span.set_attributes(attributes)
+                r.attributes[n.QUEUED_S] = max(0, taken - r.queued_ns) / 1e9
             self._close_rollout(index, now)
 
     def _on_PolicyPublished(self, e: Any, now: int) -> None:
@@ -200,36 +200,30 @@ class RunTracer:
             self._run.add_event(n.EV_PUBLISHED, {"version": e.version}, timestamp=now)
         call = self._calls.pop(e.version, None)
         if call is not None:
-            call.span.set_attribute(n.PUBLISHED, e.version)
-            call.span.add_event(n.EV_PUBLISHED, {"version": e.version}, timestamp=now)
-            call.span.end(end_time=call.end_ns if call.end_ns is not None else now)
+            call.attributes[n.PUBLISHED] = e.version
+            call.events.append((n.EV_PUBLISHED, {"version": e.version}, now))
+            self._emit(n.TRAIN, call, now)
 
     def _on_EvalStarted(self, e: Any, now: int) -> None:
-        self._evals[e.step] = self._tracer.start_span(
-            n.EVAL, context=self._context, attributes={n.STEP: e.step}, start_time=now
-        )
+        self._evals[e.step] = _Pending(now, {n.STEP: e.step})
 
     def _on_EvalEnded(self, e: Any, now: int) -> None:
-        span = self._evals.pop(e.step, None)
-        if span is not None:
-            span.set_attribute(n.COMPLETED, e.completed)
+        pending = self._evals.pop(e.step, None)
+        if pending is not None:
+            pending.attributes[n.COMPLETED] = e.completed
             if e.reward is not None:
-                span.set_attribute(n.REWARD, e.reward)
-            span.end(end_time=now)
+                pending.attributes[n.REWARD] = e.reward
+            pending.end_ns = now
+            self._emit(n.EVAL, pending, now)
 
     def _on_Stalled(self, e: Any, now: int) -> None:
         report = e.report
-        span = self._tracer.start_span(
-            n.STALL,
-            context=self._context,
-            start_time=now - int(e.seconds * 1e9),
-            attributes={
-                n.STALL_S: e.seconds,
-                n.STALL_REPEAT: int(report.repeat),
-                n.BLOCKED_LOOP: bool(report.blocked_loop),
-            },
-        )
-        span.end(end_time=now)
+        attributes = {
+            n.STALL_S: e.seconds,
+            n.STALL_REPEAT: int(report.repeat),
+            n.BLOCKED_LOOP: bool(report.blocked_loop),
+        }
+        self._emit(n.STALL, _Pending(now - int(e.seconds * 1e9), attributes, end_ns=now), now)
 
     def _on_Resized(self, e: Any, now: int) -> None:
         if self._run is not None:
@@ -256,18 +250,17 @@ class RunTracer:
         error: BaseException | None = None,
         statistics: RunStatistics | None = None,
     ) -> None:
-        """Close every span still open (rollouts without a fate as `unsettled`, calls and
-        evals as not completed), then the run's, with `outcome` and the run's counters."""
+        """Make every span still pending (rollouts without a fate as `unsettled`, calls and
+        evals as not completed), then end the run's, with `outcome` and the run's counters."""
         now = self._now()
         for index in list(self._rollouts):
             self._close_rollout(index, now)
-        for call in self._calls.values():
-            call.span.set_attribute(n.COMPLETED, False)
-            call.span.end(end_time=call.end_ns if call.end_ns is not None else now)
+        for name, pending in [(n.TRAIN, c) for c in self._calls.values()] + [
+            (n.EVAL, e) for e in self._evals.values()
+        ]:
+            pending.attributes.setdefault(n.COMPLETED, False)
+            self._emit(name, pending, now)
         self._calls.clear()
-        for span in self._evals.values():
-            span.set_attribute(n.COMPLETED, False)
-            span.end(end_time=now)
         self._evals.clear()
         run = self._run
         if run is None:

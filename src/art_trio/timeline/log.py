@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,7 +28,8 @@ FORMAT = "art-trio-timeline"
 #: The format's version: the reader refuses versions it does not know.
 VERSION = 1
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_ENCODERS: dict[type, Callable[[Any], str]] = {}
+_MEMBERS: dict[enum.Enum, str] = {}
 
 
 def _plain(value: Any) -> Any:
@@ -39,20 +42,62 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _json(value: Any) -> str:
+    # The common scalars by hand: an event is written on every rollout, and json.dumps of a
+    # whole record costs several times this.
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float and math.isfinite(value):
+        return repr(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        text = _MEMBERS.get(value)
+        if text is None:
+            text = _MEMBERS[value] = json.dumps(_plain(value))
+        return text
+    return json.dumps(_plain(value))
+
+
+def _stalled_fields(event: Any) -> dict[str, Any]:
+    report = event.report
+    return {
+        "seconds": event.seconds,
+        "repeat": int(getattr(report, "repeat", 0)),
+        "blocked_loop": bool(getattr(report, "blocked_loop", False)),
+    }
+
+
 def event_fields(event: Any) -> dict[str, Any]:
     """A public event's fields as JSON values (see the module docstring)."""
+    if type(event).__name__ == "Stalled":
+        return _stalled_fields(event)
+    return {f.name: _plain(getattr(event, f.name)) for f in dataclasses.fields(event)}
+
+
+def encode_event(event: Any) -> str:
+    """`"event":NAME,FIELD:VALUE,...`: an event's line without its time, by an encoder made
+    once per event class."""
     kind = type(event)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(event))
+    encoder = _ENCODERS.get(kind)
+    if encoder is None:
+        encoder = _ENCODERS[kind] = _encoder_for(kind)
+    return encoder(event)
+
+
+def _encoder_for(kind: type) -> Callable[[Any], str]:
+    head = f'"event":{json.dumps(kind.__name__)}'
     if kind.__name__ == "Stalled":
-        report = event.report
-        return {
-            "seconds": event.seconds,
-            "repeat": int(getattr(report, "repeat", 0)),
-            "blocked_loop": bool(getattr(report, "blocked_loop", False)),
-        }
-    return {name: _plain(getattr(event, name)) for name in names}
+        return lambda event: head + "," + json.dumps(_stalled_fields(event))[1:-1]
+    names = tuple((f.name, json.dumps(f.name) + ":") for f in dataclasses.fields(kind))
+
+    def encode(event: Any) -> str:
+        return ",".join([head, *(key + _json(getattr(event, name)) for name, key in names)])
+
+    return encode
 
 
 class LogWriter:
@@ -69,10 +114,15 @@ class LogWriter:
         self._file.write(json.dumps(header) + "\n")
 
     def write(self, t: float, name: str, **fields: Any) -> None:
+        """One line: the time, the event's name and its fields (JSON values)."""
+        body = json.dumps({"event": name, **fields}, separators=(",", ":"))[1:-1]
+        self.write_encoded(t, body)
+
+    def write_encoded(self, t: float, body: str) -> None:
+        """One line from `encode_event`'s text."""
         if self._file is None:
             raise ValueError(f"the timeline log {self.path} is closed")
-        record = {"t": round(t, 6), "event": name, **fields}
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.write(f'{{"t":{t:.6f},{body}}}\n')
 
     @property
     def closed(self) -> bool:

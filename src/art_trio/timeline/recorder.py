@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import sniffio
 
-from .log import LogWriter, event_fields
+from .log import LogWriter, encode_event
 
 if TYPE_CHECKING:
     from art_trio import PipelineTrainer, RunEvent
@@ -33,9 +33,17 @@ def loop_clock() -> Callable[[], float]:
     """The running event loop's clock (virtual under trio's MockClock), or the monotonic
     clock outside one."""
     try:
-        sniffio.current_async_library()
+        library = sniffio.current_async_library()
     except sniffio.AsyncLibraryNotFoundError:
         return time.monotonic
+    if library == "trio":
+        import trio
+
+        return trio.current_time
+    if library == "asyncio":
+        import asyncio
+
+        return asyncio.get_running_loop().time
     return anyio.current_time
 
 
@@ -70,7 +78,7 @@ class TimelineRecorder:
         self.clock = clock
 
     def __call__(self, event: RunEvent) -> None:
-        self.writer.write(self.clock(), type(event).__name__, **event_fields(event))
+        self.writer.write_encoded(self.clock(), encode_event(event))
 
     def mark(self, name: str, **fields: Any) -> None:
         """A line that is not a run event (`RunStarted`, `RunEnded`), at the clock's now."""
