@@ -200,3 +200,44 @@ def test_a_run_without_steps_draws_when_asked(tmp_path: Path) -> None:
     log.write_text(f'{HEADER}\n{STARTED}\n{{"t": 2, "event": "RunEnded", "outcome": "x"}}\n')
     assert timeline_main([str(log), "--allow-empty"]) == 0
     assert (tmp_path / "empty.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_arts_own_trainer_recorded_from_outside_draws_alike(
+    model: art.TrainableModel, backend: RecordingBackend, tmp_path: Path
+) -> None:
+    """ART's trainer emits no events: its rollout function and backend.train, wrapped, write
+    the same log, and what it says matches what the backend trained."""
+    import asyncio
+
+    from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
+    from art_trio.timeline import OutsideRecorder
+
+    log = tmp_path / "art.jsonl"
+    recorder = OutsideRecorder(log, trainer="art", num_rollout_workers=4)
+    backend.train = recorder.train(backend.train)  # type: ignore[method-assign]
+    cls = art_pipeline_trainer()
+
+    async def run() -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            # The check imports art.local.backend (torch); the double is no LocalBackend.
+            patch.setattr(cls, "_validate_backend_support", lambda self: None)
+            trainer = cls(
+                model, backend, recorder.rollout(asyncio_rollout), scenarios(40), None,
+                **art_trainer_kwargs(num_rollout_workers=4, min_batch_size=2, max_batch_size=2,
+                                     max_steps=5, log_interval_seconds=3600.0),
+            )  # fmt: skip
+            with recorder:
+                await trainer.train(handle_signals=False)
+
+    loop = asyncio.SelectorEventLoop()  # as tests/test_cpu_llm.py runs ART's trainer
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+    run_ = load_timeline(log)
+    assert run_.trainer == "art" and run_.outcome == "returned"
+    assert [c.step for c in run_.train_calls] == [call.step for call in backend.calls]
+    trained = sorted(i for call in backend.calls for i in call.scenario_ids)
+    assert sorted(r.scenario_index for r in run_.rollouts if r.fate == "trained") == trained
+    assert not run_.fate_counts()["unsettled"]
+    assert len(draw(run_, tmp_path / "art.png", dpi=50).axes) >= 2

@@ -16,6 +16,7 @@ from .draw import draw
 from .lanes import Lanes
 from .log import FORMAT, VERSION, LogWriter
 from .model import FATES, Band, Rollout, RunTimeline, StepAges, load_timeline
+from .outside import OutsideRecorder
 from .read import TimelineError
 from .recorder import TimelineRecorder, record_timeline
 from .trace import trace_events, write_trace
@@ -27,6 +28,7 @@ __all__ = [
     "Band",
     "Lanes",
     "LogWriter",
+    "OutsideRecorder",
     "Rollout",
     "RunTimeline",
     "StepAges",
