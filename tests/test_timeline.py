@@ -92,6 +92,10 @@ async def test_the_picture_has_a_bar_per_rollout_coloured_by_fate(
     }
     assert bars == {fate: n for fate, n in run.fate_counts().items() if n}
     assert sum(bars.values()) == stats.rollouts_started
+    # Two runs drawn to one scale: the time axis ends where asked.
+    assert draw(run, until=run.end - run.start + 5.0).axes[0].get_xlim()[1] == pytest.approx(
+        run.end - run.start + 5.0
+    )
 
 
 async def test_the_trace_opens_in_perfetto_with_a_slice_per_rollout(

@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--title", default=None, help="the picture's title")
     parser.add_argument("--dpi", type=int, default=100, help="the picture's dots per inch")
     parser.add_argument(
+        "--until",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="end the time axis here (draw two runs to one scale to compare them)",
+    )
+    parser.add_argument(
         "--allow-empty",
         action="store_true",
         help="draw a run that trained no step (an error otherwise)",
@@ -60,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     png = args.png if args.png is not None else args.log.with_suffix(".png")
     from .draw import draw
 
-    draw(run, png, title=args.title, dpi=args.dpi)
+    draw(run, png, title=args.title, dpi=args.dpi, until=args.until)
     print(f"Picture: {png}")
     if args.trace is not None:
         print(f"Trace: {write_trace(run, args.trace)} (open at https://ui.perfetto.dev)")

@@ -40,9 +40,11 @@ def draw(
     title: str | None = None,
     dpi: int = 100,
     width: float = 12.0,
+    until: float | None = None,
 ) -> Figure:
-    """Draw `run`; save it as a PNG at `path` if given. Returns the figure: its upper axes
-    hold one bar collection per fate, labelled with the fate (`collection.get_label()`)."""
+    """Draw `run`; save it as a PNG at `path` if given. `until`: the time axis's end in
+    seconds since the run started (two runs drawn to one `until` compare by eye). Returns
+    the figure: its upper axes hold one bar collection per fate, its `gid` the fate."""
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -149,7 +151,7 @@ def draw(
         bbox_to_anchor=(1.05, 1.0),
         fontsize=7,
     )
-    bottom.set_xlim(0, max(run.end - t0, 1e-6))
+    bottom.set_xlim(0, until if until is not None else max(run.end - t0, 1e-6))
     if path is not None:
         fig.savefig(path, dpi=dpi)
     return fig
