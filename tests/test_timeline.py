@@ -245,3 +245,27 @@ def test_arts_own_trainer_recorded_from_outside_draws_alike(
     assert sorted(r.scenario_index for r in run_.rollouts if r.fate == "trained") == trained
     assert not run_.fate_counts()["unsettled"]
     assert len(draw(run_, tmp_path / "art.png", dpi=50).axes) >= 2
+
+
+def test_a_resumed_runs_start_version_follows_its_first_publish(tmp_path: Path) -> None:
+    """The recorder reads the start version before train() (0 until the run starts): a run
+    resumed at step 3 publishes 4 first, so its first rollouts sampled version 3."""
+    log = tmp_path / "resumed.jsonl"
+    lines = [
+        HEADER,
+        STARTED,
+        '{"t": 1, "event": "RolloutStarted", "scenario_index": 7}',
+        '{"t": 2, "event": "RolloutEnded", "scenario_index": 7, "spent_s": 1}',
+        '{"t": 2, "event": "ScenarioSettled", "scenario_index": 7, "fate": "trained"}',
+        '{"t": 3, "event": "StepTrained", "step": 4, "batch_size": 1, "scenario_indices": [7],'
+        ' "staleness": [0], "token_ages": [0, 10]}',
+        '{"t": 3, "event": "PolicyPublished", "version": 4}',
+        '{"t": 4, "event": "RolloutStarted", "scenario_index": 8}',
+        '{"t": 5, "event": "RunEnded", "outcome": "returned"}',
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    run = load_timeline(log)
+    versions = {r.scenario_index: r.start_version for r in run.rollouts}
+    assert versions == {7: 3, 8: 4}
+    assert [(r.scenario_index, r.fate) for r in run.rollouts] == [(7, "trained"), (8, "unsettled")]
+    assert run.steps[0].token_age == 0.0 and run.steps[0].ages == (0,)

@@ -67,6 +67,7 @@ class RunTracer:
         self._context: Any = None
         self._lanes = Lanes()
         self._version: int | None = None
+        self._published = False
         self._rollouts: dict[int, _Pending] = {}
         self._calls: dict[int, _Pending] = {}
         self._taken_ns: dict[int, int] = {}
@@ -195,6 +196,12 @@ class RunTracer:
             self._close_rollout(index, now)
 
     def _on_PolicyPublished(self, e: Any, now: int) -> None:
+        if not self._published and (self._version is None or e.version - 1 > self._version):
+            # The start version was read before train() (0 until the run starts); a resumed
+            # run's first publish shows a later one: the rollouts still pending follow it.
+            for r in self._rollouts.values():
+                r.attributes[n.START_VERSION] = e.version - 1
+        self._published = True
         self._version = e.version
         if self._run is not None:
             self._run.add_event(n.EV_PUBLISHED, {"version": e.version}, timestamp=now)

@@ -237,6 +237,14 @@ def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> Ru
     end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
     for r in list(f.running.values()) + list(f.waiting.values()):
         f.finish(r, end)
+    # The version a run starts from is read before train() (statistics say 0 until the run
+    # starts); a resumed run's first publish shows it was later: its start versions follow.
+    first = f.publishes[0] if f.publishes else None
+    base = started.get("policy_version")
+    if first is not None and (base is None or first[1] - 1 > base):
+        f.done = [
+            replace(r, start_version=first[1] - 1) if r.start < first[0] else r for r in f.done
+        ]
     calls = tuple(
         Band(step, begun, end if finished is None else finished, f.call_ok.get(step, False))
         for step, (begun, finished) in sorted(f.calls.items())
