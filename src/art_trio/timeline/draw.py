@@ -30,7 +30,12 @@ COLOURS = {
     "unsettled": "#dddddd",
 }
 TRAIN_SHADES = ("#4a90d9", "#8cb8e8")
-LABELS = {"cancelled_stale": "cancelled (stale)", "dropped_at_stop": "dropped at stop"}
+LABELS = {
+    "cancelled_stale": "cancelled (stale)",
+    "zero_variance": "zero variance",
+    "dropped_at_stop": "dropped at stop",
+    "given_back": "given back",
+}
 
 
 def draw(
