@@ -91,12 +91,13 @@ import anyio
 import trio
 
 from art_trio import PipelineTrainer, StalenessAwareAdmission, trainable_model
+from art_trio.bench.outside import OutsideRecorder
 from art_trio.cpu import CPUBackend
 from art_trio.cpu.tasks import LLMTask, get_task
 from art_trio.sim.measures import measure
 from art_trio.sim.recorder import Outcome, Recorder
 from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
-from art_trio.timeline import OutsideRecorder, draw, load_timeline, record_timeline
+from art_trio.timeline import draw, load_timeline, record_timeline
 
 
 @dataclass(frozen=True)

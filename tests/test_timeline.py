@@ -213,8 +213,8 @@ def test_arts_own_trainer_recorded_from_outside_draws_alike(
     the same log, and what it says matches what the backend trained."""
     import asyncio
 
+    from art_trio.bench.outside import OutsideRecorder
     from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
-    from art_trio.timeline import OutsideRecorder
 
     log = tmp_path / "art.jsonl"
     recorder = OutsideRecorder(log, trainer="art", num_rollout_workers=4)

@@ -16,7 +16,6 @@ from .draw import draw
 from .lanes import Lanes
 from .log import FORMAT, VERSION, LogWriter
 from .model import FATES, Band, Rollout, RunTimeline, StepAges, load_timeline
-from .outside import OutsideRecorder
 from .read import TimelineError
 from .recorder import TimelineRecorder, record_timeline
 from .trace import trace_events, write_trace
@@ -28,7 +27,6 @@ __all__ = [
     "Band",
     "Lanes",
     "LogWriter",
-    "OutsideRecorder",
     "Rollout",
     "RunTimeline",
     "StepAges",

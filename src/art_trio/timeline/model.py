@@ -106,72 +106,53 @@ class _Open:
 
 
 class _Fold:
-    def __init__(self, start: float, version: int | None) -> None:
+    def __init__(self, version: int | None) -> None:
         self.lanes = Lanes()
         self.version = version
-        self.running: dict[int, _Open] = {}
-        self.waiting: dict[int, _Open] = {}  # ended or settled, its trained step to come
+        #: Rollouts running, or ended and waiting for their fate (a trained group's: its step).
+        self.open: dict[int, _Open] = {}
         self.done: list[Rollout] = []
-        self.trained: dict[int, Rollout] = {}
         self.calls: dict[int, list[float | None]] = {}
+        self.call_ok: dict[int, bool] = {}
         self.evals: dict[int, float] = {}
         self.eval_bands: list[Band] = []
         self.stalls: list[Band] = []
         self.publishes: list[tuple[float, int]] = []
         self.taken_at: dict[int, float] = {}
         self.steps: list[StepAges] = []
-        self.call_ok: dict[int, bool] = {}
 
-    def find(self, index: int) -> _Open | None:
-        return self.running.get(index) or self.waiting.get(index)
-
-    def finish(self, r: _Open, end: float | None = None) -> None:
-        self.running.pop(r.index, None)
-        self.waiting.pop(r.index, None)
+    def ended(self, r: _Open, t: float) -> None:
         if r.end is None:
-            r.end = end
+            r.end = t
             self.lanes.give_back(r.lane)
+
+    def finish(self, r: _Open, end: float, **trained: Any) -> None:
+        del self.open[r.index]
+        self.ended(r, end)
         assert r.end is not None
-        self.done.append(
-            Rollout(
-                r.index,
-                r.lane,
-                r.start,
-                r.end,
-                r.fate or "unsettled",
-                r.start_version,
-                r.group_version,
-            )
-        )
+        fate = r.fate or "unsettled"
+        rollout = Rollout(r.index, r.lane, r.start, r.end, fate, r.start_version, r.group_version)
+        self.done.append(replace(rollout, **trained))
 
     def event(self, t: float, name: str, e: dict[str, Any]) -> None:
-        index: int = e.get("scenario_index", -1)
+        r = self.open.get(e.get("scenario_index", -1))
         if name == "RolloutStarted":
-            previous = self.find(index)
-            if previous is not None:
-                previous.fate = previous.fate or "given_back"
-                self.finish(previous, t)
-            self.running[index] = _Open(index, self.lanes.take(), t, self.version)
-        elif name == "RolloutEnded":
-            r = self.running.pop(index, None)
-            if r is not None:
-                r.end = t
-                self.lanes.give_back(r.lane)
-                self.waiting[index] = r
-                if r.fate is not None and r.fate != "trained":
-                    self.finish(r)
-        elif name in {"ScenarioSettled", "RolloutGivenBack"}:
-            r = self.find(index)
-            if r is not None:
+            if r is not None:  # given back and taken again: the earlier one ended
+                r.fate = r.fate or "given_back"
+                self.finish(r, t)
+            index = e["scenario_index"]
+            self.open[index] = _Open(index, self.lanes.take(), t, self.version)
+        elif r is not None and name in {"RolloutEnded", "ScenarioSettled", "RolloutGivenBack"}:
+            if name == "RolloutEnded":
+                self.ended(r, t)
+            else:
                 r.fate = e.get("fate", "given_back")
-                if r.end is not None and r.fate != "trained":
-                    self.finish(r)
-        elif name == "GroupQueued":
-            if (r := self.find(index)) is not None:
-                r.queued_at = t
-        elif name == "GroupReceived":
-            if (r := self.find(index)) is not None:
-                r.group_version = e.get("policy_version")
+            if r.end is not None and r.fate not in (None, "trained"):
+                self.finish(r, t)
+        elif r is not None and name == "GroupQueued":
+            r.queued_at = t
+        elif r is not None and name == "GroupReceived":
+            r.group_version = e.get("policy_version")
         elif name == "BatchTaken":
             self.taken_at[e["step"]] = t
         elif name == "TrainCallStarted":
@@ -198,19 +179,14 @@ class _Fold:
         ages = tuple(int(a) for a in e.get("staleness", ()))
         waits = []
         for i, index in enumerate(e.get("scenario_indices", ())):
-            r = self.find(index)
+            r = self.open.get(index)
             if r is None:
                 continue
             queued = None if r.queued_at is None else max(0.0, taken - r.queued_at)
             waits.append(queued if queued is not None else 0.0)
             r.fate = "trained"
-            self.finish(r, t)
-            self.done[-1] = replace(
-                self.done[-1],
-                step=step,
-                age_steps=ages[i] if i < len(ages) else None,
-                queued_s=queued,
-            )
+            age = ages[i] if i < len(ages) else None
+            self.finish(r, t, step=step, age_steps=age, queued_s=queued)
         weighted, tokens = (list(e.get("token_ages", (0.0, 0.0))) + [0.0, 0.0])[:2]
         token_age = weighted / tokens if tokens else None
         self.steps.append(StepAges(step, t, ages, token_age, tuple(waits)))
@@ -224,7 +200,7 @@ def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> Ru
             f"{path}: no RunStarted line; the log was not written by a recorder around "
             "train() (art_trio.timeline.record_timeline)"
         )
-    f = _Fold(started["t"], started.get("policy_version"))
+    f = _Fold(started.get("policy_version"))
     ended = next((e for e in events if e["event"] == "RunEnded"), None)
     for e in events:
         try:
@@ -235,7 +211,7 @@ def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> Ru
                 f"{type(exc).__name__}: {exc}"
             ) from None
     end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
-    for r in list(f.running.values()) + list(f.waiting.values()):
+    for r in list(f.open.values()):
         f.finish(r, end)
     # The version a run starts from is read before train() (statistics say 0 until the run
     # starts); a resumed run's first publish shows it was later: its start versions follow.

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .model import RunTimeline
+from .model import RunTimeline, StepAges
 
 _ROLLOUTS, _TRAINER = 1, 2
 _TRAIN_TID, _EVAL_TID, _STALL_TID = 1, 2, 3
@@ -29,6 +29,14 @@ def _meta(pid: int, tid: int | None, name: str) -> dict[str, Any]:
     return {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
 
 
+def _slice(
+    pid: int, tid: int, cat: str, name: str, start: float, end: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    """A complete event ("X"): `start` and `end` in seconds since the run started."""
+    span = {"ph": "X", "pid": pid, "tid": tid, "cat": cat, "name": name}
+    return {**span, "ts": _us(start), "dur": _us(end - start), "args": args}
+
+
 def trace_events(run: RunTimeline) -> dict[str, Any]:
     """The run as a Trace Event JSON object (`{"traceEvents": [...], ...}`)."""
     t0 = run.start
@@ -41,84 +49,41 @@ def trace_events(run: RunTimeline) -> dict[str, Any]:
     ]
     events += [_meta(_ROLLOUTS, lane + 1, f"slot {lane}") for lane in range(run.lanes)]
     for r in run.rollouts:
-        args: dict[str, Any] = {
-            "scenario_index": r.scenario_index,
-            "fate": r.fate,
-            "start_version": r.start_version,
-        }
+        args: dict[str, Any] = {"scenario_index": r.scenario_index, "fate": r.fate}
+        args["start_version"] = r.start_version
         if r.group_version is not None:
             args["group_version"] = r.group_version
         if r.step is not None:
             args.update(step=r.step, age_steps=r.age_steps, queued_s=r.queued_s)
+        name = f"rollout {r.scenario_index}: {r.fate}"
         events.append(
-            {
-                "ph": "X",
-                "pid": _ROLLOUTS,
-                "tid": r.lane + 1,
-                "cat": "rollout",
-                "name": f"rollout {r.scenario_index}: {r.fate}",
-                "ts": _us(r.start - t0),
-                "dur": _us(r.end - r.start),
-                "args": args,
-            }
+            _slice(_ROLLOUTS, r.lane + 1, "rollout", name, r.start - t0, r.end - t0, args)
         )
-    ages = {s.step: s for s in run.steps}
+    ages: dict[int | None, StepAges] = {s.step: s for s in run.steps}
     for band in run.train_calls:
         args = {"step": band.step, "completed": band.completed}
-        if band.step in ages:
-            s = ages[band.step]
-            args.update(
-                groups=len(s.ages),
-                age_steps=list(s.ages),
-                token_age=s.token_age,
-                queued_s=list(s.queued_s),
-            )
+        if (s := ages.get(band.step)) is not None:
+            args.update(groups=len(s.ages), age_steps=list(s.ages), token_age=s.token_age)
+            args["queued_s"] = list(s.queued_s)
+        name = f"train step {band.step}"
         events.append(
-            {
-                "ph": "X",
-                "pid": _TRAINER,
-                "tid": _TRAIN_TID,
-                "cat": "train",
-                "name": f"train step {band.step}",
-                "ts": _us(band.start - t0),
-                "dur": _us(band.end - band.start),
-                "args": args,
-            }
+            _slice(_TRAINER, _TRAIN_TID, "train", name, band.start - t0, band.end - t0, args)
         )
     for band in run.evals:
+        args = {"step": band.step, "completed": band.completed}
+        name = f"eval step {band.step}"
         events.append(
-            {
-                "ph": "X",
-                "pid": _TRAINER,
-                "tid": _EVAL_TID,
-                "cat": "eval",
-                "name": f"eval step {band.step}",
-                "ts": _us(band.start - t0),
-                "dur": _us(band.end - band.start),
-                "args": {"step": band.step, "completed": band.completed},
-            }
+            _slice(_TRAINER, _EVAL_TID, "eval", name, band.start - t0, band.end - t0, args)
         )
     for band in run.stalls:
         events.append(
-            {
-                "ph": "X",
-                "pid": _TRAINER,
-                "tid": _STALL_TID,
-                "cat": "stall",
-                "name": "stalled",
-                "ts": _us(band.start - t0),
-                "dur": _us(band.end - band.start),
-                "args": {},
-            }
+            _slice(_TRAINER, _STALL_TID, "stall", "stalled", band.start - t0, band.end - t0, {})
         )
     for t, version in run.publishes:
+        instant = {"ph": "i", "s": "g", "pid": _TRAINER, "tid": _TRAIN_TID, "cat": "publish"}
         events.append(
             {
-                "ph": "i",
-                "s": "g",
-                "pid": _TRAINER,
-                "tid": _TRAIN_TID,
-                "cat": "publish",
+                **instant,
                 "name": f"policy {version} published",
                 "ts": _us(t - t0),
                 "args": {"version": version},

@@ -1,4 +1,6 @@
-"""Recording a trainer that emits no events (ART's own `PipelineTrainer`) from outside it.
+"""Recording a trainer that emits no events (ART's own `PipelineTrainer`) from outside it, in
+the timeline log's format (`art_trio.timeline`), so the benchmark draws ART's runs beside
+art_trio's.
 
     recorder = OutsideRecorder("art.jsonl", trainer="art", num_rollout_workers=8)
     trainer = ArtPipelineTrainer(model, backend, recorder.rollout(rollout_fn), ...)
@@ -26,8 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .log import LogWriter
-from .recorder import how_it_ended
+from art_trio.timeline.log import LogWriter
+from art_trio.timeline.recorder import how_it_ended
 
 
 def _scenario_id(item: Any) -> int:
