@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, RunEvent, ScenarioSettled
+from art_trio import cli as art_trio_cli
 from art_trio.timeline import (
     FATES,
     FORMAT,
@@ -103,7 +104,8 @@ async def test_the_trace_opens_in_perfetto_with_a_slice_per_rollout(
 ) -> None:
     log, stats, _ = recorded
     out = tmp_path / "run.trace.json"
-    assert timeline_main([str(log), "--png", str(tmp_path / "r.png"), "--trace", str(out)]) == 0
+    argv = ["timeline", str(log), "--png", str(tmp_path / "r.png"), "--trace", str(out)]
+    assert art_trio_cli.main(argv) == 0  # `art-trio timeline ...`
     trace = json.loads(out.read_text())
     kinds = Counter((e["ph"], e.get("cat")) for e in trace["traceEvents"])
     assert kinds["X", "rollout"] == stats.rollouts_started
