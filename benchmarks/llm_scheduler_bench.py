@@ -43,6 +43,9 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
   only), and among them those where only the rollouts started together showed it
   (``GateSnapshot.cohort_lateness``), the run's times having spread apart.
 
+With ``--timeline DIR``, each run's timeline is recorded and drawn there (docs/timeline.md):
+art_trio's from its own events, ART's from the same wrappers (its trainer has no events).
+
 Then the ratios art_trio / ART per ``max_steps_off_policy`` (means over seeds). Targets
 (issue 33): art_trio <= 0.6x ART's inference-seconds per trained group and <= 0.85x its time
 to the target.
@@ -69,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -78,6 +82,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -86,11 +91,13 @@ import anyio
 import trio
 
 from art_trio import PipelineTrainer, StalenessAwareAdmission, trainable_model
+from art_trio.bench.outside import OutsideRecorder
 from art_trio.cpu import CPUBackend
 from art_trio.cpu.tasks import LLMTask, get_task
 from art_trio.sim.measures import measure
 from art_trio.sim.recorder import Outcome, Recorder
 from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
+from art_trio.timeline import draw, load_timeline, record_timeline
 
 
 @dataclass(frozen=True)
@@ -394,7 +401,15 @@ class Setting:
         return task.config(group_size=self.group_size, seed=seed, **extra)
 
 
-async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe: Probe) -> None:
+async def _run(
+    arm: Arm,
+    backend: CPUBackend,
+    setting: Setting,
+    seed: int,
+    probe: Probe,
+    outside: OutsideRecorder | None = None,
+    timeline: Path | None = None,
+) -> None:
     task = get_task(setting.task)
     base = tempfile.mkdtemp(prefix="llm-sched-bench-")
     async with backend:
@@ -406,10 +421,11 @@ async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe
         )
         await model.register(backend)
         probe.model_dir = model._get_output_dir()
+        rollout = recorded_rollout(task, probe)
         args = (
             model,
             backend,
-            recorded_rollout(task, probe),
+            rollout if outside is None else outside.rollout(rollout),
             numbered(task.scenarios(seed)),
             setting.config(task, seed),
             None,
@@ -418,27 +434,50 @@ async def _run(arm: Arm, backend: CPUBackend, setting: Setting, seed: int, probe
         probe.recorder.train_called_at = time.monotonic()
         # A policy whose groups all score alike trains no more steps and samples on: the
         # deadline keeps such a run from taking the whole benchmark.
-        with anyio.move_on_after(setting.run_timeout) as deadline:
+        # The timeline: art_trio's own events; ART's trainer has none, so its log is written
+        # by the wrappers around its rollout function and backend.train (`outside`).
+        if outside is not None:
+            watching: Any = outside
+        elif timeline is not None:
+            watching = record_timeline(trainer, timeline)
+        else:
+            watching = contextlib.nullcontext()
+        with anyio.move_on_after(setting.run_timeout) as deadline, watching:
             await trainer.train(handle_signals=False)
         probe.timed_out = deadline.cancelled_caught
         probe.recorder.train_returned_at = time.monotonic()
         probe.engine = backend.statistics()
 
 
-def run_one(backend: CPUBackend, arm: Arm, setting: Setting, seed: int) -> dict[str, Any]:
+def run_one(
+    backend: CPUBackend, arm: Arm, setting: Setting, seed: int, timeline_dir: Path | None = None
+) -> dict[str, Any]:
     probe = Probe()
     backend.busy.clear()
-    backend.train = recorded_train(backend, probe)  # type: ignore[method-assign]
+    timeline = (
+        None
+        if timeline_dir is None
+        else timeline_dir / f"{arm.name}-m{setting.max_steps_off_policy}-s{seed}.jsonl"
+    )
+    outside = (
+        OutsideRecorder(timeline, trainer=arm.label, num_rollout_workers=setting.workers)
+        if timeline is not None and arm.loop == "asyncio"
+        else None
+    )
+    train = recorded_train(backend, probe)
+    backend.train = train if outside is None else outside.train(train)  # type: ignore[method-assign]
     backend.in_flight_updates = arm.in_flight_updates
     try:
         with AdmissionProbe() as admission:
             start = time.monotonic()
             if arm.loop == "trio":
-                trio.run(_run, arm, backend, setting, seed, probe)
+                trio.run(_run, arm, backend, setting, seed, probe, None, timeline)
             else:
                 loop = asyncio.SelectorEventLoop()
                 try:
-                    loop.run_until_complete(_run(arm, backend, setting, seed, probe))
+                    loop.run_until_complete(
+                        _run(arm, backend, setting, seed, probe, outside, timeline)
+                    )
                 finally:
                     loop.close()
             end = time.monotonic()
@@ -689,7 +728,19 @@ def main(argv: list[str] | None = None) -> None:
         "it up to 0.5 step more mean policy age than cancellation at M",
     )
     parser.add_argument("--json", default=None, help="also write every row to this file")
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record each run's timeline log (ARM-mM-sSEED.jsonl) and draw it (.png) in DIR: "
+        "art_trio's from its events, ART's from wrappers around its rollout function and "
+        "backend.train",
+    )
+    parser.add_argument("--timeline-dpi", type=int, default=80, help="the pictures' dpi")
     args = parser.parse_args(argv)
+    if args.timeline is not None:
+        args.timeline.mkdir(parents=True, exist_ok=True)
     task = get_task(args.task)
     try:
         arms = [get_arm(k) for k in args.kinds.split(",") if k]
@@ -719,8 +770,16 @@ def main(argv: list[str] | None = None) -> None:
                 in_flight_mean_limit=args.in_flight_mean_limit,
             )
             for arm in arms if seed % 2 == 0 else arms[::-1]:
-                row = run_one(backend, arm, setting, seed)
+                row = run_one(backend, arm, setting, seed, args.timeline)
                 rows.append(row)
+                if args.timeline is not None:
+                    log = args.timeline / f"{arm.name}-m{m}-s{seed}.jsonl"
+                    title = (
+                        f"{arm.label}: {task.name} task, {args.workers} workers, batch "
+                        f"{args.batch}, max_steps_off_policy={m}, seed {seed}"
+                    )
+                    run = load_timeline(log, require_steps=False)
+                    draw(run, log.with_suffix(".png"), title=title, dpi=args.timeline_dpi)
                 print(json.dumps(row), flush=True)
     print()
     print(table(rows))

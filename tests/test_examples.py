@@ -55,6 +55,9 @@ EXPECTED: dict[str, list[tuple[list[str], list[str]]]] = {
             ],
         )
     ],
+    "see_a_run.py": [
+        ([], [r"timeline: 4 steps, \d+ rollouts", r"spans: \{.*'art_trio\.train': 4"])
+    ],
     "trio_services.py": [
         (
             [],

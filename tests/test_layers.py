@@ -174,7 +174,7 @@ def test_a_planted_bad_import_breaks_its_contract(
 #: What a tool may import from art_trio: the package itself and the tools.
 TOOLS = (
     "art_trio.testing", "art_trio.sim", "art_trio.bench", "art_trio.demo", "art_trio.cpu",
-    "art_trio.local_backend",
+    "art_trio.local_backend", "art_trio.otel", "art_trio.timeline",
 )
 
 #: Micro-benchmarks of one internal module, which they exist to time: allowed that module.
@@ -289,7 +289,8 @@ def test_every_exception_is_an_art_trio_error_or_says_why_not() -> None:
 
 def test_the_core_defines_exceptions_only_in_errors_py() -> None:
     tools = ("art_trio.sim.", "art_trio.bench.", "art_trio.demo.", "art_trio.cpu.",
-             "art_trio.testing.", "art_trio.local_backend.")
+             "art_trio.testing.", "art_trio.local_backend.", "art_trio.timeline.",
+             "art_trio.otel.")
     elsewhere = [q for q in exception_classes()
                  if not q.startswith("art_trio.messages.errors.") and not q.startswith(tools)]
     assert not elsewhere, f"define these in art_trio/errors.py: {elsewhere}"

@@ -3,6 +3,7 @@
     art-trio demo      a real RL run on the CPU (art_trio.demo)
     art-trio simulate  the scheduler in virtual time, to plan a run (art_trio.sim)
     art-trio bench     art_trio against ART's asyncio trainer (art_trio.bench)
+    art-trio timeline  a recorded run drawn as a picture and a trace (art_trio.timeline)
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ SUBCOMMANDS = {
     "demo": ("art_trio.demo.cli", "a real RL run on the CPU, through the same code as a GPU run"),
     "simulate": ("art_trio.sim.cli", "run the real scheduler in virtual time to plan a run"),
     "bench": ("art_trio.bench.runner", "measure art_trio against ART's asyncio trainer"),
+    "timeline": ("art_trio.timeline.cli", "draw a recorded run (PNG) and write its Perfetto trace"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: art-trio {demo,simulate,bench} [options]", "", "commands:"]
+    lines = ["usage: art-trio {" + ",".join(SUBCOMMANDS) + "} [options]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "`art-trio COMMAND --help` lists a command's options."]
     return "\n".join(lines)

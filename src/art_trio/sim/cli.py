@@ -16,6 +16,9 @@ Examples::
     # and rollouts that take twice as long from step 250 on
     art-trio simulate --rollout-latency exp:30 --train-time 60 --inference-capacity 16 \\
         --latency-shift 250:2 --sweep num_rollout_workers=8,16,32,64
+    # the planned run as a picture (as `art-trio timeline` draws a recorded one)
+    art-trio simulate --rollout-latency exp:30 --train-time 60 --workers 16 --steps 20 \
+        --timeline plan.png
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -229,6 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     o = parser.add_argument_group("output")
+    o.add_argument(
+        "--timeline",
+        default=None,
+        metavar="FILE.png",
+        help="draw the run as `art-trio timeline` draws a real one: a lane per worker slot, "
+        "rollouts by fate, training calls and evals, in virtual seconds (one run, no --sweep)",
+    )
+    o.add_argument(
+        "--timeline-log",
+        default=None,
+        metavar="FILE.jsonl",
+        help="keep the run's event log here (for `art-trio timeline FILE.jsonl --trace ...`)",
+    )
     o.add_argument("--json", action="store_true", help="print JSON instead of a table")
     o.add_argument(
         "--progress",
@@ -288,6 +306,14 @@ def _grid(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str
     return grid
 
 
+def _draw_timeline(log: str | None, png: str) -> str:
+    from art_trio.timeline import draw, load_timeline
+
+    assert log is not None
+    draw(load_timeline(log, require_steps=False), png, title="simulated run (virtual seconds)")
+    return f"Timeline: {png}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``art-trio simulate ARGS`` and ``python -m art_trio.sim ARGS``."""
     parser = build_parser()
@@ -298,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--plot needs --sweep")
     if args.real_time and grid:
         parser.error("--real-time runs one simulation; drop --sweep")
+    if (args.timeline or args.timeline_log) and grid:
+        parser.error("--timeline draws one simulation; drop --sweep")
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     runs = len(list(combinations(grid))) if grid else 1
 
@@ -323,8 +351,13 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(1)
 
         if not grid:
-            report = simulate(spec, on_step=on_step, real_time=args.real_time)
-            bar.close()
+            with tempfile.TemporaryDirectory(prefix="art-trio-timeline-") as tmp:
+                log = args.timeline_log or (
+                    None if args.timeline is None else str(Path(tmp) / "run.jsonl")
+                )
+                report = simulate(spec, on_step=on_step, real_time=args.real_time, timeline=log)
+                bar.close()
+                drawn = None if args.timeline is None else _draw_timeline(log, args.timeline)
             if args.json:
                 print(json.dumps(report.to_dict(), indent=2))
             else:
@@ -332,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 print(f"Workload: {spec.describe()}")
                 print(run_table(report))
+            if drawn is not None:
+                print(drawn, file=sys.stderr if args.json else sys.stdout)
             return 0
 
         def on_run(index: int, combo: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, TextIO
 
 # Before ART is imported (art_trio.testing sets it too): keep litellm off the network.
@@ -71,6 +72,7 @@ from art_trio.testing.distributions import (  # noqa: E402
     LatencyDist,
     describe_distribution,
 )
+from art_trio.timeline.recorder import record_timeline  # noqa: E402
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -434,6 +436,7 @@ async def _drive(
     base_path: str,
     on_step: Callable[[], None] | None,
     time_limit_s: float | None,
+    timeline: Path | None = None,
 ) -> _Outcome:
     recorder = Recorder(detailed=True)
     model: Any = trainable_model(
@@ -485,10 +488,12 @@ async def _drive(
     meter = _QueueMeter(recorder.train_called_at)
     trainer.add_observer(meter)
     started = recorder.train_called_at
+    # The event log on the run's own clock: virtual seconds, as a real run's are real ones.
+    recording = contextlib.nullcontext() if timeline is None else record_timeline(trainer, timeline)
     async with anyio.create_task_group() as resizing:
         if spec.resizes:
             resizing.start_soon(_resize_on_schedule, trainer, spec.resizes, started)
-        with anyio.move_on_after(limit) as limit_scope:
+        with anyio.move_on_after(limit) as limit_scope, recording:
             await trainer.train(handle_signals=False)
         resizing.cancel_scope.cancel()
     recorder.train_returned_at = anyio.current_time()
@@ -590,6 +595,7 @@ def simulate(
     on_step: Callable[[], None] | None = None,
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
     trainer_output: TextIO | None = None,
+    timeline: str | Path | None = None,
 ) -> SimReport:
     """Run `spec` through art_trio's PipelineTrainer and measure it (blocking).
 
@@ -597,8 +603,9 @@ def simulate(
     ``real_time=True`` the same run sleeps for real. ``on_step`` is called after every train
     step (progress bars). What the trainer prints goes to ``trainer_output`` (default:
     discarded; stdout is never a TTY meanwhile, so the trainer draws no status bar); if the
-    run raises, its last lines are written to stderr. Must not be called from inside a
-    running event loop.
+    run raises, its last lines are written to stderr. ``timeline``: record the run's events
+    there (an `art_trio.timeline` log, in virtual seconds) to draw it as a real run is drawn.
+    Must not be called from inside a running event loop.
     """
     quiet = _QuietStdout()
     sink: TextIO = trainer_output if trainer_output is not None else quiet  # type: ignore[assignment]
@@ -606,7 +613,8 @@ def simulate(
     limit = None if real_time else time_limit_s
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="art-trio-sim-") as tmp:
-        drive = functools.partial(_drive, spec, tmp, on_step, limit)
+        log = None if timeline is None else Path(timeline)
+        drive = functools.partial(_drive, spec, tmp, on_step, limit, log)
         try:
             with contextlib.redirect_stdout(sink):
                 outcome = trio.run(drive, clock=clock)

@@ -1,0 +1,162 @@
+"""The picture: one lane per worker slot, rollouts coloured by fate, the trainer beside them.
+
+Upper panel: a row per lane with each rollout as a bar coloured by its fate; above them a row
+of training calls and a row of evals as bands (a red edge: ended without a result), stalls
+shaded, and each policy publish a thin vertical line across everything. Lower panel: each
+trained group's age in steps (counted from its rollout's start version) and each step's
+token-weighted mean age, against time, with each group's seconds queued on the right axis.
+Reads a `RunTimeline` only (matplotlib's Agg backend, no display needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .model import FATES, RunTimeline
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: A colour per fate (colour-blind-safe where it matters: trained vs thrown away).
+COLOURS = {
+    "trained": "#1b9e77",
+    "stale": "#d95f02",
+    "cancelled_stale": "#e7298a",
+    "zero_variance": "#a6a6a6",
+    "errored": "#000000",
+    "dropped_at_stop": "#7570b3",
+    "given_back": "#e6ab02",
+    "unsettled": "#dddddd",
+}
+TRAIN_SHADES = ("#4a90d9", "#8cb8e8")
+LABELS = {
+    "cancelled_stale": "cancelled (stale)",
+    "zero_variance": "zero variance",
+    "dropped_at_stop": "dropped at stop",
+    "given_back": "given back",
+}
+
+
+def draw(
+    run: RunTimeline,
+    path: str | Path | None = None,
+    *,
+    title: str | None = None,
+    dpi: int = 100,
+    width: float = 12.0,
+    until: float | None = None,
+) -> Figure:
+    """Draw `run`; save it as a PNG at `path` if given. `until`: the time axis's end in
+    seconds since the run started (two runs drawn to one `until` compare by eye). Returns
+    the figure: its upper axes hold one bar collection per fate, its `gid` the fate."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    lanes = max(run.lanes, 1)
+    height = min(3.0 + 0.16 * lanes, 14.0)
+    fig = Figure(figsize=(width, height + 2.2), dpi=dpi, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[height, 2.2])
+    t0 = run.start
+
+    by_fate: dict[str, list[tuple[float, float]]] = {}
+    rows: dict[str, list[int]] = {}
+    for r in run.rollouts:
+        by_fate.setdefault(r.fate, []).append((r.start - t0, max(r.end - r.start, 1e-9)))
+        rows.setdefault(r.fate, []).append(r.lane)
+    for fate in FATES:
+        if fate not in by_fate:
+            continue
+        # One collection per fate (its bars on their lanes): the legend and the tests read it.
+        bars = [
+            [(x, lane + 0.1), (x + w, lane + 0.1), (x + w, lane + 0.9), (x, lane + 0.9)]
+            for (x, w), lane in zip(by_fate[fate], rows[fate], strict=True)
+        ]
+        top.add_collection(
+            PolyCollection(
+                bars,
+                facecolors=COLOURS[fate],
+                edgecolors="none",
+                label=LABELS.get(fate, fate),
+                gid=fate,
+            )
+        )
+
+    trainer_row, eval_row = lanes + 0.5, lanes + 1.5
+    for number, band in enumerate(run.train_calls):
+        # Two shades taking turns: back-to-back calls stay apart at any zoom.
+        top.broken_barh(
+            [(band.start - t0, band.end - band.start)],
+            (trainer_row, 0.8),
+            facecolors=TRAIN_SHADES[number % 2],
+            edgecolors="white" if band.completed else "red",
+            linewidth=0.5,
+        )
+    for band in run.evals:
+        top.broken_barh(
+            [(band.start - t0, band.end - band.start)],
+            (eval_row, 0.8),
+            facecolors="#9b59b6",
+            edgecolors="white" if band.completed else "red",
+            linewidth=0.5,
+        )
+    for band in run.stalls:
+        top.axvspan(band.start - t0, band.end - t0, color="red", alpha=0.12, lw=0)
+    for t, _version in run.publishes:
+        for ax in (top, bottom):
+            ax.axvline(t - t0, color="#555555", lw=0.5, alpha=0.6)
+
+    step_label = max(1, lanes // 12)
+    ticks = list(range(0, lanes, step_label))
+    top.set_yticks([y + 0.5 for y in ticks] + [trainer_row + 0.4, eval_row + 0.4])
+    top.set_yticklabels([f"slot {y}" for y in ticks] + ["train", "eval"], fontsize=7)
+    top.set_ylim(0, eval_row + 1.0)
+    handles = [Patch(color=COLOURS[f], label=LABELS.get(f, f)) for f in FATES if f in by_fate] + [
+        Patch(color="#4a90d9", label="backend.train"),
+        Patch(color="#9b59b6", label="eval"),
+        Line2D([], [], color="#555555", lw=0.8, label="policy published"),
+    ]
+    top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    counts = ", ".join(f"{n} {LABELS.get(f, f)}" for f, n in run.fate_counts().items() if n)
+    top.set_title(
+        (title or f"{run.trainer}: {len(run.steps)} steps, {len(run.rollouts)} rollouts")
+        + f"\n{counts}",
+        fontsize=9,
+    )
+
+    xs = [s.t - t0 for s in run.steps for _ in s.ages]
+    ages = [a for s in run.steps for a in s.ages]
+    bottom.scatter(xs, ages, s=6, color="#1b9e77", label="group age (steps, from its start)")
+    token = [(s.t - t0, s.token_age) for s in run.steps if s.token_age is not None]
+    if token:
+        bottom.plot(
+            *zip(*token, strict=True), color="#333333", lw=1, label="token-weighted age (batch)"
+        )
+    bottom.set_ylabel("age (steps)", fontsize=8)
+    bottom.set_xlabel("seconds since the run started", fontsize=8)
+    waits = bottom.twinx()
+    wx = [s.t - t0 for s in run.steps for _ in s.queued_s]
+    waits.scatter(
+        wx,
+        [w for s in run.steps for w in s.queued_s],
+        s=6,
+        marker="x",
+        color="#d95f02",
+        label="seconds queued",
+    )
+    waits.set_ylabel("queued (s)", fontsize=8, color="#d95f02")
+    lines = bottom.get_legend_handles_labels()
+    extra = waits.get_legend_handles_labels()
+    bottom.legend(
+        lines[0] + extra[0],
+        lines[1] + extra[1],
+        loc="upper left",
+        bbox_to_anchor=(1.05, 1.0),
+        fontsize=7,
+    )
+    bottom.set_xlim(0, until if until is not None else max(run.end - t0, 1e-6))
+    if path is not None:
+        fig.savefig(path, dpi=dpi)
+    return fig

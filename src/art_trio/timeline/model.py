@@ -1,0 +1,260 @@
+"""A run as the picture and the trace show it, folded from a log's events.
+
+Plain frozen values; nothing refers back to a trainer. A rollout's lane is its worker slot
+(`lanes.Lanes`); its start version is the policy last published before it started (the events
+do not carry it; the group's own version, where it reached the trainer, is `group_version`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .lanes import Lanes
+from .read import TimelineError, read_log
+
+#: The fates a rollout bar can have: the run's `Fate` values, plus `given_back` (lost with its
+#: executor worker, its scenario taken again) and `unsettled` (no fate heard before the end).
+FATES = (
+    "trained",
+    "stale",
+    "cancelled_stale",
+    "zero_variance",
+    "errored",
+    "dropped_at_stop",
+    "given_back",
+    "unsettled",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    scenario_index: int
+    lane: int
+    start: float
+    end: float
+    fate: str
+    #: The policy last published when it started.
+    start_version: int | None
+    #: The group's `initial_policy_version` as the trainer received it (None: never received).
+    group_version: int | None = None
+    #: For a trained group: the step, its age in steps (policy trained from minus its
+    #: version), and its seconds queued (handed over until its batch was taken).
+    step: int | None = None
+    age_steps: int | None = None
+    queued_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A training call (`step` it produces) or an eval (`step` it evaluates), or a stall."""
+
+    step: int | None
+    start: float
+    end: float
+    #: The call ended with a result / the eval completed.
+    completed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StepAges:
+    """A trained step's staleness: per group in steps, the tokens' weighted mean, queue waits."""
+
+    step: int
+    t: float
+    ages: tuple[int, ...]
+    #: Token-weighted mean policy age of the batch (None: its groups carried no tokens).
+    token_age: float | None
+    queued_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RunTimeline:
+    path: Path
+    trainer: str
+    start: float
+    end: float
+    outcome: str
+    rollouts: tuple[Rollout, ...]
+    train_calls: tuple[Band, ...]
+    evals: tuple[Band, ...]
+    stalls: tuple[Band, ...]
+    #: (time, version) of every policy published.
+    publishes: tuple[tuple[float, int], ...]
+    steps: tuple[StepAges, ...]
+    lanes: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def fate_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(FATES, 0)
+        for r in self.rollouts:
+            counts[r.fate] = counts.get(r.fate, 0) + 1
+        return counts
+
+
+@dataclass
+class _Open:
+    index: int
+    lane: int
+    start: float
+    start_version: int | None
+    end: float | None = None
+    fate: str | None = None
+    group_version: int | None = None
+    queued_at: float | None = None
+
+
+class _Fold:
+    def __init__(self, version: int | None) -> None:
+        self.lanes = Lanes()
+        self.version = version
+        #: Rollouts running, or ended and waiting for their fate (a trained group's: its step).
+        self.open: dict[int, _Open] = {}
+        self.done: list[Rollout] = []
+        self.calls: dict[int, list[float | None]] = {}
+        self.call_ok: dict[int, bool] = {}
+        self.evals: dict[int, float] = {}
+        self.eval_bands: list[Band] = []
+        self.stalls: list[Band] = []
+        self.publishes: list[tuple[float, int]] = []
+        self.taken_at: dict[int, float] = {}
+        self.steps: list[StepAges] = []
+
+    def ended(self, r: _Open, t: float) -> None:
+        if r.end is None:
+            r.end = t
+            self.lanes.give_back(r.lane)
+
+    def finish(self, r: _Open, end: float, **trained: Any) -> None:
+        del self.open[r.index]
+        self.ended(r, end)
+        assert r.end is not None
+        fate = r.fate or "unsettled"
+        rollout = Rollout(r.index, r.lane, r.start, r.end, fate, r.start_version, r.group_version)
+        self.done.append(replace(rollout, **trained))
+
+    def event(self, t: float, name: str, e: dict[str, Any]) -> None:
+        r = self.open.get(e.get("scenario_index", -1))
+        if name == "RolloutStarted":
+            if r is not None:  # given back and taken again: the earlier one ended
+                r.fate = r.fate or "given_back"
+                self.finish(r, t)
+            index = e["scenario_index"]
+            self.open[index] = _Open(index, self.lanes.take(), t, self.version)
+        elif r is not None and name in {"RolloutEnded", "ScenarioSettled", "RolloutGivenBack"}:
+            if name == "RolloutEnded":
+                self.ended(r, t)
+            else:
+                r.fate = e.get("fate", "given_back")
+            if r.end is not None and r.fate not in (None, "trained"):
+                self.finish(r, t)
+        elif r is not None and name == "GroupQueued":
+            r.queued_at = t
+        elif r is not None and name == "GroupReceived":
+            r.group_version = e.get("policy_version")
+        elif name == "BatchTaken":
+            self.taken_at[e["step"]] = t
+        elif name == "TrainCallStarted":
+            self.calls[e["step"]] = [t, None]
+        elif name == "TrainCallEnded":
+            self.calls.setdefault(e["step"], [t, None])[1] = t
+        elif name == "StepTrained":
+            self.step_trained(t, e)
+        elif name == "PolicyPublished":
+            self.publishes.append((t, e["version"]))
+            self.version = e["version"]
+        elif name == "EvalStarted":
+            self.evals[e["step"]] = t
+        elif name == "EvalEnded":
+            begun = self.evals.pop(e["step"], t)
+            self.eval_bands.append(Band(e["step"], begun, t, bool(e.get("completed", True))))
+        elif name == "Stalled":
+            self.stalls.append(Band(None, t - float(e.get("seconds", 0.0)), t))
+
+    def step_trained(self, t: float, e: dict[str, Any]) -> None:
+        step = e["step"]
+        self.call_ok[step] = True
+        taken = self.taken_at.get(step, t)
+        ages = tuple(int(a) for a in e.get("staleness", ()))
+        waits = []
+        for i, index in enumerate(e.get("scenario_indices", ())):
+            r = self.open.get(index)
+            if r is None:
+                continue
+            queued = None if r.queued_at is None else max(0.0, taken - r.queued_at)
+            waits.append(queued if queued is not None else 0.0)
+            r.fate = "trained"
+            age = ages[i] if i < len(ages) else None
+            self.finish(r, t, step=step, age_steps=age, queued_s=queued)
+        weighted, tokens = (list(e.get("token_ages", (0.0, 0.0))) + [0.0, 0.0])[:2]
+        token_age = weighted / tokens if tokens else None
+        self.steps.append(StepAges(step, t, ages, token_age, tuple(waits)))
+
+
+def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> RunTimeline:
+    """The run a log's events describe (the first `RunStarted` to its `RunEnded`)."""
+    started = next((e for e in events if e["event"] == "RunStarted"), None)
+    if started is None:
+        raise TimelineError(
+            f"{path}: no RunStarted line; the log was not written by a recorder around "
+            "train() (art_trio.timeline.record_timeline)"
+        )
+    f = _Fold(started.get("policy_version"))
+    ended = next((e for e in events if e["event"] == "RunEnded"), None)
+    for e in events:
+        try:
+            f.event(float(e["t"]), e["event"], e)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TimelineError(
+                f"{path}: line {e.get('_line', '?')} ({e['event']}) is garbled: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+    end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
+    for r in list(f.open.values()):
+        f.finish(r, end)
+    # The version a run starts from is read before train() (statistics say 0 until the run
+    # starts); a resumed run's first publish shows it was later: its start versions follow.
+    first = f.publishes[0] if f.publishes else None
+    base = started.get("policy_version")
+    if first is not None and (base is None or first[1] - 1 > base):
+        f.done = [
+            replace(r, start_version=first[1] - 1) if r.start < first[0] else r for r in f.done
+        ]
+    calls = tuple(
+        Band(step, begun, end if finished is None else finished, f.call_ok.get(step, False))
+        for step, (begun, finished) in sorted(f.calls.items())
+        if begun is not None
+    )
+    evals = tuple(f.eval_bands) + tuple(Band(s, b, end, False) for s, b in f.evals.items())
+    settings = {k: v for k, v in started.items() if k not in {"t", "event", "_line"}}
+    return RunTimeline(
+        path=path,
+        trainer=str(header.get("trainer", "?")),
+        start=float(started["t"]),
+        end=end,
+        outcome=ended.get("outcome", "?") if ended else "unfinished",
+        rollouts=tuple(sorted(f.done, key=lambda r: r.start)),
+        train_calls=calls,
+        evals=evals,
+        stalls=tuple(f.stalls),
+        publishes=tuple(f.publishes),
+        steps=tuple(f.steps),
+        lanes=f.lanes.count,
+        settings=settings,
+    )
+
+
+def load_timeline(path: str | Path, *, require_steps: bool = True) -> RunTimeline:
+    """The run recorded at `path`. With `require_steps` (the default), a run that trained no
+    step is an error: there is nothing to compare a plan or another run against."""
+    path = Path(path)
+    header, events = read_log(path)
+    run = fold(path, header, events)
+    if require_steps and not run.steps:
+        raise TimelineError(
+            f"{path}: the run trained no step ({len(run.rollouts)} rollouts, outcome "
+            f"{run.outcome}); nothing to draw. Record a run that trains at least one step "
+            "(max_steps >= 1, and past start-up), or pass require_steps=False to draw it anyway"
+        )
+    return run
