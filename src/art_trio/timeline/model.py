@@ -7,6 +7,7 @@ do not carry it; the group's own version, where it reached the trainer, is `grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -137,40 +138,63 @@ class _Fold:
     def event(self, t: float, name: str, e: dict[str, Any]) -> None:
         r = self.open.get(e.get("scenario_index", -1))
         if name == "RolloutStarted":
-            if r is not None:  # given back and taken again: the earlier one ended
-                r.fate = r.fate or "given_back"
-                self.finish(r, t)
-            index = e["scenario_index"]
-            self.open[index] = _Open(index, self.lanes.take(), t, self.version)
-        elif r is not None and name in {"RolloutEnded", "ScenarioSettled", "RolloutGivenBack"}:
-            if name == "RolloutEnded":
-                self.ended(r, t)
-            else:
-                r.fate = e.get("fate", "given_back")
-            if r.end is not None and r.fate not in (None, "trained"):
-                self.finish(r, t)
-        elif r is not None and name == "GroupQueued":
-            r.queued_at = t
-        elif r is not None and name == "GroupReceived":
-            r.group_version = e.get("policy_version")
-        elif name == "BatchTaken":
-            self.taken_at[e["step"]] = t
-        elif name == "TrainCallStarted":
-            self.calls[e["step"]] = [t, None]
-        elif name == "TrainCallEnded":
-            self.calls.setdefault(e["step"], [t, None])[1] = t
-        elif name == "StepTrained":
-            self.step_trained(t, e)
-        elif name == "PolicyPublished":
-            self.publishes.append((t, e["version"]))
-            self.version = e["version"]
-        elif name == "EvalStarted":
-            self.evals[e["step"]] = t
-        elif name == "EvalEnded":
-            begun = self.evals.pop(e["step"], t)
-            self.eval_bands.append(Band(e["step"], begun, t, bool(e.get("completed", True))))
-        elif name == "Stalled":
-            self.stalls.append(Band(None, t - float(e.get("seconds", 0.0)), t))
+            self.rollout_started(t, e, r)
+        elif name in _ROLLOUT_EVENTS:
+            # None: a rollout already finished (or never seen starting); nothing to update.
+            if r is not None:
+                _ROLLOUT_EVENTS[name](self, r, t, e)
+        elif name in _RUN_EVENTS:
+            _RUN_EVENTS[name](self, t, e)
+
+    def rollout_started(self, t: float, e: dict[str, Any], r: _Open | None) -> None:
+        if r is not None:  # given back and taken again: the earlier one ended
+            r.fate = r.fate or "given_back"
+            self.finish(r, t)
+        index = e["scenario_index"]
+        self.open[index] = _Open(index, self.lanes.take(), t, self.version)
+
+    def rollout_ended(self, r: _Open, t: float, e: dict[str, Any]) -> None:
+        self.ended(r, t)
+        self.finish_if_settled(r, t)
+
+    def rollout_settled(self, r: _Open, t: float, e: dict[str, Any]) -> None:
+        """`ScenarioSettled` (its fate) or `RolloutGivenBack` (no fate: given back)."""
+        r.fate = e.get("fate", "given_back")
+        self.finish_if_settled(r, t)
+
+    def finish_if_settled(self, r: _Open, t: float) -> None:
+        # A trained rollout stays open until its step, which says its age and queue wait.
+        if r.end is not None and r.fate not in (None, "trained"):
+            self.finish(r, t)
+
+    def group_queued(self, r: _Open, t: float, e: dict[str, Any]) -> None:
+        r.queued_at = t
+
+    def group_received(self, r: _Open, t: float, e: dict[str, Any]) -> None:
+        r.group_version = e.get("policy_version")
+
+    def batch_taken(self, t: float, e: dict[str, Any]) -> None:
+        self.taken_at[e["step"]] = t
+
+    def train_call_started(self, t: float, e: dict[str, Any]) -> None:
+        self.calls[e["step"]] = [t, None]
+
+    def train_call_ended(self, t: float, e: dict[str, Any]) -> None:
+        self.calls.setdefault(e["step"], [t, None])[1] = t
+
+    def policy_published(self, t: float, e: dict[str, Any]) -> None:
+        self.publishes.append((t, e["version"]))
+        self.version = e["version"]
+
+    def eval_started(self, t: float, e: dict[str, Any]) -> None:
+        self.evals[e["step"]] = t
+
+    def eval_ended(self, t: float, e: dict[str, Any]) -> None:
+        begun = self.evals.pop(e["step"], t)
+        self.eval_bands.append(Band(e["step"], begun, t, bool(e.get("completed", True))))
+
+    def stalled(self, t: float, e: dict[str, Any]) -> None:
+        self.stalls.append(Band(None, t - float(e.get("seconds", 0.0)), t))
 
     def step_trained(self, t: float, e: dict[str, Any]) -> None:
         step = e["step"]
@@ -191,17 +215,85 @@ class _Fold:
         token_age = weighted / tokens if tokens else None
         self.steps.append(StepAges(step, t, ages, token_age, tuple(waits)))
 
+    def finish_open(self, end: float) -> None:
+        """Finish the rollouts still open at `end`: running, or waiting for their fate or step."""
+        for r in list(self.open.values()):
+            self.finish(r, end)
+
+    def call_bands(self, end: float) -> tuple[Band, ...]:
+        """The training calls by step; one still running at `end` is cut there. A call completed
+        when its step was trained."""
+        return tuple(
+            Band(step, begun, end if finished is None else finished, self.call_ok.get(step, False))
+            for step, (begun, finished) in sorted(self.calls.items())
+            if begun is not None
+        )
+
+    def all_evals(self, end: float) -> tuple[Band, ...]:
+        """The evals that ended, then those still running at `end` (cut there, not completed)."""
+        running = tuple(Band(step, begun, end, False) for step, begun in self.evals.items())
+        return tuple(self.eval_bands) + running
+
+
+#: What an event about one open rollout does to it (keyed by the event's name).
+_ROLLOUT_EVENTS: dict[str, Callable[[_Fold, _Open, float, dict[str, Any]], None]] = {
+    "RolloutEnded": _Fold.rollout_ended,
+    "ScenarioSettled": _Fold.rollout_settled,
+    "RolloutGivenBack": _Fold.rollout_settled,
+    "GroupQueued": _Fold.group_queued,
+    "GroupReceived": _Fold.group_received,
+}
+
+#: What the trainer's events do to the run (keyed by the event's name; others are ignored).
+_RUN_EVENTS: dict[str, Callable[[_Fold, float, dict[str, Any]], None]] = {
+    "BatchTaken": _Fold.batch_taken,
+    "TrainCallStarted": _Fold.train_call_started,
+    "TrainCallEnded": _Fold.train_call_ended,
+    "StepTrained": _Fold.step_trained,
+    "PolicyPublished": _Fold.policy_published,
+    "EvalStarted": _Fold.eval_started,
+    "EvalEnded": _Fold.eval_ended,
+    "Stalled": _Fold.stalled,
+}
+
 
 def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> RunTimeline:
     """The run a log's events describe (the first `RunStarted` to its `RunEnded`)."""
+    started = _run_started(path, events)
+    f = _Fold(started.get("policy_version"))
+    ended = next((e for e in events if e["event"] == "RunEnded"), None)
+    _replay(path, f, events)
+    end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
+    f.finish_open(end)
+    rollouts = _resumed_start_versions(f.done, f.publishes, started.get("policy_version"))
+    return RunTimeline(
+        path=path,
+        trainer=str(header.get("trainer", "?")),
+        start=float(started["t"]),
+        end=end,
+        outcome=ended.get("outcome", "?") if ended else "unfinished",
+        rollouts=tuple(sorted(rollouts, key=lambda r: r.start)),
+        train_calls=f.call_bands(end),
+        evals=f.all_evals(end),
+        stalls=tuple(f.stalls),
+        publishes=tuple(f.publishes),
+        steps=tuple(f.steps),
+        lanes=f.lanes.count,
+        settings={k: v for k, v in started.items() if k not in {"t", "event", "_line"}},
+    )
+
+
+def _run_started(path: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
     started = next((e for e in events if e["event"] == "RunStarted"), None)
     if started is None:
         raise TimelineError(
             f"{path}: no RunStarted line; the log was not written by a recorder around "
             "train() (art_trio.timeline.record_timeline)"
         )
-    f = _Fold(started.get("policy_version"))
-    ended = next((e for e in events if e["event"] == "RunEnded"), None)
+    return started
+
+
+def _replay(path: Path, f: _Fold, events: list[dict[str, Any]]) -> None:
     for e in events:
         try:
             f.event(float(e["t"]), e["event"], e)
@@ -210,39 +302,19 @@ def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> Ru
                 f"{path}: line {e.get('_line', '?')} ({e['event']}) is garbled: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-    end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
-    for r in list(f.open.values()):
-        f.finish(r, end)
+
+
+def _resumed_start_versions(
+    rollouts: list[Rollout], publishes: list[tuple[float, int]], base: int | None
+) -> list[Rollout]:
     # The version a run starts from is read before train() (statistics say 0 until the run
     # starts); a resumed run's first publish shows it was later: its start versions follow.
-    first = f.publishes[0] if f.publishes else None
-    base = started.get("policy_version")
+    first = publishes[0] if publishes else None
     if first is not None and (base is None or first[1] - 1 > base):
-        f.done = [
-            replace(r, start_version=first[1] - 1) if r.start < first[0] else r for r in f.done
+        return [
+            replace(r, start_version=first[1] - 1) if r.start < first[0] else r for r in rollouts
         ]
-    calls = tuple(
-        Band(step, begun, end if finished is None else finished, f.call_ok.get(step, False))
-        for step, (begun, finished) in sorted(f.calls.items())
-        if begun is not None
-    )
-    evals = tuple(f.eval_bands) + tuple(Band(s, b, end, False) for s, b in f.evals.items())
-    settings = {k: v for k, v in started.items() if k not in {"t", "event", "_line"}}
-    return RunTimeline(
-        path=path,
-        trainer=str(header.get("trainer", "?")),
-        start=float(started["t"]),
-        end=end,
-        outcome=ended.get("outcome", "?") if ended else "unfinished",
-        rollouts=tuple(sorted(f.done, key=lambda r: r.start)),
-        train_calls=calls,
-        evals=evals,
-        stalls=tuple(f.stalls),
-        publishes=tuple(f.publishes),
-        steps=tuple(f.steps),
-        lanes=f.lanes.count,
-        settings=settings,
-    )
+    return rollouts
 
 
 def load_timeline(path: str | Path, *, require_steps: bool = True) -> RunTimeline:
