@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .model import FATES, RunTimeline
+from .model import FATES, Band, RunTimeline
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 #: A colour per fate (colour-blind-safe where it matters: trained vs thrown away).
@@ -30,6 +31,7 @@ COLOURS = {
     "unsettled": "#dddddd",
 }
 TRAIN_SHADES = ("#4a90d9", "#8cb8e8")
+EVAL_SHADE = "#9b59b6"
 LABELS = {
     "cancelled_stale": "cancelled (stale)",
     "zero_variance": "zero variance",
@@ -50,10 +52,7 @@ def draw(
     """Draw `run`; save it as a PNG at `path` if given. `until`: the time axis's end in
     seconds since the run started (two runs drawn to one `until` compare by eye). Returns
     the figure: its upper axes hold one bar collection per fate, its `gid` the fate."""
-    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     lanes = max(run.lanes, 1)
     height = min(3.0 + 0.16 * lanes, 14.0)
@@ -61,14 +60,33 @@ def draw(
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[height, 2.2])
     t0 = run.start
 
+    fates = _draw_lanes(top, run, t0)
+    trainer_row, eval_row = lanes + 0.5, lanes + 1.5
+    _draw_bands(top, run.train_calls, t0, trainer_row, TRAIN_SHADES)
+    _draw_bands(top, run.evals, t0, eval_row, (EVAL_SHADE,))
+    _draw_stalls_and_publishes(top, bottom, run, t0)
+    _label_rows(top, lanes, trainer_row, eval_row)
+    _legend(top, fates)
+    _title(top, run, title)
+
+    _draw_staleness(bottom, run, t0)
+    bottom.set_xlim(0, until if until is not None else max(run.end - t0, 1e-6))
+    if path is not None:
+        fig.savefig(path, dpi=dpi)
+    return fig
+
+
+def _draw_lanes(top: Axes, run: RunTimeline, t0: float) -> list[str]:
+    """Each rollout as a bar on its lane, coloured by its fate; returns the fates drawn."""
+    from matplotlib.collections import PolyCollection
+
     by_fate: dict[str, list[tuple[float, float]]] = {}
     rows: dict[str, list[int]] = {}
     for r in run.rollouts:
         by_fate.setdefault(r.fate, []).append((r.start - t0, max(r.end - r.start, 1e-9)))
         rows.setdefault(r.fate, []).append(r.lane)
-    for fate in FATES:
-        if fate not in by_fate:
-            continue
+    drawn = [fate for fate in FATES if fate in by_fate]
+    for fate in drawn:
         # One collection per fate (its bars on their lanes): the legend and the tests read it.
         bars = [
             [(x, lane + 0.1), (x + w, lane + 0.1), (x + w, lane + 0.9), (x, lane + 0.9)]
@@ -83,42 +101,56 @@ def draw(
                 gid=fate,
             )
         )
+    return drawn
 
-    trainer_row, eval_row = lanes + 0.5, lanes + 1.5
-    for number, band in enumerate(run.train_calls):
-        # Two shades taking turns: back-to-back calls stay apart at any zoom.
+
+def _draw_bands(
+    top: Axes, bands: tuple[Band, ...], t0: float, row: float, shades: tuple[str, ...]
+) -> None:
+    """A row of bands (training calls or evals), coloured by `shades` in turn (two for the
+    training calls: back-to-back calls stay apart at any zoom); a red edge: ended without a
+    result."""
+    for number, band in enumerate(bands):
         top.broken_barh(
             [(band.start - t0, band.end - band.start)],
-            (trainer_row, 0.8),
-            facecolors=TRAIN_SHADES[number % 2],
+            (row, 0.8),
+            facecolors=shades[number % len(shades)],
             edgecolors="white" if band.completed else "red",
             linewidth=0.5,
         )
-    for band in run.evals:
-        top.broken_barh(
-            [(band.start - t0, band.end - band.start)],
-            (eval_row, 0.8),
-            facecolors="#9b59b6",
-            edgecolors="white" if band.completed else "red",
-            linewidth=0.5,
-        )
+
+
+def _draw_stalls_and_publishes(top: Axes, bottom: Axes, run: RunTimeline, t0: float) -> None:
+    """Stalls shaded on the lanes; each publish a thin line across both panels."""
     for band in run.stalls:
         top.axvspan(band.start - t0, band.end - t0, color="red", alpha=0.12, lw=0)
     for t, _version in run.publishes:
         for ax in (top, bottom):
             ax.axvline(t - t0, color="#555555", lw=0.5, alpha=0.6)
 
+
+def _label_rows(top: Axes, lanes: int, trainer_row: float, eval_row: float) -> None:
+    # A label on every lane is unreadable past a dozen; about twelve are shown.
     step_label = max(1, lanes // 12)
     ticks = list(range(0, lanes, step_label))
     top.set_yticks([y + 0.5 for y in ticks] + [trainer_row + 0.4, eval_row + 0.4])
     top.set_yticklabels([f"slot {y}" for y in ticks] + ["train", "eval"], fontsize=7)
     top.set_ylim(0, eval_row + 1.0)
-    handles = [Patch(color=COLOURS[f], label=LABELS.get(f, f)) for f in FATES if f in by_fate] + [
-        Patch(color="#4a90d9", label="backend.train"),
-        Patch(color="#9b59b6", label="eval"),
+
+
+def _legend(top: Axes, fates: list[str]) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=COLOURS[f], label=LABELS.get(f, f)) for f in fates] + [
+        Patch(color=TRAIN_SHADES[0], label="backend.train"),
+        Patch(color=EVAL_SHADE, label="eval"),
         Line2D([], [], color="#555555", lw=0.8, label="policy published"),
     ]
     top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+
+
+def _title(top: Axes, run: RunTimeline, title: str | None) -> None:
     counts = ", ".join(f"{n} {LABELS.get(f, f)}" for f, n in run.fate_counts().items() if n)
     top.set_title(
         (title or f"{run.trainer}: {len(run.steps)} steps, {len(run.rollouts)} rollouts")
@@ -126,6 +158,25 @@ def draw(
         fontsize=9,
     )
 
+
+def _draw_staleness(bottom: Axes, run: RunTimeline, t0: float) -> None:
+    """The lower panel: ages on the left axis, seconds queued on the right, one legend."""
+    _draw_ages(bottom, run, t0)
+    waits = bottom.twinx()
+    _draw_queue_waits(waits, run, t0)
+    lines = bottom.get_legend_handles_labels()
+    extra = waits.get_legend_handles_labels()
+    bottom.legend(
+        lines[0] + extra[0],
+        lines[1] + extra[1],
+        loc="upper left",
+        bbox_to_anchor=(1.05, 1.0),
+        fontsize=7,
+    )
+
+
+def _draw_ages(bottom: Axes, run: RunTimeline, t0: float) -> None:
+    """Each trained group's age in steps, and each step's token-weighted mean age."""
     xs = [s.t - t0 for s in run.steps for _ in s.ages]
     ages = [a for s in run.steps for a in s.ages]
     bottom.scatter(xs, ages, s=6, color="#1b9e77", label="group age (steps, from its start)")
@@ -136,7 +187,10 @@ def draw(
         )
     bottom.set_ylabel("age (steps)", fontsize=8)
     bottom.set_xlabel("seconds since the run started", fontsize=8)
-    waits = bottom.twinx()
+
+
+def _draw_queue_waits(waits: Axes, run: RunTimeline, t0: float) -> None:
+    """Each trained group's seconds queued (handed over until its batch was taken)."""
     wx = [s.t - t0 for s in run.steps for _ in s.queued_s]
     waits.scatter(
         wx,
@@ -147,16 +201,3 @@ def draw(
         label="seconds queued",
     )
     waits.set_ylabel("queued (s)", fontsize=8, color="#d95f02")
-    lines = bottom.get_legend_handles_labels()
-    extra = waits.get_legend_handles_labels()
-    bottom.legend(
-        lines[0] + extra[0],
-        lines[1] + extra[1],
-        loc="upper left",
-        bbox_to_anchor=(1.05, 1.0),
-        fontsize=7,
-    )
-    bottom.set_xlim(0, until if until is not None else max(run.end - t0, 1e-6))
-    if path is not None:
-        fig.savefig(path, dpi=dpi)
-    return fig
