@@ -35,7 +35,9 @@ from tqdm import tqdm
 from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
+    SimReport,
     SimSpec,
+    SweepResult,
     check_settings,
     combinations,
     parse_value,
@@ -320,21 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = _spec(args, parser)
     grid = _grid(args, parser)
-    if args.plot and not grid:
-        parser.error("--plot needs --sweep")
-    if args.real_time and grid:
-        parser.error("--real-time runs one simulation; drop --sweep")
-    if (args.timeline or args.timeline_log) and grid:
-        parser.error("--timeline draws one simulation; drop --sweep")
+    _check_flags_against_sweep(args, grid, parser)
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     runs = len(list(combinations(grid))) if grid else 1
 
     # Check every combination before the first run, so a typo fails in milliseconds.
-    try:
-        for combo in combinations(grid) if grid else [{}]:
-            check_settings(spec.with_trainer(**combo))
-    except (ValueError, TypeError) as exc:
-        print(f"art-trio simulate: error: {exc}", file=sys.stderr)
+    error = _first_settings_error(spec, grid)
+    if error is not None:
+        print(f"art-trio simulate: error: {error}", file=sys.stderr)
         return 2
 
     total = None if spec.steps is None else runs * spec.steps
@@ -346,41 +341,85 @@ def main(argv: list[str] | None = None) -> int:
         dynamic_ncols=True,
         desc="simulating",
     ) as bar:
-
-        def on_step() -> None:
-            bar.update(1)
-
         if not grid:
-            with tempfile.TemporaryDirectory(prefix="art-trio-timeline-") as tmp:
-                log = args.timeline_log or (
-                    None if args.timeline is None else str(Path(tmp) / "run.jsonl")
-                )
-                report = simulate(spec, on_step=on_step, real_time=args.real_time, timeline=log)
-                bar.close()
-                drawn = None if args.timeline is None else _draw_timeline(log, args.timeline)
-            if args.json:
-                print(json.dumps(report.to_dict(), indent=2))
-            else:
-                from art_trio.sim.report import run_table
-
-                print(f"Workload: {spec.describe()}")
-                print(run_table(report))
-            if drawn is not None:
-                print(drawn, file=sys.stderr if args.json else sys.stdout)
+            report, drawn = _simulate_one(spec, args, bar)
+            _print_one(spec, report, drawn, as_json=args.json)
             return 0
+        result = _run_sweep(spec, grid, args, bar, runs)
+    _print_sweep(spec, result, args.plot, as_json=args.json)
+    return 0
 
-        def on_run(index: int, combo: dict[str, Any]) -> None:
-            bar.set_description_str(
-                f"[{index + 1}/{runs}] " + " ".join(f"{k}={v}" for k, v in combo.items())
-            )
 
-        result = sweep(spec, grid, target=args.target, on_run=on_run, on_step=on_step)
+def _check_flags_against_sweep(
+    args: argparse.Namespace, grid: dict[str, list[Any]], parser: argparse.ArgumentParser
+) -> None:
+    """--plot draws a sweep; --real-time and the timeline flags are for one run."""
+    if args.plot and not grid:
+        parser.error("--plot needs --sweep")
+    if args.real_time and grid:
+        parser.error("--real-time runs one simulation; drop --sweep")
+    if (args.timeline or args.timeline_log) and grid:
+        parser.error("--timeline draws one simulation; drop --sweep")
+
+
+def _first_settings_error(
+    spec: SimSpec, grid: dict[str, list[Any]]
+) -> ValueError | TypeError | None:
+    """The error of the first combination of settings the trainer would refuse, if any."""
+    try:
+        for combo in combinations(grid) if grid else [{}]:
+            check_settings(spec.with_trainer(**combo))
+    except (ValueError, TypeError) as exc:
+        return exc
+    return None
+
+
+def _simulate_one(
+    spec: SimSpec, args: argparse.Namespace, bar: tqdm[Any]
+) -> tuple[SimReport, str | None]:
+    """One run, and where its timeline was drawn (None: not asked for)."""
+    with tempfile.TemporaryDirectory(prefix="art-trio-timeline-") as tmp:
+        # Drawing needs the event log: kept where asked, else in a directory that goes away.
+        log = args.timeline_log or (None if args.timeline is None else str(Path(tmp) / "run.jsonl"))
+        report = simulate(
+            spec, on_step=lambda: bar.update(1), real_time=args.real_time, timeline=log
+        )
         bar.close()
+        drawn = None if args.timeline is None else _draw_timeline(log, args.timeline)
+    return report, drawn
 
+
+def _print_one(spec: SimSpec, report: SimReport, drawn: str | None, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from art_trio.sim.report import run_table
+
+        print(f"Workload: {spec.describe()}")
+        print(run_table(report))
+    if drawn is not None:
+        # Where the picture is, kept off stdout when stdout is JSON.
+        print(drawn, file=sys.stderr if as_json else sys.stdout)
+
+
+def _run_sweep(
+    spec: SimSpec, grid: dict[str, list[Any]], args: argparse.Namespace, bar: tqdm[Any], runs: int
+) -> SweepResult:
+    def on_run(index: int, combo: dict[str, Any]) -> None:
+        bar.set_description_str(
+            f"[{index + 1}/{runs}] " + " ".join(f"{k}={v}" for k, v in combo.items())
+        )
+
+    result = sweep(spec, grid, target=args.target, on_run=on_run, on_step=lambda: bar.update(1))
+    bar.close()
+    return result
+
+
+def _print_sweep(spec: SimSpec, result: SweepResult, plot: str | None, *, as_json: bool) -> None:
     from art_trio.sim.report import plot_sweep, sweep_summary, sweep_table
 
-    plot_path = None if args.plot is None else plot_sweep(result, args.plot)
-    if args.json:
+    plot_path = None if plot is None else plot_sweep(result, plot)
+    if as_json:
         data = result.to_dict()
         data["plot"] = None if plot_path is None else str(plot_path)
         print(json.dumps(data, indent=2))
@@ -391,4 +430,3 @@ def main(argv: list[str] | None = None) -> int:
         print(sweep_summary(result))
         if plot_path is not None:
             print(f"Plot: {plot_path}")
-    return 0
