@@ -607,8 +607,10 @@ def _long_lived_objects_frozen() -> Iterator[None]:
 
     A run allocates a few objects per rollout (an asyncio task per bridged call, a group, its
     trajectories); each full collection then walks everything the process holds, ART's
-    imports included (about 250k objects, ~0.18 s a pass), and on fast rollouts that was a
-    third of the bridged path's CPU (benchmarks/README.md). Objects from before `train()` are
+    imports included (about 250k objects, ~0.18 s a pass). Measured with the kernel split off
+    (`art-trio bench --workloads overhead-b32`, seeds 0-1, twice): the bridged path does
+    6,581-6,985 groups/s with the freeze and 5,749-6,002 without (143-153 against 167-174 CPU
+    us a group); anyio on asyncio is the same either way. Objects from before `train()` are
     modules, the model and the user's own: frozen for the run (freed by reference counting
     as ever; only cyclic garbage among them waits) and handed back to the collector after.
     Skipped if the host froze objects itself (it may rely on that: `gc.unfreeze()` releases
