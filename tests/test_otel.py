@@ -112,6 +112,8 @@ async def test_the_spans_say_what_the_run_counted(
     for span in rollouts:
         if span.attributes[names.FATE] == "trained":
             assert span.attributes[names.AGE_STEPS] == ages[span.attributes[names.SCENARIO]]
+            # Without weights updated under a rollout, every token is its start version's.
+            assert span.attributes[names.AGE_TOKENS] == span.attributes[names.AGE_STEPS]
             assert span.attributes[names.QUEUED_S] >= 0
     # Training calls: their step, groups and the version each published.
     assert sorted(s.attributes[names.STEP] for s in calls) == list(range(1, 13))

@@ -141,6 +141,9 @@ class StepTrained:
     #: The batch's tokens x their policy age (each token aged by the policy that produced
     #: it), and its tokens: `freshness.token_policy_age`.
     token_ages: tuple[float, float] = (0.0, 0.0)
+    #: Per group (as `scenario_indices`): its tokens' mean policy age in steps, each token
+    #: aged by the policy that produced it (None: no token versions known).
+    token_staleness: tuple[float | None, ...] = ()
 
 
 @_cheap

@@ -21,10 +21,12 @@ START_VERSION = "art_trio.rollout.start_version"
 GROUP_VERSION = "art_trio.group.policy_version"
 FATE = "art_trio.rollout.fate"
 SPENT_S = "art_trio.rollout.spent_s"
-# A trained group's staleness: the step it trained in, its age in steps from its version,
-# its seconds queued (handed to the trainer until its batch was taken).
+# A trained group's staleness: the step it trained in, its age in steps from its version and
+# weighted by its tokens' own versions, its seconds queued (handed over until its batch was
+# taken).
 STEP = "art_trio.step"
 AGE_STEPS = "art_trio.group.age_steps"
+AGE_TOKENS = "art_trio.group.age_tokens"
 QUEUED_S = "art_trio.group.queued_s"
 
 # A training call: the groups of its batch, their ages, the batch's token-weighted age and

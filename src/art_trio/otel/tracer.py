@@ -191,6 +191,8 @@ class RunTracer:
             r.attributes[n.STEP] = e.step
             if i < len(e.staleness):
                 r.attributes[n.AGE_STEPS] = e.staleness[i]
+            if i < len(e.token_staleness) and e.token_staleness[i] is not None:
+                r.attributes[n.AGE_TOKENS] = e.token_staleness[i]
             if r.queued_ns is not None:
                 r.attributes[n.QUEUED_S] = max(0, taken - r.queued_ns) / 1e9
             self._close_rollout(index, now)

@@ -458,6 +458,7 @@ class TrainingStage:
             (item.rollout_wall_s for item in batch.items),
         )
         reward_mean, reward_std_mean, flat = reward_summary([item.group for item in batch.items])
+        by_group = [token_policy_age([item.group], new_step - 1) for item in batch.items]
         self._emit(
             StepTrained(
                 step=new_step,
@@ -469,7 +470,8 @@ class TrainingStage:
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
                 zero_variance_groups=flat,
-                token_ages=token_policy_age((item.group for item in batch.items), new_step - 1),
+                token_ages=(sum(w for w, _ in by_group), sum(n for _, n in by_group)),
+                token_staleness=tuple(w / n if n else None for w, n in by_group),
             )
         )
 

@@ -176,10 +176,21 @@ def _draw_staleness(bottom: Axes, run: RunTimeline, t0: float) -> None:
 
 
 def _draw_ages(bottom: Axes, run: RunTimeline, t0: float) -> None:
-    """Each trained group's age in steps, and each step's token-weighted mean age."""
+    """Each trained group's age in steps, from its start and token-weighted, and each step's
+    token-weighted mean age."""
     xs = [s.t - t0 for s in run.steps for _ in s.ages]
     ages = [a for s in run.steps for a in s.ages]
     bottom.scatter(xs, ages, s=6, color="#1b9e77", label="group age (steps, from its start)")
+    trained_at = {s.step: s.t for s in run.steps}
+    weighted = [
+        (trained_at[r.step] - t0, r.age_tokens) for r in run.rollouts
+        if r.age_tokens is not None and r.step in trained_at
+    ]
+    if weighted:
+        wx, wy = zip(*weighted, strict=True)
+        bottom.scatter(
+            wx, wy, s=8, marker="+", color="#7570b3", label="group age (steps, token-weighted)"
+        )
     token = [(s.t - t0, s.token_age) for s in run.steps if s.token_age is not None]
     if token:
         bottom.plot(

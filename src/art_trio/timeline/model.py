@@ -45,6 +45,8 @@ class Rollout:
     step: int | None = None
     age_steps: int | None = None
     queued_s: float | None = None
+    #: Its tokens' mean policy age in steps, each token aged by the policy that produced it.
+    age_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,7 @@ class _Fold:
         self.call_ok[step] = True
         taken = self.taken_at.get(step, t)
         ages = tuple(int(a) for a in e.get("staleness", ()))
+        token_ages = tuple(e.get("token_staleness", ()))
         waits = []
         for i, index in enumerate(e.get("scenario_indices", ())):
             r = self.open.get(index)
@@ -210,7 +213,8 @@ class _Fold:
             waits.append(queued if queued is not None else 0.0)
             r.fate = "trained"
             age = ages[i] if i < len(ages) else None
-            self.finish(r, t, step=step, age_steps=age, queued_s=queued)
+            by_tokens = token_ages[i] if i < len(token_ages) else None
+            self.finish(r, t, step=step, age_steps=age, queued_s=queued, age_tokens=by_tokens)
         weighted, tokens = (list(e.get("token_ages", (0.0, 0.0))) + [0.0, 0.0])[:2]
         token_age = weighted / tokens if tokens else None
         self.steps.append(StepAges(step, t, ages, token_age, tuple(waits)))

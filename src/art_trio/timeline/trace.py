@@ -54,7 +54,9 @@ def trace_events(run: RunTimeline) -> dict[str, Any]:
         if r.group_version is not None:
             args["group_version"] = r.group_version
         if r.step is not None:
-            args.update(step=r.step, age_steps=r.age_steps, queued_s=r.queued_s)
+            args.update(
+                step=r.step, age_steps=r.age_steps, age_tokens=r.age_tokens, queued_s=r.queued_s
+            )
         name = f"rollout {r.scenario_index}: {r.fate}"
         events.append(
             _slice(_ROLLOUTS, r.lane + 1, "rollout", name, r.start - t0, r.end - t0, args)
