@@ -185,9 +185,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         the run the same way and is re-raised as itself. The resume state is persisted on
         every way out; if that fails after a failure, the failure is raised with a note.
 
-        One run per model directory: a second `train()` on the same directory, from this
-        trainer, another trainer or another process, raises `RunLockedError` at once and
-        trains nothing.
+        One run per model directory (with `resume=True`, the default): a second `train()` on
+        the same directory, from this trainer, another trainer or another process, raises
+        `RunLockedError` at once and trains nothing. A `resume=False` run takes no lock, as
+        ART's trainer: point it at a directory no other run is using.
         """
         if self._active:
             raise RuntimeError(
