@@ -3,7 +3,7 @@
 `AutotunePolicy` is pure: it sees successive `RunStatistics` snapshots (one after each
 trained step) and now and then returns a `Decision` (a new worker count, sometimes a new
 `min_batch_size`, always a reason). It reads no clock and touches no trainer, so it is
-tested on its own and in the simulator (virtual time); `stages/autotune.py` runs it in a
+tested on its own and in the simulator (virtual time); `stage.py` runs it in a
 live `train()`.
 
 What it looks for: the fewest rollout workers whose trainer utilization (time inside

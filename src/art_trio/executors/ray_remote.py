@@ -2,7 +2,7 @@
 functions and models, the reply `MISSING` when a restart emptied it), rollout groups pickled
 by state, and a remote failure turned back into the rollout's own exception type
 (`with_context`) or recognised as a lost worker (`LOST_ERRORS`). Imported through
-`ray_executor`, which says what to install when Ray is missing.
+`executors.ray`, which says what to install when Ray is missing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the stall watchdog reports: where a run that stopped moving is waiting, as plain data.
 
-A `StallReport` is built by the watchdog (stages/watchdog.py) when no rollout ended, no step
+A `StallReport` is built by the watchdog (`art_trio.watchdog`) when no rollout ended, no step
 trained and no eval ended for `stall_seconds`, or when the event loop itself stopped
 answering. It is carried by the `Stalled` event and by `PipelineStalled`, and `text()` is
 what the log record says. Plain frozen values: nothing in it refers back to the run.
