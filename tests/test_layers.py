@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,15 +127,35 @@ def test_the_facade_imports_an_extension_only_where_it_is_used() -> None:
     assert {"admission", "autotune", "resume", "watchdog"} <= inside, inside
 
 
-def test_a_plain_run_loads_no_extension() -> None:
-    """ART's pipeline with every art_trio-only capability off (benchmarks/kernel_size.py's
-    plain run) imports no module of an extension package."""
+@pytest.fixture(scope="module")
+def plain_run() -> tuple[Any, list[Path]]:
+    """benchmarks/kernel_size.py, and the art_trio files its plain run loaded (ART's pipeline
+    with every art_trio-only capability off, run in a child process)."""
     spec = importlib.util.spec_from_file_location("kernel_size", BENCHMARKS / "kernel_size.py")
     assert spec is not None and spec.loader is not None
     kernel_size = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernel_size)
-    loaded = [f.parts[f.parts.index("art_trio") + 1] for f in kernel_size.loaded_modules()]
+    return kernel_size, kernel_size.loaded_modules()
+
+
+def test_a_plain_run_loads_no_extension(plain_run: tuple[Any, list[Path]]) -> None:
+    _, files = plain_run
+    loaded = [f.parts[f.parts.index("art_trio") + 1] for f in files]
     assert not set(loaded) & set(EXTENSIONS), sorted(set(loaded) & set(EXTENSIONS))
+
+
+def test_the_kernel_size_in_the_docs_is_the_measured_one(plain_run: tuple[Any, list[Path]]) -> None:
+    """docs/architecture.md states the kernel's size as `benchmarks/kernel_size.py` measures
+    it: a change that grows or shrinks the kernel updates the figure with it."""
+    kernel_size, files = plain_run
+    measured = sum(kernel_size.kernel_modules(files).values())
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    stated = re.search(r"it is \*\*([\d,]+)\*\* now", text)
+    assert stated is not None, "docs/architecture.md lost its kernel figure"
+    assert int(stated.group(1).replace(",", "")) == measured, (
+        f"docs/architecture.md says {stated.group(1)} kernel code lines; "
+        f"python benchmarks/kernel_size.py measures {measured:,}"
+    )
 
 
 def test_the_contracts_hold_on_this_tree(tree: Path) -> None:
