@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import art
+import pytest
 import trio
 
 from art_trio import PipelineTrainer, RunEvent
@@ -75,3 +76,35 @@ async def test_a_durable_resume_after_a_plain_run_continues_from_its_record(
     ).train(handle_signals=False)
     resumed = [i for call in backend.calls[trained_before:] for i in call.scenario_ids]
     assert resumed and min(resumed) >= consumed, (consumed, resumed)
+
+
+def _tear_state_json(model: art.TrainableModel) -> None:
+    out = Path(model._get_output_dir())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "state.json").write_text('{"_pipeline_trainer": {"scenario_off')
+
+
+async def test_a_torn_state_json_is_rewritten_with_the_runs_record(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock,
+    caplog: Any,
+) -> None:
+    """A kill during an earlier in-place write of state.json left it torn: the plain run says
+    so and writes its own record, instead of failing at its first step."""
+    _tear_state_json(model)
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_steps=2, resume=False,
+    ).train(handle_signals=False)
+    assert _record(model)["training_step"] == 2
+    assert "state.json is unreadable" in caplog.text
+
+
+def test_an_admission_policy_missing_a_member_is_refused_naming_them(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    class Half:
+        def headroom(self, s: Any) -> float:
+            return 1.0
+
+    with pytest.raises(ValueError, match="admission must be .*take_batch.*gate_class"):
+        PipelineTrainer(model, backend, asyncio_rollout, scenarios(4), None, admission=Half())

@@ -33,10 +33,19 @@ Admission = Literal["staleness_aware", "eager"]
 ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
 
 
+#: What an admission policy object must have (`art_trio.AdmissionPolicy`).
+ADMISSION_METHODS = ("headroom", "lookahead", "take_batch")
+ADMISSION_ATTRIBUTES = ("cancels_doomed_rollouts", "drops_stale_early", "gate_class")
+
+
 def _admission_ok(value: object) -> bool:
     if isinstance(value, str):
         return value in ADMISSION_MODES
-    return all(callable(getattr(value, m, None)) for m in ("headroom", "lookahead", "take_batch"))
+    return all(callable(getattr(value, m, None)) for m in ADMISSION_METHODS) and all(
+        hasattr(value, a) for a in ADMISSION_ATTRIBUTES
+    )
+
+
 STALL_ACTIONS: tuple[StallAction, ...] = ("log", "raise", "stop")
 
 STALL_FLOOR_SECONDS = 600.0
@@ -146,7 +155,8 @@ class FreshnessSettings:
         "can train it; 'eager' is the reference's gate exactly; or a policy of your own (an "
         "`AdmissionPolicy`).",
         rule=Rule(_admission_ok, f"one of {', '.join(map(repr, ADMISSION_MODES))} or an "
-                  "AdmissionPolicy (headroom, lookahead, take_batch)"))
+                  f"AdmissionPolicy (methods {', '.join(ADMISSION_METHODS)}; attributes "
+                  f"{', '.join(ADMISSION_ATTRIBUTES)})"))
     max_rollouts_beyond_bound: int | None = setting(
         None, "Rollouts 'staleness_aware' admits past its bound, trading wasted rollouts for "
         "trainer utilization (None: max_batch_size / 8).",

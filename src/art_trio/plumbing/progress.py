@@ -11,9 +11,12 @@ same protocol with a book of its own.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+logger = logging.getLogger("art_trio")
 
 #: Key of the pipeline state inside ART's `state.json` (ART's, so each can read the other's).
 PIPELINE_STATE_KEY = "_pipeline_trainer"
@@ -168,7 +171,12 @@ class ArtRecord:
     def snapshot(self, progress: RunProgress) -> None:
         # This run's record replaces whatever record was there (ART's `merge_state` would
         # keep another store's fields beside it, as if they were this run's).
-        state = self._model.read_state() or {}
+        try:
+            state = self._model.read_state() or {}
+        except ValueError as exc:  # torn by a crash during an earlier write (ART's is in place)
+            logger.warning("%s is unreadable (%s); rewriting it with this run's record",
+                           self.where, exc)
+            state = {}
         state[PIPELINE_STATE_KEY] = {
             "scenario_offset": progress.total_scenarios_consumed,
             "total_scenarios_consumed": progress.total_scenarios_consumed,
