@@ -159,7 +159,13 @@ async def test_a_row_that_raises_fails_its_request_alone(
             queued.set()
         return future
 
+    # ... and the doomed one is sent only once the long one decodes: sent at once, it could
+    # reach the server first and fail alone before the long one joined.
+    decoding = threading.Event()
+
     def hold(stats: Any) -> None:
+        if stats.tokens_generated >= 1:
+            decoding.set()
         if stats.tokens_generated >= 2:
             queued.wait(120)  # a guard against a hang, not a timing assertion
 
@@ -175,6 +181,7 @@ async def test_a_row_that_raises_fails_its_request_alone(
             )
 
         nursery.start_soon(long)
+        assert await trio.to_thread.run_sync(decoding.wait, 120)
         with pytest.raises(openai.InternalServerError) as info:
             await client.chat.completions.create(
                 model=name, messages=PROMPT, n=2, max_tokens=20, seed=666,
