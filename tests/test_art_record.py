@@ -10,7 +10,7 @@ import art
 import pytest
 import trio
 
-from art_trio import PipelineTrainer, RunEvent
+from art_trio import PipelineTrainer, RunEvent, RunProgress, ScenarioBook
 from art_trio.messages.events import TrainCallStarted
 from art_trio.plumbing.progress import PIPELINE_STATE_KEY
 from art_trio.resume.files import JOURNAL_FILE, SIDECAR_FILE
@@ -108,3 +108,77 @@ def test_an_admission_policy_missing_a_member_is_refused_naming_them(
 
     with pytest.raises(ValueError, match="admission must be .*take_batch.*gate_class"):
         PipelineTrainer(model, backend, asyncio_rollout, scenarios(4), None, admission=Half())
+
+
+class _Consumed(ScenarioBook):
+    """Every scenario below `watermark` is settled: ART's granularity, kept elsewhere."""
+
+    def __init__(self, watermark: int) -> None:
+        self.watermark = watermark
+
+    def is_resolved(self, index: int) -> bool:
+        return index < self.watermark
+
+
+class _RowKeeper:
+    """A resume store of one's own (a database row, say): a dict, and every call it heard."""
+
+    where = "a dict"
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.row, self.calls = row, []
+
+    def acquire(self) -> None:
+        self.calls.append("acquire")
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def open(self, start_step: int, *, resume: bool) -> tuple[RunProgress, bool]:
+        self.calls.append("open")
+        consumed = self.row.get("consumed", 0) if resume else 0
+        progress = RunProgress(
+            ledger=_Consumed(consumed), training_step=start_step,
+            total_scenarios_consumed=consumed,
+        )
+        return progress, bool(consumed)
+
+    def record(self, progress: RunProgress) -> None:
+        self.calls.append("record")
+        self.row.update(consumed=progress.total_scenarios_consumed, step=progress.training_step)
+
+    def snapshot(self, progress: RunProgress) -> None:
+        self.record(progress)
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+async def test_a_progress_keeper_of_ones_own_is_used_and_resumed_from(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    row: dict[str, Any] = {}
+    keepers: list[_RowKeeper] = []
+
+    def keeper(model: Any) -> _RowKeeper:
+        keepers.append(_RowKeeper(row))
+        return keepers[-1]
+
+    settings: dict[str, Any] = {
+        "num_rollout_workers": 2, "min_batch_size": 2, "max_batch_size": 2,
+        "eval_every_n_steps": 0, "eval_step_0": False, "progress_keeper": keeper,
+    }
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, max_steps=3, **settings
+    ).train(handle_signals=False)
+    first = keepers[0].calls
+    assert first[:2] == ["acquire", "open"] and first[-2:] == ["close", "release"]
+    assert first.count("record") >= 3 and row["step"] == 3
+    out = Path(model._get_output_dir())
+    assert not (out / SIDECAR_FILE).exists()  # the durable store was never composed
+    consumed, trained_before = row["consumed"], len(backend.calls)
+    await PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(40), None, max_steps=5, **settings
+    ).train(handle_signals=False)
+    resumed = [i for call in backend.calls[trained_before:] for i in call.scenario_ids]
+    assert resumed and min(resumed) >= consumed

@@ -102,6 +102,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         score_reference_rollouts_per_group: float | None = None,
         eval_step_0: bool = True,
         extensions: Sequence[StageExtension] = (),
+        progress_keeper: Callable[[art.TrainableModel], ProgressKeeper] | None = None,
         **settings: Unpack[SettingKeywords],
     ) -> None:
         # The settings keywords, each as art_trio.config.settings declares it (`inspect` shows them
@@ -115,6 +116,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         )
         #: Your own extensions, run beside the stages of every run (see `StageExtension`).
         self.extensions = tuple(extensions)
+        #: Makes each run's `ProgressKeeper` (None: the durable store, or ART's own record
+        #: with `resume=False`).
+        self.progress_keeper = progress_keeper
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -203,7 +207,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._starting = True
         self._stop_signal = None
         try:
-            keeper = progress_keeper(self.settings, self.model)
+            keeper = (
+                self.progress_keeper(self.model) if self.progress_keeper is not None
+                else progress_keeper(self.settings, self.model)
+            )
             keeper.acquire()
             self._keeper = keeper
             try:
