@@ -182,3 +182,14 @@ async def test_a_progress_keeper_of_ones_own_is_used_and_resumed_from(
     ).train(handle_signals=False)
     resumed = [i for call in backend.calls[trained_before:] for i in call.scenario_ids]
     assert resumed and min(resumed) >= consumed
+
+
+def test_what_is_not_an_extension_is_refused_at_construction(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    with pytest.raises(TypeError, match="StageExtension .* got int"):
+        PipelineTrainer(model, backend, asyncio_rollout, scenarios(4), None, extensions=[3])
+    with pytest.raises(TypeError, match="progress_keeper must be a function of the model"):
+        PipelineTrainer(
+            model, backend, asyncio_rollout, scenarios(4), None, progress_keeper="state.json"
+        )

@@ -158,6 +158,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._startup_resize_reason = "resize"
         self._stop_signal: int | None = None
         _check_callbacks(rollout_fn, eval_fn, scenarios)
+        _check_extensions(self.extensions, progress_keeper)
         if rollout_executor is not None and is_native(rollout_fn):
             raise TypeError(
                 "a trio_native rollout_fn cannot run through a rollout_executor (executors "
@@ -640,6 +641,21 @@ def _raise_observer_error(run: PipelineRun) -> None:
     stop): in a group, as a stage's error reaches the caller."""
     if run.observers.raised is not None:
         raise ExceptionGroup("an observer of the run raised", [run.observers.raised])
+
+
+def _check_extensions(extensions: Sequence[object], progress_keeper: object) -> None:
+    """An object that is not an extension fails here, not when a run starts."""
+    for extension in extensions:
+        if not callable(getattr(extension, "stage", None)):
+            raise TypeError(
+                "each of extensions must be a StageExtension (a `stage(run)` method returning "
+                f"a stage or None), got {type(extension).__name__}"
+            )
+    if progress_keeper is not None and not callable(progress_keeper):
+        raise TypeError(
+            "progress_keeper must be a function of the model returning a ProgressKeeper, got "
+            f"{type(progress_keeper).__name__}"
+        )
 
 
 def _check_callbacks(rollout_fn: object, eval_fn: object, scenarios: object) -> None:
