@@ -59,9 +59,8 @@ def test_secret_numbers_are_keyed_and_cannot_be_guessed() -> None:
     numbers = {secret_number("apple", key) for key in range(200)}
     assert all(100 <= n <= 999 for n in numbers)
     assert len(numbers) > 150  # a number per scenario, not per word
-    assert secret_number("apple", 5) != secret_number("river", 5) or secret_number(
-        "apple", 6
-    ) != secret_number("river", 6)
+    # Each word its own number in a scenario.
+    assert sum(secret_number("apple", k) != secret_number("river", k) for k in range(50)) > 45
 
 
 def test_the_tool_answers_after_its_latency_and_a_missing_call_at_once() -> None:

@@ -212,8 +212,9 @@ async def run_llm_demo(options: LLMDemoOptions, task: Any) -> Any:
 
         def progress(event: object) -> None:
             if isinstance(event, StepTrained):
+                reward = "" if event.reward_mean is None else f" (reward {event.reward_mean:.3f})"
                 print(
-                    f"step {event.step}: {event.batch_size} groups, step took "
+                    f"step {event.step}: {event.batch_size} groups{reward}, step took "
                     f"{event.wall_s:.1f} s ({event.train_s:.1f} s training); "
                     f"{time.monotonic() - started:.0f} s elapsed",
                     flush=True,
