@@ -61,6 +61,7 @@ def test_lookup_rollouts_train_both_turns_after_the_tool_latency(
         LookupTaskConfig,
         agent_rollout,
         lookup_eval_fn,
+        lookup_messages,
         lookup_scenarios,
         parse_call,
     )
@@ -149,11 +150,13 @@ def test_lookup_rollouts_train_both_turns_after_the_tool_latency(
     # Seen from the client: each conversation's second turn (seeded its first turn's seed +
     # 7919) was sent no sooner than the tool's latency after its first turn was answered,
     # where the first turn called the tool.
-    answered = {r["seed"]: at for _, at, r in requests if len(r["messages"]) == 1}
+    first = len(lookup_messages("any"))
+    answered = {r["seed"]: at for _, at, r in requests if len(r["messages"]) == first}
     waits = [
-        (sent - answered[r["seed"] - 7919], parse_call(r["messages"][1]["content"]))
+        (sent - answered[r["seed"] - 7919], parse_call(r["messages"][first]["content"]))
         for sent, _, r in requests
-        if len(r["messages"]) == 3
+        if len(r["messages"]) == first + 2
     ]
-    assert len(waits) == len(answered) and any(call for _, call in waits)
+    # (A conversation the run's end cancelled during its tool call has no second turn.)
+    assert waits and any(call for _, call in waits)
     assert all(wait >= LATENCY_S for wait, call in waits if call is not None)

@@ -28,6 +28,7 @@ from art_trio.cpu.agent_task import (  # noqa: E402
     ToolCall,
     agent_rollout,
     lookup_eval_fn,
+    lookup_messages,
     lookup_prompt,
     lookup_reward,
     lookup_scenarios,
@@ -142,16 +143,18 @@ def test_the_agent_rollout_has_two_trained_turns_and_waits_for_the_tool() -> Non
     )
     chosen = [m for m in trajectory.messages_and_choices if isinstance(m, Choice)]
     assert len(chosen) == 2  # both assistant turns are Choices: ART trains both
-    assert [m["role"] for m in trajectory.messages_and_choices if isinstance(m, dict)] == [
-        "user",
-        "user",
+    # The rest are the prompt's messages (the example's turns too, not trained) and the tool's.
+    assert [m for m in trajectory.messages_and_choices if isinstance(m, dict)] == [
+        *lookup_messages("apple"),
+        trajectory.messages_and_choices[-2],
     ]
     (t1, n1, m1), (t2, n2, m2) = client.requests
-    assert (n1, n2) == (1, 3) and (m1, m2) == ("m@0", "m@1")
+    # Turn 2 sees turn 1's conversation, what it said and the tool's answer.
+    assert (n1, n2) == (len(lookup_messages("apple")), n1 + 2) and (m1, m2) == ("m@0", "m@1")
     assert t2 - t1 >= 0.3 and trajectory.metrics["tool_wait_s"] >= 0.3
     assert trajectory.reward == pytest.approx(1.0)
     assert trajectory.metrics["called"] == 1.0 and trajectory.metrics["answered"] == 1.0
-    note = trajectory.messages_and_choices[2]
+    note = trajectory.messages_and_choices[-2]
     assert isinstance(note, dict)
     assert f"= {secret_number('apple', 11)}" in note["content"]
 
@@ -172,8 +175,9 @@ def test_the_task_is_registered_with_its_demo_settings() -> None:
     task = TASKS["lookup"]
     config = task.config(group_size=4, seed=1, eval_prompts=2, eval_samples=1)
     assert config.tool_latency_s == agent_task.DEFAULT_TOOL_LATENCY_S
-    assert task.demo_defaults["max_steps_off_policy"] >= 2  # rollouts outlast a step
-    assert lookup_prompt("apple").count("lookup(apple)") == 1
+    assert task.demo_defaults["max_steps_off_policy"] >= 3  # rollouts span two steps or more
+    assert "apple" in lookup_prompt("apple")
+    assert "lookup(<word>)" in lookup_messages("apple")[0]["content"]  # the stated format
 
 
 def test_the_docs_show_the_rollout_as_it_is() -> None:

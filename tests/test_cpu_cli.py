@@ -87,7 +87,7 @@ def test_a_tasks_own_demo_settings_apply_unless_given() -> None:
     plain = llm_demo_options(["--model", "smollm2"])
     assert (plain.task, plain.workers, plain.max_steps_off_policy) == ("yes-no-maybe", 2, 1)
     agent = llm_demo_options(["--model", "smollm2", "--task", "lookup"])
-    assert (agent.workers, agent.max_steps_off_policy) == (4, 2)
+    assert (agent.workers, agent.max_steps_off_policy) == (6, 3)
     given = llm_demo_options(["--model", "smollm2", "--task", "lookup", "--workers", "3"])
-    assert (given.workers, given.max_steps_off_policy) == (3, 2)
+    assert (given.workers, given.max_steps_off_policy) == (3, 3)
     assert not llm_demo_options(["--model", "smollm2", "--no-plot"]).plot

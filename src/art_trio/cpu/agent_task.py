@@ -21,11 +21,11 @@ asked word, and 0.6 for the answer (the tool's number as the answer's first numb
 ``ANSWER_WORDS`` words: 1; first but wordier: 3/4; anywhere: 1/2). A guess cannot earn the
 answer's share: the number is one of 900.
 
-**The latency.** A step trained on this task takes 11-13 s on two CPU cores (the training call
-of the 64-token tasks, measured in docs/real-model.md), so the default tool latency,
-``DEFAULT_TOOL_LATENCY_S``, makes a rollout that calls the tool last at least two training
-calls: the case where a pipeline trainer's choice to cancel, wait or carry on under the new
-policy decides what inference costs.
+**The latency.** A training call on this task's batches (2 groups of 4) took 11-16 s on the two
+CPU cores (as the 64-token tasks' 11-13 s in docs/real-model.md; 2 groups of 8 took 20-29 s),
+so the default tool latency, ``DEFAULT_TOOL_LATENCY_S`` = 30 s, makes a rollout that calls the
+tool outlast two training calls: the case where a pipeline trainer's choice to cancel, wait or
+carry on under the new policy decides what inference costs.
 
 The rollout is what an ART user writes for an agent: asyncio code that talks to the model only
 through the real openai client from ``model.openai_client()`` and asks
@@ -86,8 +86,8 @@ WORDS: tuple[str, ...] = (
 #: The tool's name: a call is ``lookup(<word>)``.
 TOOL = "lookup"
 #: Seconds the tool takes to answer by default: a rollout that calls it then outlasts two
-#: training calls of 11-13 s on this machine, with its two turns' decoding.
-DEFAULT_TOOL_LATENCY_S = 25.0
+#: training calls (11-16 s each for 2 groups of 4 on two CPU cores), with its turns' decoding.
+DEFAULT_TOOL_LATENCY_S = 30.0
 #: Words an answer may have for full credit: the number, or a short sentence around it.
 ANSWER_WORDS = 8
 
@@ -103,11 +103,33 @@ _NUMBER = re.compile(r"\d+")
 _WRAPPING = " \t\n`\"'.*"
 
 
+#: The tool as the system prompt states it.
+SYSTEM_PROMPT = (
+    f"You are an assistant with one tool, {TOOL}. To use it, reply with {TOOL}(<word>) and "
+    "nothing else. The tool replies with the word's secret number."
+)
+#: The worked example the conversation starts with (a word the task never asks about).
+EXAMPLE_WORD, EXAMPLE_NUMBER = "cat", 123
+
+
 def lookup_prompt(word: str) -> str:
-    return (
-        f'What is the secret number of the word "{word}"? Only the {TOOL} tool knows it. '
-        f"Call the tool first: reply with {TOOL}({word}) and nothing else."
-    )
+    """The question of turn 1."""
+    return f'What is the secret number of the word "{word}"?'
+
+
+def lookup_messages(word: str) -> art.Messages:
+    """The conversation up to turn 1: the tool's description, one worked exchange, then the
+    question. SmolLM2-135M given the description alone called the tool in 1-3 of 64 first
+    turns (it chatted instead); with the example, in 48 of 64, so groups differ from step 0."""
+    call = f"{TOOL}({EXAMPLE_WORD})"
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": lookup_prompt(EXAMPLE_WORD)},
+        {"role": "assistant", "content": call},
+        {"role": "user", "content": tool_message(EXAMPLE_WORD, f"{call} = {EXAMPLE_NUMBER}")},
+        {"role": "assistant", "content": str(EXAMPLE_NUMBER)},
+        {"role": "user", "content": lookup_prompt(word)},
+    ]
 
 
 def secret_number(word: str, key: int) -> int:
@@ -181,7 +203,7 @@ class LookupTaskConfig:
     Field names match ``demo.LLMTaskConfig``'s, so the demo builds either the same way.
     """
 
-    group_size: int = 8
+    group_size: int = 4
     #: Tokens per model turn: a call or a number needs a handful.
     max_tokens: int = 24
     tool_latency_s: float = DEFAULT_TOOL_LATENCY_S
@@ -238,7 +260,7 @@ async def agent_rollout(
     ``model_name()`` is asked before each turn: the newest policy when the rollout trains,
     a fixed step when it evaluates.
     """
-    prompt: art.Messages = [{"role": "user", "content": lookup_prompt(word)}]
+    prompt = lookup_messages(word)
     first = await _turn(client, model_name(), prompt, config, seed, logprobs)
     call = parse_call(first.message.content or "")
     asked = time.monotonic()

@@ -433,12 +433,14 @@ TASKS: dict[str, LLMTask] = {
         scenarios=lookup_scenarios,
         rollout=lookup_rollout,
         eval_fn=lookup_eval_fn,
-        group_size=8,
+        group_size=4,
         reward_target=0.5,
+        # A rollout that calls the tool spans two or three steps: more rollouts in flight, and
+        # a bound they can meet (ART's own default is 4).
         demo_defaults={
             "steps": 24,
-            "workers": 4,
-            "max_steps_off_policy": 2,
+            "workers": 6,
+            "max_steps_off_policy": 3,
             "eval_every": 6,
             "eval_prompts": 8,
             "eval_samples": 2,
