@@ -160,3 +160,96 @@ def test_lookup_rollouts_train_both_turns_after_the_tool_latency(
     # (A conversation the run's end cancelled during its tool call has no second turn.)
     assert waits and any(call for _, call in waits)
     assert all(wait >= LATENCY_S for wait, call in waits if call is not None)
+
+
+@pytest.fixture(scope="module")
+def in_flight() -> Any:
+    return loaded_backend(keep_steps=4, in_flight_updates=True)
+
+
+def _versions(choice: Any) -> list[tuple[int, int]]:
+    """(tokens, policy version) of each span of a served choice."""
+    return [
+        (s["end_token"] - s["start_token"], s["policy_version"])
+        for s in choice.model_extra["policy_token_spans"]
+    ]
+
+
+def test_with_in_flight_updates_a_turn_after_a_publish_uses_the_newest_policy(
+    in_flight: Any, tmp_path: Path
+) -> None:
+    """Issue 53 item 2's first part: with `CPUBackend(in_flight_updates=True)` the rollout's
+    `model.get_inference_name()` is the in-flight slot, so a second turn sent after a step
+    was published is sampled by that step; each turn's tokens carry their version, and the
+    trainer reads both turns' versions."""
+    from art_trio import PipelineTrainer
+    from art_trio.cpu.agent_task import (
+        LookupTaskConfig,
+        lookup_eval_fn,
+        lookup_rollout,
+        lookup_scenarios,
+    )
+    from art_trio.policy.freshness import version_tokens
+
+    backend = in_flight
+    seen: list[art.TrajectoryGroup] = []
+    trained: list[art.TrajectoryGroup] = []
+    # Long enough that a tool call spans most of a training call.
+    config = LookupTaskConfig(group_size=4, tool_latency_s=8.0, eval_prompts=1, eval_samples=1)
+
+    async def rollout(
+        model: art.TrainableModel, scenario: dict[str, Any], config: LookupTaskConfig
+    ) -> art.TrajectoryGroup:
+        group = await lookup_rollout(model, scenario, config)
+        seen.append(group)
+        return group
+
+    real_train = backend.train
+
+    async def recording_train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        groups = list(groups)
+        trained.extend(groups)
+        return await real_train(model, groups, **kwargs)
+
+    async def run() -> int:
+        async with backend:
+            model = smollm2_model(tmp_path, "agent-in-flight")
+            await model.register(backend)
+            assert model.get_inference_name().endswith(":active")
+            trainer = PipelineTrainer(
+                model,
+                backend,
+                rollout,
+                lookup_scenarios(1),
+                config,
+                lookup_eval_fn,
+                num_rollout_workers=2,
+                min_batch_size=1,
+                max_batch_size=1,
+                max_steps_off_policy=3,
+                learning_rate=1e-3,
+                eval_every_n_steps=100,
+                max_steps=4,
+            )
+            await trainer.train()
+            return int(await backend._get_step(model))
+
+    backend.train = recording_train
+    try:
+        assert trio.run(run) == 4
+    finally:
+        del backend.train
+    later = 0
+    for trajectory in (t for g in seen for t in g.trajectories):
+        first, second = (_versions(c) for c in _turns(trajectory))
+        for choice, spans in zip(_turns(trajectory), (first, second), strict=True):
+            assert sum(n for n, _ in spans) == len(choice.logprobs.content)
+        # A turn starts on the newest step: the second never on an older one than the first.
+        assert min(v for _, v in second) >= max(v for _, v in first[:1])
+        later += int(second[0][1] > first[0][1])
+    total = sum(len(g.trajectories) for g in seen)
+    print(f"{later} of {total} second turns sampled by a newer policy than their first")
+    assert later, "no second turn came after a publish"
+    for trajectory in (t for g in trained for t in g.trajectories):
+        both = {v for c in _turns(trajectory) for _, v in _versions(c)}
+        assert {v for v, _ in version_tokens(trajectory)} == both
