@@ -78,3 +78,16 @@ def test_two_ctrl_c_during_the_first_model_load_exit_130_at_once(
     _, rest = child.communicate(timeout=60)
     assert child.returncode == 130
     assert rest.strip() == "art-trio demo: SIGINT: abandoned the model load; nothing was trained"
+
+
+def test_a_tasks_own_demo_settings_apply_unless_given() -> None:
+    pytest.importorskip("torch")
+    from art_trio.demo.cli import llm_demo_options
+
+    plain = llm_demo_options(["--model", "smollm2"])
+    assert (plain.task, plain.workers, plain.max_steps_off_policy) == ("yes-no-maybe", 2, 1)
+    agent = llm_demo_options(["--model", "smollm2", "--task", "lookup"])
+    assert (agent.workers, agent.max_steps_off_policy) == (6, 3)
+    given = llm_demo_options(["--model", "smollm2", "--task", "lookup", "--workers", "3"])
+    assert (given.workers, given.max_steps_off_policy) == (3, 3)
+    assert not llm_demo_options(["--model", "smollm2", "--no-plot"]).plot

@@ -119,9 +119,9 @@ def test_distinct_answers_earn_the_reason_by_its_distinct_words() -> None:
 
 
 def test_tasks_by_name() -> None:
-    assert set(TASKS) == {"yes-no-maybe", "explain", "reasoned", "distinct", "list"}
+    assert set(TASKS) == {"yes-no-maybe", "explain", "reasoned", "distinct", "list", "lookup"}
     with pytest.raises(
-        ValueError, match="choose one of distinct, explain, list, reasoned, yes-no-maybe"
+        ValueError, match="choose one of distinct, explain, list, lookup, reasoned, yes-no-maybe"
     ):
         get_task("chess")
 

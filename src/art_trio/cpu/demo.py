@@ -129,7 +129,7 @@ async def eval_fn(
 @dataclass(frozen=True)
 class LLMDemoOptions:
     model: str | None = None  # None / "smollm2": the default GGUF
-    #: A name from ``art_trio.cpu.tasks.TASKS``: "yes-no-maybe" or "list".
+    #: A name from ``art_trio.cpu.tasks.TASKS`` (``--task``): "yes-no-maybe", "lookup", ...
     task: str = "yes-no-maybe"
     # Measured: val reward 0.057 at step 0 -> 0.750 at step 5 (seed 0). By then most groups
     # answer alike (zero variance, nothing to learn from), so more steps come slowly.
@@ -212,8 +212,9 @@ async def run_llm_demo(options: LLMDemoOptions, task: Any) -> Any:
 
         def progress(event: object) -> None:
             if isinstance(event, StepTrained):
+                reward = "" if event.reward_mean is None else f" (reward {event.reward_mean:.3f})"
                 print(
-                    f"step {event.step}: {event.batch_size} groups, step took "
+                    f"step {event.step}: {event.batch_size} groups{reward}, step took "
                     f"{event.wall_s:.1f} s ({event.train_s:.1f} s training); "
                     f"{time.monotonic() - started:.0f} s elapsed",
                     flush=True,

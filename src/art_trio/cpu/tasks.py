@@ -1,5 +1,5 @@
 """Tasks for the real-model demo and benchmarks: yes/no/maybe, explained, reasoned, distinct,
-and a list.
+a list, and a tool-calling agent.
 
 ``yes-no-maybe`` is ART's example task (``art_trio.cpu.demo``): two-token answers, where
 training is most of a step's work. ``explain``, ``reasoned``, ``distinct`` and ``list`` are
@@ -47,6 +47,10 @@ count is to ``k`` (1 - |count - k| / k, not below 0). SmolLM2-135M mostly writes
 lists or prose with a few commas (score about 0.25 at step 0), so groups have reward
 variance from the first step. Answers run up to ``max_tokens`` = 48 tokens per turn.
 
+**The lookup task** (``art_trio.cpu.agent_task``), a two-turn agent: the model calls a tool
+in a stated format, the tool answers after seconds of wall time, and the model answers with
+what the tool said; both turns are trained.
+
 Everything talks to the model through ``model.openai_client()`` only, as rollout code for a
 vLLM backend would; nothing here imports art_trio's internals.
 """
@@ -56,8 +60,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import count
 from typing import Any
@@ -67,6 +71,7 @@ import numpy as np
 
 from ..demo.task import ANSWER_PUNCTUATION, REWARDS, reward_for_answer
 from . import demo
+from .agent_task import LookupTaskConfig, lookup_eval_fn, lookup_rollout, lookup_scenarios
 
 #: Things the list task asks for; each scenario asks for ``k`` of one of them.
 CATEGORIES: tuple[str, ...] = (
@@ -368,6 +373,9 @@ class LLMTask:
     #: The reward the benchmarks' "time to target" waits for: the mean reward of a step's
     #: trained groups (stated before the task was measured, see docs/real-model.md).
     reward_target: float
+    #: ``LLMDemoOptions`` fields the demo takes from the task unless given on the command line
+    #: (a task whose rollouts outlast steps needs more workers and a looser bound).
+    demo_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _on_art_prompts(name: str, description: str, **config: Any) -> LLMTask:
@@ -416,6 +424,29 @@ TASKS: dict[str, LLMTask] = {
         eval_fn=list_eval_fn,
         group_size=4,
         reward_target=0.5,
+    ),
+    "lookup": LLMTask(
+        name="lookup",
+        description="an agent: call lookup(<word>), wait seconds for the tool, answer with "
+        "its number; 2 turns, both trained",
+        config=LookupTaskConfig,
+        scenarios=lookup_scenarios,
+        rollout=lookup_rollout,
+        eval_fn=lookup_eval_fn,
+        group_size=4,
+        reward_target=0.5,
+        # A rollout that calls the tool spans two or three steps: more rollouts in flight, and
+        # a bound they can meet (ART's own default is 4).
+        demo_defaults={
+            # Measured: by step 5 most groups score all alike (every turn right), so steps
+            # then come slowly (35 s rollouts that teach nothing); 6 steps end within 10 min.
+            "steps": 6,
+            "workers": 6,
+            "max_steps_off_policy": 3,
+            "eval_every": 3,
+            "eval_prompts": 16,
+            "eval_samples": 2,
+        },
     ),
 }
 

@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --model: the task, 'yes-no-maybe' (default), 'explain' (yes/no/maybe and "
         "a reason of >= 24 words), 'reasoned' (the verdict's score times the reason's share, "
-        "full at 24 words), 'distinct' (as reasoned, counting distinct words, full at 48) or "
-        "'list' (exactly k comma-separated items, up to two turns with feedback); see "
+        "full at 24 words), 'distinct' (as reasoned, counting distinct words, full at 48), "
+        "'list' (exactly k comma-separated items, up to two turns with feedback) or 'lookup' "
+        "(an agent: a tool call, seconds of tool latency, an answer from its result); see "
         "art_trio.cpu.tasks",
     )
     return parser
@@ -170,12 +171,29 @@ def _explicit(argv: list[str] | None) -> dict[str, object]:
     return vars(parser.parse_args(argv))
 
 
-def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
-    """``--model``: the real-model demo (art_trio.cpu.demo), with its own defaults."""
+def llm_demo_options(argv: list[str] | None) -> Any:
+    """The real-model demo's ``LLMDemoOptions``: the flags given, then the task's own settings
+    (``LLMTask.demo_defaults``: a task whose rollouts outlast steps needs more workers and a
+    looser bound), then the demo's defaults. An unknown task keeps its name (refused later)."""
     from dataclasses import fields, replace
 
+    from ..cpu.demo import LLMDemoOptions
+    from ..cpu.tasks import TASKS
+
+    given = _explicit(argv)
+    names = {f.name for f in fields(LLMDemoOptions)}
+    changes: dict[str, Any] = {k: v for k, v in given.items() if k in names}
+    if "no_plot" in given:
+        changes["plot"] = False
+    task = TASKS.get(changes.get("task", LLMDemoOptions.task))
+    defaults = dict(task.demo_defaults) if task is not None else {}
+    return replace(LLMDemoOptions(), **{**defaults, **changes})
+
+
+def _main_llm(argv: list[str] | None) -> int:
+    """``--model``: the real-model demo (art_trio.cpu.demo), with its own defaults."""
     try:
-        from ..cpu.demo import LLMDemoOptions, run_llm_demo
+        from ..cpu.demo import run_llm_demo
     except ImportError as exc:
         print(
             f"art-trio demo --model needs the llm extra ({exc.name} is missing): "
@@ -184,23 +202,18 @@ def _main_llm(argv: list[str] | None, args: argparse.Namespace) -> int:
         )
         return 2
     from ..cpu.model_source import ModelSourceError
-
-    given = _explicit(argv)
-    names = {f.name for f in fields(LLMDemoOptions)}
-    changes: dict[str, Any] = {k: v for k, v in given.items() if k in names}
-    if "no_plot" in given:
-        changes["plot"] = not args.no_plot
-    options = replace(LLMDemoOptions(), **changes)
     from ..cpu.tasks import TASKS
 
+    options = llm_demo_options(argv)
     if options.task not in TASKS:
         print(
             f"art-trio demo: unknown --task {options.task!r}: choose one of {', '.join(TASKS)}",
             file=sys.stderr,
         )
         return 2
+    task = TASKS[options.task]
     try:
-        result = trio.run(run_llm_demo, options, TASKS[options.task])
+        result = trio.run(run_llm_demo, options, task)
     except ModelSourceError as exc:
         print(f"art-trio demo: {exc}", file=sys.stderr)
         return 2
@@ -380,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"art-trio demo: {problem}", file=sys.stderr)
             return 2
         try:
-            return _main_llm(argv, args)
+            return _main_llm(argv)
         except KeyboardInterrupt:  # during torch's import, before any signal is handled
             print("art-trio demo: interrupted while starting; nothing was trained", file=sys.stderr)
             return 130
