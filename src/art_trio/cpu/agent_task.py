@@ -48,6 +48,8 @@ from typing import Any
 import art
 import numpy as np
 
+from .demo import report_val_reward
+
 #: The words the task asks about; each scenario asks for one word's secret number.
 WORDS: tuple[str, ...] = (
     "apple",
@@ -330,17 +332,7 @@ async def lookup_eval_fn(
         for j in range(config.eval_samples)
     ]
     trajectories: list[art.Trajectory | art.TrajectoryGroup] = list(await asyncio.gather(*runs))
-    if config.verbose:
-        mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
-        elapsed = (
-            ""
-            if config.started is None
-            else f" ({time.monotonic() - config.started:.0f} s elapsed)"
-        )
-        print(
-            f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}",
-            flush=True,
-        )
+    report_val_reward(config, step, trajectories)
     return trajectories
 
 

@@ -112,18 +112,24 @@ async def eval_fn(
     trajectories: list[art.Trajectory | art.TrajectoryGroup] = [
         t for group in per_prompt for t in group
     ]
-    if config.verbose:
-        mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
-        elapsed = (
-            ""
-            if config.started is None
-            else (f" ({time.monotonic() - config.started:.0f} s elapsed)")
-        )
-        print(
-            f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}",
-            flush=True,
-        )
+    report_val_reward(config, step, trajectories)
     return trajectories
+
+
+def report_val_reward(
+    config: Any, step: int, trajectories: list[art.Trajectory | art.TrajectoryGroup]
+) -> None:
+    """Print a step's mean val reward (and the seconds since `config.started`) where the
+    task's `config.verbose` asks for it: every task's eval says it the same way."""
+    if not config.verbose:
+        return
+    mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
+    elapsed = (
+        "" if config.started is None else f" ({time.monotonic() - config.started:.0f} s elapsed)"
+    )
+    print(
+        f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}", flush=True
+    )
 
 
 @dataclass(frozen=True)

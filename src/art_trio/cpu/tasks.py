@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -342,17 +341,7 @@ async def list_eval_fn(
         )
     )
     trajectories: list[art.Trajectory | art.TrajectoryGroup] = [t for g in groups for t in g]
-    if config.verbose:
-        mean = sum(t.reward for t in trajectories if isinstance(t, art.Trajectory))
-        elapsed = (
-            ""
-            if config.started is None
-            else f" ({time.monotonic() - config.started:.0f} s elapsed)"
-        )
-        print(
-            f"  val reward at step {step}: {mean / max(1, len(trajectories)):.3f}{elapsed}",
-            flush=True,
-        )
+    demo.report_val_reward(config, step, trajectories)
     return trajectories
 
 
