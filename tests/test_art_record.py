@@ -193,3 +193,53 @@ def test_what_is_not_an_extension_is_refused_at_construction(
         PipelineTrainer(
             model, backend, asyncio_rollout, scenarios(4), None, progress_keeper="state.json"
         )
+
+
+class _Forever:
+    """A careless extension: its stage never returns and never looks at the run's end."""
+
+    def stage(self, run: Any) -> Any:
+        class Stage:
+            name = "forever"
+
+            async def __call__(self) -> None:
+                await trio.sleep_forever()
+
+        return Stage()
+
+
+async def test_an_extension_stage_that_never_returns_does_not_keep_train_running(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_steps=2, extensions=[_Forever()],
+    )
+    with trio.fail_after(3600):  # virtual time: a hang fails here instead of hanging the suite
+        await trainer.train(handle_signals=False)
+    assert trainer.statistics().steps == 2
+
+
+class _Raising:
+    def stage(self, run: Any) -> Any:
+        class Stage:
+            name = "raising"
+
+            async def __call__(self) -> None:
+                raise KeyError("the extension's own bug")
+
+        return Stage()
+
+
+async def test_an_extension_stage_that_raises_fails_the_run_naming_it(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_steps=2, extensions=[_Raising()],
+    )
+    with pytest.raises(BaseExceptionGroup) as caught:
+        await trainer.train(handle_signals=False)
+    (leaf,) = caught.value.exceptions
+    assert isinstance(leaf, KeyError)
+    assert "raised in art_trio's raising stage" in leaf.__notes__

@@ -15,8 +15,11 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, NoReturn
 
+import anyio
+
 from ..messages.errors import _BaseExceptionEscaped
 from ..run import PipelineRun
+from ..stages import Stage
 
 logger = logging.getLogger("art_trio")
 
@@ -46,6 +49,24 @@ async def run_stage(
         else:
             logger.error("Pipeline stage failed: %s: %s: %s", name, type(exc).__name__, exc)
         raise
+
+
+class BoundedStage:
+    """`stage`, cancelled once `finished` is set (the run's own stages have all ended) if it
+    has not returned by then: an extension's stage cannot keep a run from ending."""
+
+    def __init__(self, stage: Stage, finished: anyio.Event) -> None:
+        self.name, self._stage, self._finished = stage.name, stage, finished
+
+    async def __call__(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._cancel_when_finished, tg.cancel_scope)
+            await self._stage()
+            tg.cancel_scope.cancel()
+
+    async def _cancel_when_finished(self, scope: anyio.CancelScope) -> None:
+        await self._finished.wait()
+        scope.cancel()
 
 
 def raise_failure(failure: BaseException) -> NoReturn:

@@ -59,7 +59,7 @@ from ..stages.status import StatusStage
 from ..stages.training import TrainingStage
 from .compose import admission_policy, progress_keeper, run_extensions, tuned_start
 from .startup import open_run
-from .supervision import close_run, raise_failure, run_stage, unwrap_escaped
+from .supervision import BoundedStage, close_run, raise_failure, run_stage, unwrap_escaped
 
 logger = logging.getLogger("art_trio")
 
@@ -376,7 +376,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._extensions = run_extensions(
             settings, self.autotune, self.rollout_executor, self.extensions
         )
-        stages += [s for s in (ext.stage(view) for ext in self._extensions) if s is not None]
+        # An extension's stage ends with the run's own stages at the latest: one that never
+        # returns must not keep train() from returning.
+        stages += [
+            BoundedStage(s, run.stop.finished)
+            for s in (ext.stage(view) for ext in self._extensions) if s is not None
+        ]
         with run.stop.run_scope as run_scope:
             async with anyio.create_task_group() as tg:
                 run.eval_leases.attach(tg)
