@@ -77,7 +77,9 @@ import itertools
 import json
 import math
 import os
+import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -98,6 +100,9 @@ from art_trio.sim.measures import measure
 from art_trio.sim.recorder import Outcome, Recorder
 from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 from art_trio.timeline import draw, load_timeline, record_timeline
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_tables import LABELS, in_flight_ratios, mean_of, ratios, table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,9 @@ def _build_art_trio_in_flight(args: tuple[Any, ...], setting: Setting) -> Any:
 #: The arms, in the order they run for an even seed (reversed for an odd one). A new arm
 #: (another trainer or setting) is one more entry.
 ARMS: list[Arm] = [
-    Arm("art", "ART", "asyncio", _build_art),
-    Arm("art_trio", "art_trio", "trio", _build_art_trio),
-    Arm("art_trio_inflight", "art_trio in-flight", "trio", _build_art_trio_in_flight, True),
+    Arm("art", LABELS["art"], "asyncio", _build_art),
+    Arm("art_trio", LABELS["art_trio"], "trio", _build_art_trio),
+    Arm("art_trio_inflight", LABELS["art_trio_inflight"], "trio", _build_art_trio_in_flight, True),
 ]
 
 
@@ -539,169 +544,13 @@ def run_one(
         "token_policy_age": probe.token_age_sum / probe.tokens_trained
         if probe.tokens_trained
         else math.nan,
-        "answer_tokens_completed": _mean_of(probe.answers_completed),
-        "answer_tokens_trained": _mean_of([n for step in probe.answers_trained for n in step]),
-        "step_answer_tokens_trained": [round(_mean_of(step), 1) for step in probe.answers_trained],
+        "answer_tokens_completed": mean_of(probe.answers_completed),
+        "answer_tokens_trained": mean_of([n for step in probe.answers_trained for n in step]),
+        "step_answer_tokens_trained": [round(mean_of(step), 1) for step in probe.answers_trained],
         "step_answer_tokens_completed": [
-            round(_mean_of(step), 1) for step in probe.answers_completed_by_step
+            round(mean_of(step), 1) for step in probe.answers_completed_by_step
         ],
     }
-
-
-def _mean_of(values: list[int]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def _fmt(value: Any, spec: str = ".2f") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec)
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    header = (
-        "| M | seed | trainer | wall s | steps | inference-s per trained group | rollout-s per "
-        "trained group | started | wasted | cancelled | tokens generated | tokens aborted | "
-        "tokens stale | tokens thrown away | tokens per trained token | "
-        "mean policy age (token-weighted) | trainer utilization | inference share | "
-        "time to target s | "
-        "train s per step (load gauge) | load cap measured / held back / race capped | "
-        "ended together (by cohort) | "
-        "step rewards |"
-    )
-    lines = [header, "|" + "---|" * 23]
-    for r in rows:
-        lines.append(
-            f"| {r['max_steps_off_policy']} | {r['seed']} | "
-            f"{get_arm(r['kind']).label} | {_fmt(r['wall_s'], '.0f')} | "
-            f"{r['steps']}{' (timed out)' if r.get('timed_out') else ''} | "
-            f"{_fmt(r['inference_s_per_trained_group'])} | "
-            f"{_fmt(r['rollout_s_per_trained_group'])} | {r['rollouts_started']} | "
-            f"{_fmt(r['wasted'], 'd')} | {r['cancelled']} | {r.get('tokens_generated', '-')} | "
-            f"{r.get('tokens_aborted', '-')} | {r.get('tokens_stale', '-')} | "
-            f"{r.get('tokens_thrown_away', '-')} | "
-            f"{_fmt(r.get('scheduling_tokens_per_trained_token'))} | "
-            f"{_fmt(r.get('token_policy_age'))} | {_fmt(r['trainer_utilization'])} | "
-            f"{_fmt(r['inference_share_of_serial'])} | {_fmt(r['time_to_target_s'], '.0f')} | "
-            f"{_fmt(r.get('training_s_per_step'), '.1f')} | "
-            f"{r.get('load_model_measured', 0)} / {r.get('held_back_by_load_cap', 0)} / "
-            f"{r.get('race_capped', 0)} | {r.get('ended_together', '-')} "
-            f"({r.get('ended_together_by_cohort', '-')}) | "
-            f"{' '.join(str(x) for x in r['step_rewards'])} |"
-        )
-    return "\n".join(lines)
-
-
-def _mean(rows: list[dict[str, Any]], kind: str, key: str, m: int) -> float | None:
-    """The mean of ``key`` over the arm's runs at max_steps_off_policy ``m`` (None if none
-    has it: unreached, or not measured)."""
-    values = [
-        r[key]
-        for r in rows
-        if r["kind"] == kind
-        and r["max_steps_off_policy"] == m
-        and r.get(key) is not None
-        and not (isinstance(r[key], float) and math.isnan(r[key]))
-    ]
-    return statistics.fmean(values) if values else None
-
-
-def _reached(rows: list[dict[str, Any]], kind: str, m: int) -> tuple[int, int]:
-    """(runs of the arm at ``m`` that reached the reward target, runs)."""
-    runs = [r for r in rows if r["kind"] == kind and r["max_steps_off_policy"] == m]
-    return sum(r["time_to_target_s"] is not None for r in runs), len(runs)
-
-
-def ratios(rows: list[dict[str, Any]]) -> str:
-    """Each arm against ART (the first arm) per max_steps_off_policy: means over seeds. The
-    time-to-target ratio is over the seeds where both reached the target; a target counts as
-    met only where the arm reached it at every seed."""
-    out = [
-        "| M | arm | inference-s per trained group (arm / ART) | tokens per trained token "
-        "(arm / ART) | reached the reward target (arm, ART) | time to target (arm / ART, "
-        "seeds both reached) | targets: <= 0.6 and <= 0.85 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    base = ARMS[0].name
-    others = [a for a in ARMS[1:] if any(r["kind"] == a.name for r in rows)]
-    for m in sorted({r["max_steps_off_policy"] for r in rows}):
-        for arm in others:
-            inf = _mean_ratio(rows, arm.name, base, "inference_s_per_trained_group", m)
-            waste = _mean_ratio(rows, arm.name, base, "scheduling_tokens_per_trained_token", m)
-            ttt = _paired_ratio(rows, arm.name, base, "time_to_target_s", m)
-            reached, runs = _reached(rows, arm.name, m)
-            base_reached, base_runs = _reached(rows, base, m)
-            met = (
-                "not met"
-                if reached < runs or inf is None or ttt is None
-                else ("met" if inf <= 0.6 and ttt <= 0.85 else "not met")
-            )
-            out.append(
-                f"| {m} | {arm.label} | {_fmt(inf)} | {_fmt(waste)} | {reached}/{runs}, "
-                f"{base_reached}/{base_runs} | {_fmt(ttt)} | {met} |"
-            )
-    return "\n".join(out)
-
-
-def _mean_ratio(rows: list[dict[str, Any]], kind: str, base: str, key: str, m: int) -> float | None:
-    """Mean of ``key`` for ``kind`` over mean for ``base``, each over all its runs at ``m``."""
-    a, b = _mean(rows, kind, key, m), _mean(rows, base, key, m)
-    return a / b if a is not None and b else None
-
-
-def _paired_ratio(
-    rows: list[dict[str, Any]], kind: str, base: str, key: str, m: int
-) -> float | None:
-    """Mean of ``key`` for ``kind`` over mean for ``base``, over the seeds where both have it."""
-
-    def by_seed(name: str) -> dict[int, float]:
-        return {
-            r["seed"]: r[key]
-            for r in rows
-            if r["kind"] == name and r["max_steps_off_policy"] == m and r[key] is not None
-        }
-
-    a, b = by_seed(kind), by_seed(base)
-    seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return None
-    return statistics.fmean(a[s] for s in seeds) / statistics.fmean(b[s] for s in seeds)
-
-
-def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
-    """In-flight / cancellation (``art_trio``) per max_steps_off_policy, means over seeds."""
-    out = [
-        "| M | inference-s per trained group (in-flight / cancellation) | mean policy age "
-        "(in-flight - cancellation) | time to target (in-flight / cancellation, seeds both "
-        "reached) | tokens thrown away (in-flight / cancellation) | tokens per trained token "
-        "(in-flight / cancellation) | floor: cancellation's tokens without its stale and "
-        "aborted ones |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for m in sorted({r["max_steps_off_policy"] for r in rows}):
-
-        def mean(kind: str, key: str, m: int = m) -> float | None:
-            return _mean(rows, kind, key, m)
-
-        def ratio(key: str, m: int = m) -> float | None:
-            return _mean_ratio(rows, "art_trio_inflight", "art_trio", key, m)
-
-        a, b = mean("art_trio_inflight", "token_policy_age"), mean("art_trio", "token_policy_age")
-        generated = mean("art_trio", "tokens_generated")
-        lost = [mean("art_trio", key) for key in ("tokens_stale", "tokens_aborted")]
-        floor = (
-            1 - (lost[0] + lost[1]) / generated
-            if generated and lost[0] is not None and lost[1] is not None
-            else None
-        )
-        out.append(
-            f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
-            f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
-            f"{_fmt(_paired_ratio(rows, 'art_trio_inflight', 'art_trio', 'time_to_target_s', m))}"
-            f" | {_fmt(ratio('tokens_thrown_away'))} | "
-            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} | {_fmt(floor)} |"
-        )
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -790,7 +639,24 @@ def main(argv: list[str] | None = None) -> None:
         print(in_flight_ratios(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"meta": _meta(argv), "rows": rows}, f, indent=1)
+
+
+def _meta(argv: list[str] | None) -> dict[str, Any]:
+    """What the rows were measured with: ``results_tables.py`` prints it under their table."""
+    from importlib import metadata
+
+    from art_trio.bench.runner import _source_revision
+
+    args = sys.argv[1:] if argv is None else argv
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "openpipe-art": metadata.version("openpipe-art"),
+        "art_trio_revision": _source_revision(),
+        "command": " ".join(["python benchmarks/llm_scheduler_bench.py", *args]),
+    }
 
 
 if __name__ == "__main__":

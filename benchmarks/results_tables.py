@@ -1,12 +1,14 @@
-"""The README's results tables, written from the committed benchmark results, never typed.
+"""The results tables of README.md and docs/, written from committed benchmark results, never typed.
 
-    python benchmarks/results_tables.py           # rewrite the tables in README.md
-    python benchmarks/results_tables.py --check   # exit 1 if README.md differs from them
+    python benchmarks/results_tables.py           # rewrite the tables
+    python benchmarks/results_tables.py --check   # exit 1 if a document differs from them
 
 The doubles table comes from benchmarks/baseline.json, the run the performance gate holds
-every later run to (`python benchmarks/perf_gate.py --write-baseline` makes it); each table
-names the commit and the versions it was measured with. A table sits between
-`<!-- results:NAME -->` and `<!-- /results:NAME -->` in README.md.
+every later run to (`python benchmarks/perf_gate.py --write-baseline` makes it). Each real-model
+table comes from a saved run of `llm_scheduler_bench.py --json benchmarks/results/llm-NAME.json`
+and is named `llm-NAME`. Each table names the commit, the versions and the command it was
+measured with, and sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in one
+or more of the documents below.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from llm_tables import summary  # noqa: E402
 from perf_gate import BASELINE, OVERHEAD, SCHEDULING, Figures, medians  # noqa: E402
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+#: The documents the tables are written into.
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "agent-task.md", ROOT / "docs" / "real-model.md")
+#: Saved real-model runs, one table each.
+LLM_RESULTS = Path(__file__).parent / "results"
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -35,9 +42,7 @@ def _label(spec: dict[str, Any]) -> str:
 
 
 def _cells(figures: dict[str, dict[str, float]], metric: str, kinds: Sequence[str]) -> str:
-    return " / ".join(
-        f"{figures[k][metric]:.3f}" if k in figures else "n/a" for k in kinds
-    )
+    return " / ".join(f"{figures[k][metric]:.3f}" if k in figures else "n/a" for k in kinds)
 
 
 def _measured(meta: dict[str, Any], command: str) -> str:
@@ -82,36 +87,50 @@ def doubles_table(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def render(readme: str, tables: dict[str, str]) -> str:
+def tables() -> dict[str, str]:
+    """Every table, by name, from the committed results."""
+    out = {"doubles": doubles_table(json.loads(BASELINE.read_text()))}
+    for path in sorted(LLM_RESULTS.glob("llm-*.json")):
+        out[path.stem] = summary(json.loads(path.read_text()))
+    return out
+
+
+def render(text: str, tables: dict[str, str]) -> str:
+    """``text`` with each table's block rewritten (a block it does not hold is left alone)."""
     for name, table in tables.items():
         pattern = re.compile(
             rf"(<!-- results:{name} -->\n)(?:.*?\n)?(<!-- /results:{name} -->)", re.DOTALL
         )
-        if not pattern.search(readme):
-            raise SystemExit(f"README.md has no <!-- results:{name} --> block to write into")
-        readme = pattern.sub(
-            lambda m, table=table: m.group(1) + table + "\n" + m.group(2), readme
-        )
-    return readme
+        text = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="fail if README.md is not current")
+    parser.add_argument("--check", action="store_true", help="fail if a document is not current")
     args = parser.parse_args(argv)
-    tables = {"doubles": doubles_table(json.loads(BASELINE.read_text()))}
-    current = README.read_text()
-    wanted = render(current, tables)
-    if args.check:
-        if wanted != current:
-            print(
-                "README.md's results tables differ from benchmarks/baseline.json: run "
-                "`python benchmarks/results_tables.py` and commit README.md",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    README.write_text(wanted)
+    wanted = tables()
+    texts = {path: path.read_text() for path in DOCUMENTS}
+    placed = {
+        name for name in wanted for text in texts.values() if f"<!-- results:{name} -->" in text
+    }
+    if missing := sorted(set(wanted) - placed):
+        raise SystemExit(f"no document has a <!-- results:NAME --> block for {missing}")
+    stale = []
+    for path, text in texts.items():
+        new = render(text, wanted)
+        if new == text:
+            continue
+        stale.append(path.relative_to(ROOT))
+        if not args.check:
+            path.write_text(new)
+    if args.check and stale:
+        print(
+            f"{', '.join(map(str, stale))}: results tables differ from the committed results: "
+            "run `python benchmarks/results_tables.py` and commit them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -423,7 +423,9 @@ TASKS: dict[str, LLMTask] = {
         rollout=lookup_rollout,
         eval_fn=lookup_eval_fn,
         group_size=4,
-        reward_target=0.5,
+        # The untrained policy already scores 0.54 (a right call alone earns 0.4): three
+        # quarters needs the tool's number in most answers.
+        reward_target=0.75,
         # A rollout that calls the tool spans two or three steps: more rollouts in flight, and
         # a bound they can meet (ART's own default is 4).
         demo_defaults={
