@@ -588,6 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--timeline-dpi", type=int, default=80, help="the pictures' dpi")
     args = parser.parse_args(argv)
+    meta = _meta(argv)  # the code measured, before the runs (the checkout may move meanwhile)
     if args.timeline is not None:
         args.timeline.mkdir(parents=True, exist_ok=True)
     task = get_task(args.task)
@@ -639,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
         print(in_flight_ratios(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": _meta(argv), "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 def _meta(argv: list[str] | None) -> dict[str, Any]:

