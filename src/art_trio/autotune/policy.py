@@ -17,7 +17,9 @@ window at the target moves down (halfway to `low`, or by Little's law's estimate
 rollouts in flight the trainer needs). When `high` is the next count above `low` (or within
 `settle_fraction` of it) the search has settled and holds. Hysteresis:
 
-- a window right after a change is not judged (`skip_steps_after_change`);
+- a window right after a change is not judged (`skip_steps_after_change`), nor, after a
+  decrease, until the larger pool's backlog is trained or stale
+  (`skip_steps_after_decrease`);
 - a window counts as "fed" only at `target + band` or more and as "starved" below `target`;
   between the two it holds. The band lies above the target so that the count the search
   settles on was seen with a margin, and its windows' noise stays at or above the target;
@@ -77,6 +79,11 @@ class AutotunePolicy:
     min_window_groups: int = 64
     #: Steps after a change before a window starts (they still ran at the old size).
     skip_steps_after_change: int = 1
+    #: Steps after a decrease before a window starts: groups the larger pool rolled out
+    #: still feed the trainer until the staleness bound retires them, so a window begun
+    #: sooner sees a smaller pool fed by its predecessor's backlog (the trainer sets this to
+    #: `max_steps_off_policy + 1`).
+    skip_steps_after_decrease: int = 1
     #: A window is "fed" only at `target + band` or more, "starved" below `target` (between:
     #: hold).
     band: float = 0.02
@@ -176,8 +183,8 @@ class AutotunePolicy:
         self.settled_at_step = None
         self._restart_window()
 
-    def _restart_window(self) -> None:
-        self._skip = max(self._skip, self.skip_steps_after_change)
+    def _restart_window(self, skip: int | None = None) -> None:
+        self._skip = max(self._skip, self.skip_steps_after_change if skip is None else skip)
         self._start = None
         self._here = 0
         self._here_utilization = 1.0
@@ -212,9 +219,12 @@ class AutotunePolicy:
                 (self.num_rollout_workers, window.utilization)
                 if decision.action == "increase_workers" else None
             )
+            decreased = decision.num_rollout_workers < self.num_rollout_workers
             self.num_rollout_workers = decision.num_rollout_workers
             self.min_batch_size = decision.min_batch_size
-            self._restart_window()
+            self._restart_window(
+                max(self.skip_steps_after_change, self.skip_steps_after_decrease)
+                if decreased else None)
             if self._skip == 0:
                 self._start = stats
             self.settled_at_step = None
