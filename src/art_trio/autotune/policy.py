@@ -140,6 +140,8 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: The window after an increase fell below the one before it: the next decides.
+        self._harm_pending = False
         #: The count and utilization before the last increase (None: the last change was
         #: not an increase, or it has been judged).
         self._before_increase: tuple[int, float] | None = None
@@ -189,6 +191,7 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self._starved_in_a_row = 0
+        self._harm_pending = False
 
     # -- the one entry point ---------------------------------------------------------------
 
@@ -243,6 +246,8 @@ class AutotunePolicy:
         harm = self._more_did_not_help(w, n)
         if harm is not None:
             back, why = harm
+            if back is None:
+                return self._hold(w, step, n, why)
             self.ceiling = max(self.min_workers, back)
             # Lifted when rollouts get much slower, not by Little's estimate (which the
             # discarded work and the contention themselves inflate).
@@ -389,9 +394,9 @@ class AutotunePolicy:
                                 self.min_batch_size, False, d.window)
         return d
 
-    def _more_did_not_help(self, w: Window, n: int) -> tuple[int, str] | None:
+    def _more_did_not_help(self, w: Window, n: int) -> tuple[int | None, str] | None:
         """After an increase, still starved: the count to go back to if more workers did not
-        feed the trainer (and why), else None.
+        feed the trainer (and why), None for it to judge one more window first, else None.
 
         Starvation is not always a lack of workers: more of them can compete for the host's
         CPU or the inference server (utilization falls), or, with eager admission, roll out
@@ -404,9 +409,23 @@ class AutotunePolicy:
             return None
         n0, u0 = before
         util = f"utilization {w.utilization:.3f} at {n} workers"
-        if w.utilization < u0 - self.harm_margin:
+        if self._harm_pending:
+            self._harm_pending = False
             self._flat_since = None
-            return n0, f"{util}, below the {u0:.3f} at {n0}: more workers made it worse"
+            if self._here_utilization < u0 - self.harm_margin:
+                return n0, (f"utilization {self._here_utilization:.3f} over {self._here} "
+                            f"windows at {n} workers, below the {u0:.3f} at {n0}: more "
+                            "workers made it worse")
+            return None
+        if w.utilization < u0 - self.harm_margin:
+            # A window of 64 groups reads up to a tenth off the truth either way, so one fall
+            # this size is noise as often as harm, and the ceiling it sets held a pool short
+            # of the pace's need for the rest of a run: the average with the next window at
+            # this count decides.
+            self._flat_since = None
+            self._before_increase, self._harm_pending = before, True
+            return None, (f"{util}, below the {u0:.3f} at {n0}: more workers made it worse? "
+                          "(judged with the next window)")
         if w.utilization < u0 + self.min_gain and w.stale_done_fraction >= self.stale_done_limit:
             if self._flat_since is None:
                 self._flat_since = (n0, u0)
