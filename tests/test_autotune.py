@@ -146,6 +146,20 @@ def test_drift_moves_a_settled_count_up_after_sustained_starvation():
     assert run.policy.num_rollout_workers == 12
 
 
+def test_a_clear_drop_at_a_marginal_count_moves_it_up_by_the_shortfall_not_a_jump():
+    # 12 settled, then reads 0.88 (two windows under 0.91: a clear drop) while 13 feeds the
+    # trainer: a pool a notch short. The first search's jump (a quarter at least, or
+    # Little's law with headroom) once took such a pool to twice its need late in a run.
+    run = _settled_at_12(lambda i: 0.88)
+    decisions = [d for d in (run.step() for _ in range(200)) if d is not None]
+    up = next(d for d in decisions if d.changed)
+    assert up.action == "increase_workers" and "shortfall here" in up.reason
+    assert up.num_rollout_workers == 14  # 12 x 0.97 / 0.88, rounded up
+    assert max(d.num_rollout_workers for d in decisions) == 14
+    assert 12 < run.policy.num_rollout_workers <= 14
+    assert not any(d.changed for d in decisions[-10:])
+
+
 def test_a_single_window_falling_after_an_increase_is_not_taken_for_harm():
     # Utilization grows with the workers up to 10; 4 -> 8 workers, and the first window at 8
     # reads 0.25 (one unlucky window, 0.15 under the 0.4 at 4). One window once made 4 the

@@ -45,7 +45,7 @@ this: their cancelled racers lower the yield, which raises Little's estimate wit
 Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
 stops it adding workers that would only wait in the server's queue.
 
-(About 470 lines, over the project's ~400: this docstring and one class whose judgement
+(About 490 lines, over the project's ~400: this docstring and one class whose judgement
 steps all read and move the same bracket, ceiling and drift state; split across modules
 they would have to pass it around.)
 """
@@ -140,6 +140,9 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: A window has fed the trainer since the search (re)started: moves up from here are
+        #: sized by the shortfall, not the first search's jumps.
+        self._fed_once = False
         #: The window after an increase fell below the one before it: the next decides.
         self._harm_pending = False
         #: The count and utilization before the last increase (None: the last change was
@@ -183,6 +186,7 @@ class AutotunePolicy:
         self.low = self.high = self.ceiling = self._ceiling_latency = None
         self._before_increase = self._flat_since = None
         self.settled_at_step = None
+        self._fed_once = False
         self._restart_window()
 
     def _restart_window(self, skip: int | None = None) -> None:
@@ -258,6 +262,7 @@ class AutotunePolicy:
                                 "now on")
         if w.utilization >= self.target + self.band:
             self.high = n if self.high is None else min(self.high, n)
+            self._fed_once = True
             if self.low is not None and self.low >= n:
                 self.low = None  # fed now at a count once seen starving: the load eased
             return self._fed(w, step, n)
@@ -305,7 +310,7 @@ class AutotunePolicy:
         self, w: Window, step: int, n: int, inference: InferenceLoad | None
     ) -> Decision:
         util = f"utilization {w.utilization:.3f} < {self.target:.2f} at {n} workers"
-        slide = False
+        slide = drop = False
         if self.high is not None and self.high <= n:
             # A count once seen feeding the trainer starves it now: drift, or noise.
             drift = self._drift()
@@ -318,6 +323,7 @@ class AutotunePolicy:
             # A slow slide (the average, not a clear drop): a notch more is the next thing
             # to try, not a jump sized by one window's shortfall.
             slide = self._starved_in_a_row < self.drift_windows
+            drop = not slide
             self.high = None
         cap = self._starved_cap(w)
         if cap is not None and n >= cap:
@@ -343,7 +349,7 @@ class AutotunePolicy:
                             n, n, smaller, False, w)
         if n >= self.max_workers:
             return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
-        up, why = self._step_up(w, n, util, slide)
+        up, why = self._step_up(w, n, util, slide, drop)
         if cap is not None and up > cap:
             up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
@@ -364,12 +370,25 @@ class AutotunePolicy:
             return cap
         return self.ceiling
 
-    def _step_up(self, w: Window, n: int, util: str, slide: bool) -> tuple[int, str]:
+    def _step_up(
+        self, w: Window, n: int, util: str, slide: bool, drop: bool
+    ) -> tuple[int, str]:
         """How many workers a starved trainer gets next (before the cap), and why."""
         if self.high is not None:
             return max(n + 1, (n + self.high + 1) // 2), f"{util}; halfway up to {self.high} (fed)"
+        notch = n + max(1, math.floor(self.settle_fraction * n))
         if slide:
-            return n + max(1, math.floor(self.settle_fraction * n)), f"{util}; a notch up"
+            return notch, f"{util}; a notch up"
+        if drop or self._fed_once:
+            # Near a count that fed the trainer (a clear drop there, or the search resumed
+            # above it): the count lacks what this shortfall says (utilization grows with
+            # the workers below the pace's need), a notch when it was only marginal, twice it
+            # when rollouts got twice as slow. The first search's jumps (a quarter at least,
+            # Little's law with headroom) do not fit here: a window of 64 groups reads a
+            # tenth above or below the truth, and a marginal pool judged short by one went
+            # to twice what it needed, the run too far along to come back down.
+            scaled = _ceil(n * min(2.0, (self.target + self.band) / max(w.utilization, 0.05)))
+            return max(notch, scaled), f"{util}; scaled by the shortfall here"
         # By the shortfall as if utilization grew in proportion to workers, but by a quarter
         # at least: it does not near the target (an on-policy race gains ~0.03 per doubling
         # there), and small steps there cost a window each.
