@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import autotune_bench as bench  # noqa: E402
 
-from art_trio.autotune.policy import DEFAULT_TARGET_UTILIZATION  # noqa: E402
+from art_trio import AutotuneConfig  # noqa: E402
 from art_trio.sim.workloads import PRESETS, Workload  # noqa: E402
 from art_trio.testing.distributions import Constant  # noqa: E402
 
@@ -51,7 +51,8 @@ STARTS = (2, 256)
 #: How far a final count may be from the smallest pool, and the final counts from one another
 #: (as a share of the pool, and of their median).
 TOLERANCE = 0.25
-TARGET = DEFAULT_TARGET_UTILIZATION
+#: The tuner's own target (its default: the workload's config sets none).
+TARGET = AutotuneConfig().target_utilization
 #: A fixed pool's utilization is measured from this step on (the first steps wait for the
 #: first rollouts whatever the pool).
 MEASURED_FROM_STEP = 10
