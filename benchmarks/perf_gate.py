@@ -14,6 +14,12 @@ seeds. The tolerances are set from repeated runs on a two-core machine: wide eno
 ordinary noise passes, narrow enough that a fifth of utilization lost (what one admission
 rule cost the on-policy workload) fails by a margin.
 
+Then the autotuner's settling (`autotune_settle.py`, issue 50): from 2 and from 256 workers over
+twenty seeds, its final worker counts within a quarter of the smallest fixed pool that reaches
+its utilization target and of one another. That check runs in the simulator's virtual time
+(seeded; the same figures on any machine, in seconds) and holds against the pool committed
+under `autotune_settle` in the baseline, confirmed by a run of it and of one pool fewer.
+
 Exit code: 0 when every figure holds, 1 when one does not (each failure printed with both
 runs' figures), 2 on bad input.
 """
@@ -139,6 +145,27 @@ def check(current: Figures, baseline: Figures) -> list[str]:
     return failures
 
 
+def _autotune_settle() -> Any:
+    # Imported when used: it imports art_trio and ART, which the judgement of a results
+    # file (and the README's tables, built from this module) does without.
+    sys.path.insert(0, str(Path(__file__).parent))
+    import autotune_settle
+
+    return autotune_settle
+
+
+def settling(baseline: dict[str, Any]) -> list[str]:
+    """The autotuner's settling check, in virtual time, against the baseline's pool."""
+    autotune_settle = _autotune_settle()
+    pool = autotune_settle.committed(baseline)
+    if pool is None:
+        return ["autotune settling: the baseline has no `autotune_settle` section "
+                "(python benchmarks/autotune_settle.py --write-baseline REVISION)"]
+    figures = autotune_settle.measure(False, pool)
+    print(autotune_settle.report(figures))
+    return [f"autotune settling: {f}" for f in autotune_settle.failures(figures, pool)]
+
+
 def run_bench(kinds: Sequence[str], out: Path) -> dict[str, Any]:
     """Run the gate's workloads with `art-trio bench`; its JSON results."""
     from art_trio.bench.runner import main as bench
@@ -182,7 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.write_baseline:
-        run_bench(BASELINE_KINDS, args.baseline)
+        written = run_bench(BASELINE_KINDS, args.baseline)
+        autotune_settle = _autotune_settle()
+        settle = autotune_settle.write_baseline(
+            args.baseline, written["meta"].get("art_trio_revision", "?"))
+        print(autotune_settle.report(settle))
         print(f"perf gate: baseline written to {args.baseline}")
         return 0
     try:
@@ -200,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             results = run_bench(GATE_KINDS, Path(tmp) / "gate.json")
     failures = check(medians(results), medians(baseline))
+    failures += settling(baseline)
     revision = baseline["meta"].get("art_trio_revision", "?")
     if failures:
         print(f"perf gate: {len(failures)} figure(s) fail against ART and baseline {revision}:")

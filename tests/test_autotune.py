@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from art_trio import PipelineTrainer, trio_native
+from art_trio.autotune import Autotuner
 from art_trio.autotune.policy import AutotunePolicy
 from art_trio.autotune.profile import (
     AutotuneConfig,
@@ -19,6 +21,7 @@ from art_trio.autotune.profile import (
     save_profile,
 )
 from art_trio.autotune.window import InferenceLoad, parse_vllm_metrics
+from art_trio.config.settings import PipelineSettings
 from art_trio.messages.errors import ProfileError
 from art_trio.messages.events import RunStatistics
 from art_trio.plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
@@ -141,6 +144,69 @@ def test_drift_moves_a_settled_count_up_after_sustained_starvation():
             first = d
     assert first is not None and not first.changed and "drift?" in first.reason
     assert run.policy.num_rollout_workers == 12
+
+
+def test_a_clear_drop_at_a_marginal_count_moves_it_up_by_the_shortfall_not_a_jump():
+    # 12 settled, then reads 0.88 (two windows under 0.91: a clear drop) while 13 feeds the
+    # trainer: a pool a notch short. The first search's jump (a quarter at least, or
+    # Little's law with headroom) once took such a pool to twice its need late in a run.
+    run = _settled_at_12(lambda i: 0.88)
+    decisions = [d for d in (run.step() for _ in range(200)) if d is not None]
+    up = next(d for d in decisions if d.changed)
+    assert up.action == "increase_workers" and "shortfall here" in up.reason
+    assert up.num_rollout_workers == 14  # 12 x 0.97 / 0.88, rounded up
+    assert max(d.num_rollout_workers for d in decisions) == 14
+    assert 12 < run.policy.num_rollout_workers <= 14
+    assert not any(d.changed for d in decisions[-10:])
+
+
+def test_a_single_window_falling_after_an_increase_is_not_taken_for_harm():
+    # Utilization grows with the workers up to 10; 4 -> 8 workers, and the first window at 8
+    # reads 0.25 (one unlucky window, 0.15 under the 0.4 at 4). One window once made 4 the
+    # ceiling for the rest of the run.
+    seen = {"n8": 0}
+
+    def utilization(n: int) -> float:
+        if n == 8:
+            seen["n8"] += 1
+            if seen["n8"] <= 5:  # the skipped step and the first window's four
+                return 0.25
+        return min(1.0, n / 10)
+
+    run = FakeRun(_policy(4), utilization)
+    decisions = [d for d in (run.step() for _ in range(200)) if d is not None]
+    assert any("judged with the next window" in d.reason for d in decisions)
+    assert not any("made it worse;" in d.reason for d in decisions)
+    assert run.policy.ceiling is None and run.policy.num_rollout_workers >= 10
+
+
+def test_a_fall_confirmed_by_the_next_window_is_harm():
+    run = FakeRun(_policy(6), lambda n: 0.7 if n <= 6 else 0.55)
+    decisions = [d for d in (run.step() for _ in range(100)) if d is not None]
+    held = next(i for i, d in enumerate(decisions) if "judged with the next window" in d.reason)
+    assert "over 2 windows" in decisions[held + 1].reason
+    assert decisions[held + 1].num_rollout_workers == 6 and run.policy.ceiling == 6
+
+
+def test_after_a_decrease_no_window_starts_until_the_old_pools_groups_are_retired():
+    # Fed at any count: from 256 the policy decreases after every window. Each window after
+    # a decrease starts skip_steps_after_decrease steps later (the trainer sets it to
+    # max_steps_off_policy + 1), after an increase one step later.
+    run = FakeRun(_policy(256, skip_steps_after_decrease=3), lambda n: 1.0)
+    decisions = [d for d in (run.step() for _ in range(60)) if d is not None]
+    steps = [d.step for d in decisions if d.action == "decrease_workers"]
+    assert len(steps) >= 3
+    assert {b - a for a, b in zip(steps, steps[1:], strict=False)} == {3 + 4}
+
+
+@pytest.mark.parametrize("bound", [0, 2, None])
+def test_the_trainer_sets_the_skip_after_a_decrease_from_its_staleness_bound(model, bound):
+    settings = PipelineSettings.from_flat({"max_steps_off_policy": bound})
+    run: Any = SimpleNamespace(model=model, settings=lambda: settings, stop=None,
+                               observe=None, status=None, statistics=None, resize=None)
+    stage = Autotuner(AutotuneConfig(mode="online")).stage(run)
+    assert stage is not None
+    assert stage.policy.skip_steps_after_decrease == (1 if bound is None else bound + 1)
 
 
 @pytest.mark.parametrize("start", [4, 256])

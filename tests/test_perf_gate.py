@@ -132,3 +132,55 @@ def test_a_real_model_table_is_rendered_from_its_rows() -> None:
     assert "floor, cancellation's tokens without its stale and aborted ones: 0.99" in text
     assert "100 / 150" in text  # art_trio's time to target per seed
     assert "art_trio abc1234 on 2026-12-06" in text and "--task lookup" in text
+
+
+# -- the autotuner's settling (issue 50): judged on counts, run in virtual time by the gate --
+
+
+def _settle() -> Any:
+    import autotune_settle
+
+    return autotune_settle
+
+
+def test_the_baselines_settling_figures_pass_their_own_judgement(baseline: dict[str, Any]) -> None:
+    settle = _settle()
+    section = baseline["autotune_settle"]
+    assert section["smallest_pool"] == settle.committed(baseline)
+    assert settle.failures(section, None) == []
+
+
+@pytest.mark.parametrize(
+    ("ends", "expect"),
+    [
+        ({2: [9, 9, 10], 256: [8, 9, 9]}, []),
+        # What main's tuner did before issue 50: one run two-thirds over, far from the rest.
+        ({2: [9, 9, 9], 256: [8, 16, 9]}, ["start 256 seed 1", "final counts"]),
+        # Within a quarter of the pool each, but 7 and 11 are more than a quarter apart.
+        ({2: [7, 9, 9], 256: [11, 9, 9]}, ["final counts"]),
+        # Together, but all well below the pool that feeds the trainer.
+        (
+            {2: [6, 6, 6], 256: [6, 6, 6]},
+            [
+                "start 2 seed 0",
+                "start 2 seed 1",
+                "start 2 seed 2",
+                "start 256 seed 0",
+                "start 256 seed 1",
+                "start 256 seed 2",
+            ],
+        ),
+    ],
+)
+def test_settling_fails_a_count_far_from_the_pool_or_from_the_others(
+    ends: dict[int, list[int]], expect: list[str]
+) -> None:
+    failures = _settle().judge(ends, 9)
+    assert [f for f in failures if not any(f.startswith(e) for e in expect)] == []
+    assert len(failures) == len(expect)
+
+
+def test_settling_fails_when_the_smallest_pool_moved(baseline: dict[str, Any]) -> None:
+    moved = copy.deepcopy(baseline["autotune_settle"]) | {"pool_confirmed": False}
+    failures = _settle().failures(moved, 9)
+    assert len(failures) == 1 and "no longer 9" in failures[0]

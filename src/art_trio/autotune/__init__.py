@@ -39,6 +39,11 @@ class Autotuner:
         })
         if self.max_workers is not None:
             policy.max_workers = min(policy.max_workers, self.max_workers)
+        bound = run.settings().freshness.max_steps_off_policy
+        if bound is not None:
+            # A rollout of policy v is trained by step v + bound at the latest: after that
+            # many steps and one more, no group of the pool before a decrease is left.
+            policy.skip_steps_after_decrease = bound + 1
         self._stage = AutotuneStage(
             policy=policy, config=self.config, model=run.model, settings=run.settings,
             stop=run.stop, observe=run.observe, status=run.status,

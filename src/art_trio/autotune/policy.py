@@ -17,7 +17,9 @@ window at the target moves down (halfway to `low`, or by Little's law's estimate
 rollouts in flight the trainer needs). When `high` is the next count above `low` (or within
 `settle_fraction` of it) the search has settled and holds. Hysteresis:
 
-- a window right after a change is not judged (`skip_steps_after_change`);
+- a window right after a change is not judged (`skip_steps_after_change`), nor, after a
+  decrease, until the larger pool's backlog is trained or stale
+  (`skip_steps_after_decrease`);
 - a window counts as "fed" only at `target + band` or more and as "starved" below `target`;
   between the two it holds. The band lies above the target so that the count the search
   settles on was seen with a margin, and its windows' noise stays at or above the target;
@@ -43,7 +45,7 @@ this: their cancelled racers lower the yield, which raises Little's estimate wit
 Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
 stops it adding workers that would only wait in the server's queue.
 
-(About 470 lines, over the project's ~400: this docstring and one class whose judgement
+(About 490 lines, over the project's ~400: this docstring and one class whose judgement
 steps all read and move the same bracket, ceiling and drift state; split across modules
 they would have to pass it around.)
 """
@@ -77,6 +79,11 @@ class AutotunePolicy:
     min_window_groups: int = 64
     #: Steps after a change before a window starts (they still ran at the old size).
     skip_steps_after_change: int = 1
+    #: Steps after a decrease before a window starts: groups the larger pool rolled out
+    #: still feed the trainer until the staleness bound retires them, so a window begun
+    #: sooner sees a smaller pool fed by its predecessor's backlog (the trainer sets this to
+    #: `max_steps_off_policy + 1`).
+    skip_steps_after_decrease: int = 1
     #: A window is "fed" only at `target + band` or more, "starved" below `target` (between:
     #: hold).
     band: float = 0.02
@@ -133,6 +140,11 @@ class AutotunePolicy:
         self._here = 0
         self._here_utilization = 1.0
         self.settled_at_step: int | None = None
+        #: A window has fed the trainer since the search (re)started: moves up from here are
+        #: sized by the shortfall, not the first search's jumps.
+        self._fed_once = False
+        #: The window after an increase fell below the one before it: the next decides.
+        self._harm_pending = False
         #: The count and utilization before the last increase (None: the last change was
         #: not an increase, or it has been judged).
         self._before_increase: tuple[int, float] | None = None
@@ -174,14 +186,16 @@ class AutotunePolicy:
         self.low = self.high = self.ceiling = self._ceiling_latency = None
         self._before_increase = self._flat_since = None
         self.settled_at_step = None
+        self._fed_once = False
         self._restart_window()
 
-    def _restart_window(self) -> None:
-        self._skip = max(self._skip, self.skip_steps_after_change)
+    def _restart_window(self, skip: int | None = None) -> None:
+        self._skip = max(self._skip, self.skip_steps_after_change if skip is None else skip)
         self._start = None
         self._here = 0
         self._here_utilization = 1.0
         self._starved_in_a_row = 0
+        self._harm_pending = False
 
     # -- the one entry point ---------------------------------------------------------------
 
@@ -212,9 +226,12 @@ class AutotunePolicy:
                 (self.num_rollout_workers, window.utilization)
                 if decision.action == "increase_workers" else None
             )
+            decreased = decision.num_rollout_workers < self.num_rollout_workers
             self.num_rollout_workers = decision.num_rollout_workers
             self.min_batch_size = decision.min_batch_size
-            self._restart_window()
+            self._restart_window(
+                max(self.skip_steps_after_change, self.skip_steps_after_decrease)
+                if decreased else None)
             if self._skip == 0:
                 self._start = stats
             self.settled_at_step = None
@@ -233,6 +250,8 @@ class AutotunePolicy:
         harm = self._more_did_not_help(w, n)
         if harm is not None:
             back, why = harm
+            if back is None:
+                return self._hold(w, step, n, why)
             self.ceiling = max(self.min_workers, back)
             # Lifted when rollouts get much slower, not by Little's estimate (which the
             # discarded work and the contention themselves inflate).
@@ -243,6 +262,7 @@ class AutotunePolicy:
                                 "now on")
         if w.utilization >= self.target + self.band:
             self.high = n if self.high is None else min(self.high, n)
+            self._fed_once = True
             if self.low is not None and self.low >= n:
                 self.low = None  # fed now at a count once seen starving: the load eased
             return self._fed(w, step, n)
@@ -290,7 +310,7 @@ class AutotunePolicy:
         self, w: Window, step: int, n: int, inference: InferenceLoad | None
     ) -> Decision:
         util = f"utilization {w.utilization:.3f} < {self.target:.2f} at {n} workers"
-        slide = False
+        slide = drop = False
         if self.high is not None and self.high <= n:
             # A count once seen feeding the trainer starves it now: drift, or noise.
             drift = self._drift()
@@ -303,6 +323,7 @@ class AutotunePolicy:
             # A slow slide (the average, not a clear drop): a notch more is the next thing
             # to try, not a jump sized by one window's shortfall.
             slide = self._starved_in_a_row < self.drift_windows
+            drop = not slide
             self.high = None
         cap = self._starved_cap(w)
         if cap is not None and n >= cap:
@@ -328,7 +349,7 @@ class AutotunePolicy:
                             n, n, smaller, False, w)
         if n >= self.max_workers:
             return self._hold(w, step, n, f"{util}; at max_workers and min_batch_size 1")
-        up, why = self._step_up(w, n, util, slide)
+        up, why = self._step_up(w, n, util, slide, drop)
         if cap is not None and up > cap:
             up, why = cap, f"{why} (capped at {self.little_factor:g}x Little's law)"
         return self._change(w, step, n, min(up, self.max_workers), "increase_workers", why)
@@ -349,12 +370,25 @@ class AutotunePolicy:
             return cap
         return self.ceiling
 
-    def _step_up(self, w: Window, n: int, util: str, slide: bool) -> tuple[int, str]:
+    def _step_up(
+        self, w: Window, n: int, util: str, slide: bool, drop: bool
+    ) -> tuple[int, str]:
         """How many workers a starved trainer gets next (before the cap), and why."""
         if self.high is not None:
             return max(n + 1, (n + self.high + 1) // 2), f"{util}; halfway up to {self.high} (fed)"
+        notch = n + max(1, math.floor(self.settle_fraction * n))
         if slide:
-            return n + max(1, math.floor(self.settle_fraction * n)), f"{util}; a notch up"
+            return notch, f"{util}; a notch up"
+        if drop or self._fed_once:
+            # Near a count that fed the trainer (a clear drop there, or the search resumed
+            # above it): the count lacks what this shortfall says (utilization grows with
+            # the workers below the pace's need), a notch when it was only marginal, twice it
+            # when rollouts got twice as slow. The first search's jumps (a quarter at least,
+            # Little's law with headroom) do not fit here: a window of 64 groups reads a
+            # tenth above or below the truth, and a marginal pool judged short by one went
+            # to twice what it needed, the run too far along to come back down.
+            scaled = _ceil(n * min(2.0, (self.target + self.band) / max(w.utilization, 0.05)))
+            return max(notch, scaled), f"{util}; scaled by the shortfall here"
         # By the shortfall as if utilization grew in proportion to workers, but by a quarter
         # at least: it does not near the target (an on-policy race gains ~0.03 per doubling
         # there), and small steps there cost a window each.
@@ -379,9 +413,9 @@ class AutotunePolicy:
                                 self.min_batch_size, False, d.window)
         return d
 
-    def _more_did_not_help(self, w: Window, n: int) -> tuple[int, str] | None:
+    def _more_did_not_help(self, w: Window, n: int) -> tuple[int | None, str] | None:
         """After an increase, still starved: the count to go back to if more workers did not
-        feed the trainer (and why), else None.
+        feed the trainer (and why), None for it to judge one more window first, else None.
 
         Starvation is not always a lack of workers: more of them can compete for the host's
         CPU or the inference server (utilization falls), or, with eager admission, roll out
@@ -394,9 +428,23 @@ class AutotunePolicy:
             return None
         n0, u0 = before
         util = f"utilization {w.utilization:.3f} at {n} workers"
-        if w.utilization < u0 - self.harm_margin:
+        if self._harm_pending:
+            self._harm_pending = False
             self._flat_since = None
-            return n0, f"{util}, below the {u0:.3f} at {n0}: more workers made it worse"
+            if self._here_utilization < u0 - self.harm_margin:
+                return n0, (f"utilization {self._here_utilization:.3f} over {self._here} "
+                            f"windows at {n} workers, below the {u0:.3f} at {n0}: more "
+                            "workers made it worse")
+            return None
+        if w.utilization < u0 - self.harm_margin:
+            # A window of 64 groups reads up to a tenth off the truth either way, so one fall
+            # this size is noise as often as harm, and the ceiling it sets held a pool short
+            # of the pace's need for the rest of a run: the average with the next window at
+            # this count decides.
+            self._flat_since = None
+            self._before_increase, self._harm_pending = before, True
+            return None, (f"{util}, below the {u0:.3f} at {n0}: more workers made it worse? "
+                          "(judged with the next window)")
         if w.utilization < u0 + self.min_gain and w.stale_done_fraction >= self.stale_done_limit:
             if self._flat_since is None:
                 self._flat_since = (n0, u0)
