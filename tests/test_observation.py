@@ -31,7 +31,7 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.config.keywords import RESOLVED_LATER, SettingKeywords
+from art_trio.config.keywords import RESOLVED_LATER, keyword_type
 from art_trio.config.settings import FIELDS, GROUP_TYPES
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
@@ -144,7 +144,7 @@ def test_the_settings_have_one_source() -> None:
     for name, parameter in signature.parameters.items():
         if name in FIELDS and parameter.default is not None:
             assert parameter.default == defaults.get(name), name
-    hints = get_type_hints(SettingKeywords, vars(art_trio.config.keywords))
+    hints = {name: keyword_type(name) for name in FIELDS}
     declared = {
         name: get_type_hints(GROUP_TYPES[group], vars(art_trio.config.settings))[name]
         for name, group in FIELDS.items()

@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Generic, Unpack
+from typing import Any, Generic
 
 import anyio
 import art
@@ -27,13 +27,12 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..config.backend_support import check_backend_support
+from ..config.keywords import fit_executor as _fit_executor
 from ..config.keywords import (
-    SettingKeywords,
     resolve_settings,
     score_references,
     spell_out_settings,
 )
-from ..config.keywords import fit_executor as _fit_executor
 from ..config.settings import FIELDS, PipelineSettings
 from ..messages.errors import LoopUnresponsive, _LoopClosed
 from ..messages.events import Observer, Observers, Resized, RunStatistics
@@ -103,7 +102,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         eval_step_0: bool = True,
         extensions: Sequence[StageExtension] = (),
         progress_keeper: Callable[[art.TrainableModel], ProgressKeeper] | None = None,
-        **settings: Unpack[SettingKeywords],
+        **settings: Any,
     ) -> None:
         # The settings keywords, each as art_trio.config.settings declares it (`inspect` shows them
         # one by one: see keywords.trainer_signature, applied below the class).
