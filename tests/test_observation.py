@@ -178,12 +178,12 @@ async def test_the_library_logs_and_prints_only_its_status_line(
 async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
 ) -> None:
-    """The run freezes what existed before it (see trainer._long_lived_objects_frozen) and
+    """The run freezes what existed before it (see supervision.long_lived_objects_frozen) and
     hands it back; objects the host froze make it leave the collector alone. Python 3.12's
     own start-up freeze is not the host's: the run freezes over it and releases it too."""
     before = gc.get_freeze_count()
     # Nobody froze anything in this test process (3.12's own start-up freeze aside).
-    assert before <= art_trio.facade.trainer._FROZEN_BY_INTERPRETER
+    assert before <= art_trio.facade.supervision._FROZEN_BY_INTERPRETER
     seen: list[int] = []
     trainer = _trainer(model, backend, max_steps=1)
     trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, cast, get_type_hints
 
+from ..plumbing.bridge.calls import is_native
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
+from ..policy.rules import count_error
 from . import settings as settings_module
 from .settings import (
     DECLARATIONS,
@@ -267,3 +269,69 @@ def score_references(
     )
     return groups, rollouts
 
+
+def resize_settings(
+    settings: PipelineSettings,
+    executor: RolloutExecutor | None,
+    *,
+    running: bool,
+    **sizes: int | None,
+) -> PipelineSettings:
+    """`resize()`'s new settings: each size given (None: as it is) checked as the constructor
+    checks it (ValueError), the workers fitted to the executor. A running channel has a
+    capacity now, which stays unless a new one is given."""
+    for name, value in sizes.items():
+        # Before anything compares or counts with it (inf workers started workers forever).
+        problem = count_error(name, value, optional=True)
+        if problem is not None:
+            raise ValueError(f"resize: {problem}; nothing was changed")
+    current = settings.flat()
+    if running:
+        current["queue_maxsize"] = settings.groups_capacity
+    given = {name: value for name, value in sizes.items() if value is not None}
+    new = {name: given.get(name, current[name]) for name in sizes}
+    new["num_rollout_workers"] = fit_executor(
+        executor, new["num_rollout_workers"], explicit="num_rollout_workers" in given
+    )
+    return settings.replace(**new)
+
+
+def check_arguments(
+    rollout_fn: object,
+    eval_fn: object,
+    scenarios: object,
+    executor: object,
+    extensions: Sequence[object],
+    progress_keeper: object,
+) -> None:
+    """Catch the usual slips at construction, not as a failure per rollout (or run) later.
+
+    A plain `def` callback is fine if it returns an awaitable (ART's own tests pass lambdas
+    around coroutines); one that does not is caught at its first call."""
+    for name, fn in (("rollout_fn", rollout_fn), ("eval_fn", eval_fn)):
+        if not callable(fn) and not (fn is None and name == "eval_fn"):
+            raise TypeError(
+                f"{name} must be callable and return an awaitable (an async function), got "
+                f"{type(fn).__name__}"
+            )
+    if not isinstance(scenarios, (Iterable, AsyncIterator)) or isinstance(scenarios, (str, bytes)):
+        raise TypeError(
+            "scenarios must be an iterable (a list, a generator) or an async iterator of "
+            f"scenarios, got {type(scenarios).__name__}"
+        )
+    for extension in extensions:
+        if not callable(getattr(extension, "stage", None)):
+            raise TypeError(
+                "each of extensions must be a StageExtension (a `stage(run)` method returning "
+                f"a stage or None), got {type(extension).__name__}"
+            )
+    if progress_keeper is not None and not callable(progress_keeper):
+        raise TypeError(
+            "progress_keeper must be a function of the model returning a ProgressKeeper, got "
+            f"{type(progress_keeper).__name__}"
+        )
+    if executor is not None and is_native(rollout_fn):
+        raise TypeError(
+            "a trio_native rollout_fn cannot run through a rollout_executor (executors "
+            "run rollouts as asyncio code, as ART's do); drop one of the two"
+        )
