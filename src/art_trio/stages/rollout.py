@@ -194,10 +194,11 @@ class RolloutStage:
     ) -> None:
         """Admit, roll out and hand over until the run ends, the worker is retired, or the
         gate dooms a rollout."""
-        gate = self.run.gate
+        run = self.run
+        gate = run.gate
         # When this worker's previous rollout ended: from then until the next starts it is
         # idle (handing the group over, waiting at the gate), which each step reports.
-        idle_since = self.run.now()
+        idle_since = run.now()
         while not self._leaving():
             try:
                 version = await gate.admit()
@@ -206,7 +207,7 @@ class RolloutStage:
                     return
                 continue  # sent away by a resize: leave if still over the target
             try:
-                taken = None if self.run.stop.stopping else await self.run.source.take()
+                taken = None if run.stop.stopping else await run.source.take()
             except BaseException:
                 gate.rollout_done(version)
                 raise
@@ -214,7 +215,7 @@ class RolloutStage:
                 gate.rollout_done(version)
                 return
             item = await self._roll(worker_id, version, taken, idle_since, doom_scope)
-            idle_since = self.run.now()
+            idle_since = run.now()
             if item is None:
                 if doom_scope.cancel_called:
                     return  # leave the cancelled scope before anything awaits in it
@@ -262,10 +263,11 @@ class RolloutStage:
         cancels once no batch still to be taken could train it; the rollout then ends
         DOOMED (`_call_tracked`) and the worker leaves the cancelled scope for a new one.
         """
-        gate = self.run.gate
+        run = self.run
+        gate = run.gate
         index, scenario = taken
         self._emit(RolloutStarted(index))
-        started = self.run.now()
+        started = run.now()
         rolling = self._rolling[worker_id]
         rolling.index, rolling.started = index, started
         handed = False
@@ -273,21 +275,21 @@ class RolloutStage:
         completed_s = idle_s = 0.0
         try:
             group = await self._call_tracked(worker_id, version, scenario, doom_scope)
-            wall = self.run.now() - started
+            wall = run.now() - started
             if group is DOOMED:
                 # A censored latency sample (cancelled rollouts are the slow ones), then its
                 # fate; the worker leaves its cancelled scope next.
                 gate.note_rollout_time(wall, completed=False)
-                self.run.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
+                run.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
                 return None
             gate.note_rollout_time(wall, completed=True)
             if isinstance(group, Exception):
                 self._failed(worker_id, index, scenario, group)
                 return None
-            if self.run.stop.stopping:
+            if run.stop.stopping:
                 # Finished after the stop: not trained and not resolved, so a resumed run
                 # rolls it again.
-                self.run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+                run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
                 return None
             completed_s, idle_s = wall, started - idle_since
             item = self._delivery(index, scenario, group, version, wall, idle_s)
@@ -298,7 +300,7 @@ class RolloutStage:
             # never work, an executor that cannot run anything, or ART's local inference gone
             # (LocalServingUnavailableError, 0.5.20+): not this scenario's failure. Neither
             # trained nor resolved: a resumed run rolls it again.
-            self.run.fates.settle(Fate.DROPPED_AT_STOP, index)
+            run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
             if not self._give_back(index, scenario):
@@ -308,7 +310,7 @@ class RolloutStage:
             rolling.index = -1
             if not handed:
                 gate.rollout_done(version)
-            self._emit(RolloutEnded(index, self.run.now() - started, completed_s, idle_s))
+            self._emit(RolloutEnded(index, run.now() - started, completed_s, idle_s))
 
     async def _call_tracked(
         self, worker_id: int, version: int, scenario: Any, doom_scope: anyio.CancelScope
@@ -364,8 +366,9 @@ class RolloutStage:
         idle_s: float,
     ) -> Delivered | None:
         """The completed group as it goes to the trainer; None if it settled here."""
+        run = self.run
         # A rollout got through: the failures before it were the scenarios' own.
-        self.run.state.ledger.resolve_all(self.failure_streak)
+        run.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
         copy_scenario_metadata(group, scenario)
         # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
@@ -373,9 +376,9 @@ class RolloutStage:
         for trajectory in group.trajectories:
             record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
-            group, initial=version, final=self.run.gate.policy_version
+            group, initial=version, final=run.gate.policy_version
         )
-        mean_bound = self.run.freshness.limit_mean_steps_off_policy is not None
+        mean_bound = run.freshness.limit_mean_steps_off_policy is not None
         # Checked before either bound: a version ahead of the trainer's would count as fresh
         # (a negative age). Policy versions only grow, so a group not ahead of the policy now
         # is not ahead of any step that trains it. Per-token versions matter only to the
@@ -388,23 +391,23 @@ class RolloutStage:
         # With in-flight updates, a server takes up a step as soon as `backend.train` has
         # made it, before the trainer publishes it: tokens of the step being trained are
         # not from the future (the batches that can take this group train from it or later).
-        trainer_version = self.run.gate.next_training_step if self.run.in_flight_updates else (
-            self.run.gate.policy_version
+        trainer_version = run.gate.next_training_step if run.in_flight_updates else (
+            run.gate.policy_version
         )
         future = future_policy_error(
             newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
         )
         if future is not None:
             # The run stops; the scenario is neither trained nor resolved.
-            self.run.observers.note_failure(future)
-            self.run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+            run.observers.note_failure(future)
+            run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
             raise future
         mean_version = mean_policy_version(group) if mean_bound else None
-        if self.run.gate.policy.drops_stale_early and self.run.freshness.is_stale(
-            group_version, mean_version, self.run.gate.next_training_step
+        if run.gate.policy.drops_stale_early and run.freshness.is_stale(
+            group_version, mean_version, run.gate.next_training_step
         ):
             # No batch still to be taken would accept it: drop it now, not after it queued.
-            self.run.fates.settle(Fate.STALE, index, rollout_s=wall)
+            run.fates.settle(Fate.STALE, index, rollout_s=wall)
             return None
         return Delivered(
             group=group,
