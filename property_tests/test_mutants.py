@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import art_trio.config.keywords
 import art_trio.config.settings
-import art_trio.facade.trainer
 import art_trio.policy.admission
 import art_trio.policy.gate
 import art_trio.resume.scenarios
@@ -199,13 +199,12 @@ def test_batch_bounds_catches_collector_exceeding_max(monkeypatch: pytest.Monkey
     real = TrainingStage.collect_batch
 
     async def overfilling(self: TrainingStage, current_step: int) -> Any:
-        live = self.settings
-        bigger = live().replace(max_batch_size=live().sizes.max_batch_size + 1)
-        self.settings = lambda: bigger
+        live = self.run.settings
+        self.run.settings = live.replace(max_batch_size=live.sizes.max_batch_size + 1)
         try:
             return await real(self, current_step)
         finally:
-            self.settings = live
+            self.run.settings = live
 
     monkeypatch.setattr(TrainingStage, "collect_batch", overfilling)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
@@ -218,13 +217,12 @@ def test_batch_bounds_catches_collector_not_waiting_for_min(
     real = TrainingStage.collect_batch
 
     async def impatient(self: TrainingStage, current_step: int) -> Any:
-        live = self.settings
-        eager = live().replace(min_batch_size=1)
-        self.settings = lambda: eager
+        live = self.run.settings
+        self.run.settings = live.replace(min_batch_size=1)
         try:
             return await real(self, current_step)
         finally:
-            self.settings = live
+            self.run.settings = live
 
     monkeypatch.setattr(TrainingStage, "collect_batch", impatient)
     counterexample(prop_batch_bounds, STRATEGIES[prop_batch_bounds], checks.BATCH_BOUNDS)
@@ -239,8 +237,8 @@ def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyP
     def losing(self: TrainingStage, item: Any, stale: Any, in_channel: int) -> bool:
         if item.scenario_index % 3 == 2:
             # Taken out of the channel, then forgotten: counted nowhere, never resolved.
-            self.observers.emit(GroupReceived(item.scenario_index, item.version, in_channel))
-            self.gate.group_discarded()
+            self.run.observers.emit(GroupReceived(item.scenario_index, item.version, in_channel))
+            self.run.gate.group_discarded()
             return True
         return bool(real(self, item, stale, in_channel))
 
@@ -249,7 +247,7 @@ def test_conservation_catches_trainer_losing_a_group(monkeypatch: pytest.MonkeyP
 
 
 def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_init = RolloutStage.__init__
+    real_post_init = RolloutStage.__post_init__
 
     class DroppingSend:
         """A worker's end of the channel that silently loses every third group."""
@@ -275,10 +273,11 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
         async def __aexit__(self, *exc: Any) -> None:
             await self._inner.__aexit__(*exc)
 
-    def dropping(self: RolloutStage, *, send: Any, **collaborators: Any) -> None:
-        real_init(self, send=cast(Any, DroppingSend(send)), **collaborators)
+    def dropping(self: RolloutStage) -> None:
+        real_post_init(self)
+        self.send = cast(Any, DroppingSend(self.send))
 
-    monkeypatch.setattr(RolloutStage, "__init__", dropping)
+    monkeypatch.setattr(RolloutStage, "__post_init__", dropping)
     counterexample(prop_conservation, cases(stop=False, max_steps=False), checks.CONSERVATION)
 
 
@@ -359,14 +358,14 @@ def test_versions_catches_a_skipped_publish(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_max_steps_catches_one_step_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = art_trio.facade.trainer.resolve_settings
+    real = art_trio.config.keywords.resolve_settings
 
     def one_more(*args: Any, **kwargs: Any) -> PipelineSettings:
         s = real(*args, **kwargs)
         steps = s.shutdown.max_steps
         return s if steps is None else s.replace(max_steps=steps + 1)
 
-    monkeypatch.setattr(art_trio.facade.trainer, "resolve_settings", one_more)
+    monkeypatch.setattr(art_trio.config.keywords, "resolve_settings", one_more)
     counterexample(
         prop_max_steps_and_termination,
         STRATEGIES[prop_max_steps_and_termination],
@@ -398,11 +397,11 @@ def test_termination_catches_trainer_waiting_past_end_of_source(
 
 def test_eval_schedule_catches_eval_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
     def late(self: TrainingStage, step: int) -> bool:
-        every = self.settings().evaluation.eval_every_n_steps
+        every = self.run.settings.evaluation.eval_every_n_steps
         return bool(
-            self.context.eval_fn is not None
+            self.run.eval_fn is not None
             and every > 0
-            and step - self.state.last_eval_step > every
+            and step - self.run.state.last_eval_step > every
         )
 
     monkeypatch.setattr(TrainingStage, "_should_eval", late)

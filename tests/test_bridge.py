@@ -275,9 +275,9 @@ async def test_nursery_start_reports_started_once_stages_run(
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(trainer.train, handle_signals=False))
         # Started means running: the trainer is live and accepts a stop.
-        assert trainer._run is not None
+        assert trainer._session is not None and trainer._session.run is not None
         trainer.request_stop()
-    assert trainer._run is None
+    assert trainer._session is None
 
 
 async def test_two_trainers_side_by_side_are_independent(tmp_path: Path) -> None:

@@ -365,3 +365,22 @@ def test_doomed_rollouts_under_anyio_on_asyncio(model, backend):
     trainer = anyio.run(_run_doomed, model, backend, rollout, backend="asyncio")
     _assert_doomed_ones_were_not_trained(trainer, backend)
     assert {1, 3} <= set(cancelled)
+
+
+def test_a_doomed_rollout_is_cancelled_under_asyncio_too(model, backend) -> None:
+    """Under anyio's asyncio backend the gate's cancellation ends in the rollout stage as it
+    does under trio, a rollout that awaits cleanup on its cancellation included."""
+    cancelled: list[int] = []
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        try:
+            await asyncio.sleep(2.0 if scenario["i"] % 2 else 0.05)
+        except asyncio.CancelledError:
+            cancelled.append(scenario["i"])
+            await asyncio.sleep(0.01)  # cleanup that awaits
+            raise
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    trainer = anyio.run(_run_doomed, model, backend, rollout, backend="asyncio")
+    _assert_doomed_ones_were_not_trained(trainer, backend)
+    assert {1, 3} <= set(cancelled), cancelled

@@ -31,7 +31,7 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.config.keywords import RESOLVED_LATER, SettingKeywords
+from art_trio.config.keywords import RESOLVED_LATER, keyword_type
 from art_trio.config.settings import FIELDS, GROUP_TYPES
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
@@ -144,7 +144,7 @@ def test_the_settings_have_one_source() -> None:
     for name, parameter in signature.parameters.items():
         if name in FIELDS and parameter.default is not None:
             assert parameter.default == defaults.get(name), name
-    hints = get_type_hints(SettingKeywords, vars(art_trio.config.keywords))
+    hints = {name: keyword_type(name) for name in FIELDS}
     declared = {
         name: get_type_hints(GROUP_TYPES[group], vars(art_trio.config.settings))[name]
         for name, group in FIELDS.items()
@@ -178,12 +178,12 @@ async def test_the_library_logs_and_prints_only_its_status_line(
 async def test_the_run_leaves_the_garbage_collector_as_it_found_it(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any
 ) -> None:
-    """The run freezes what existed before it (see trainer._long_lived_objects_frozen) and
+    """The run freezes what existed before it (see supervision.long_lived_objects_frozen) and
     hands it back; objects the host froze make it leave the collector alone. Python 3.12's
     own start-up freeze is not the host's: the run freezes over it and releases it too."""
     before = gc.get_freeze_count()
     # Nobody froze anything in this test process (3.12's own start-up freeze aside).
-    assert before <= art_trio.facade.trainer._FROZEN_BY_INTERPRETER
+    assert before <= art_trio.facade.supervision._FROZEN_BY_INTERPRETER
     seen: list[int] = []
     trainer = _trainer(model, backend, max_steps=1)
     trainer.add_observer(lambda event: seen.append(gc.get_freeze_count()))

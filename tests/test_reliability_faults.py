@@ -619,7 +619,8 @@ async def test_request_stop_force_cancels_a_running_backend_train(
         if escalate:
             trainer.request_stop()
             await trio.testing.wait_all_tasks_blocked()
-            assert trainer._run is not None, "a graceful stop waits for backend.train"
+            session = trainer._session
+            assert session and session.run, "a graceful stop waits for backend.train"
         forced_at = trio.current_time()
         trainer.request_stop(force=True)
     assert trio.current_time() - forced_at < 2.0
@@ -782,8 +783,9 @@ async def test_after_a_second_signal_the_hosts_handlers_are_back(
         assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
         signal.raise_signal(signal.SIGTERM)
         await trio.testing.wait_all_tasks_blocked()
-        assert trainer._run is not None, "the swallowing rollout must still hold train()"
+        session = trainer._session
+        assert session and session.run, "the swallowing rollout must still hold train()"
         assert {s: signal.getsignal(s) for s in before} == before
         release = True
-    assert trainer._run is None
+    assert trainer._session is None
     assert backend.calls == []

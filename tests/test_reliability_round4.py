@@ -679,7 +679,7 @@ async def test_a_run_whose_lock_is_unlocked_under_it_stops_and_a_resume_trains_o
 
     async def train(model: Any, groups: Any, **kwargs: Any) -> Any:
         if backend.step == 2:
-            lock = trainer._keeper._lock  # type: ignore[union-attr]
+            lock = trainer._session.keeper._lock  # type: ignore[union-attr]
             assert lock is not None and lock._fd is not None
             _unlock(lock._fd)
         return await original_train(model, groups, **kwargs)

@@ -184,12 +184,10 @@ def stand_in_run(
         return strategy(context)
 
     run = SimpleNamespace(
-        # The run's fixed parts, as the stages read them (run.StageContext).
-        context=SimpleNamespace(
-            model=SimpleNamespace(_get_output_dir=lambda: str(tmp_path)),
-            backend=DeletingBackend(tmp_path),
-            bridge=Bridge(),
-        ),
+        # The run's parts the checkpoint bookkeeping reads (run.PipelineRun).
+        model=SimpleNamespace(_get_output_dir=lambda: str(tmp_path)),
+        backend=DeletingBackend(tmp_path),
+        bridge=Bridge(),
         settings=PipelineSettings.from_flat({
             "checkpoint_retention_strategy": recording,
             "checkpoint_retention_interval": interval,
@@ -219,7 +217,7 @@ async def test_current_leased_and_scheduled_checkpoints_are_never_offered_or_del
     [context] = run.seen
     assert context.current_step == 6
     assert [c.step for c in context.checkpoints] == [1, 3, 5]
-    assert run.context.backend.keep_lists == [[2, 4, 6]]
+    assert run.backend.keep_lists == [[2, 4, 6]]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "0002", "0004", "0006", "notes",
     ]
@@ -255,7 +253,7 @@ async def test_the_kl_reference_is_never_offered_or_deleted(
     await apply_retention(run, current)
     [context] = run.seen
     assert [c.step for c in context.checkpoints] == offered
-    assert run.context.backend.keep_lists == [kept]
+    assert run.backend.keep_lists == [kept]
 
 
 async def test_a_lag_window_covering_every_checkpoint_asks_nothing(tmp_path: Path) -> None:
@@ -264,14 +262,14 @@ async def test_a_lag_window_covering_every_checkpoint_asks_nothing(tmp_path: Pat
     )
     await apply_retention(run, 4)
     assert run.seen == []
-    assert run.context.backend.keep_lists == []
+    assert run.backend.keep_lists == []
 
 
 async def test_nothing_to_delete_means_no_backend_call(tmp_path: Path) -> None:
     run = stand_in_run(tmp_path, [1, 2, 3], lambda context: {1, 2, 99})
     await apply_retention(run, 3)
     assert len(run.seen) == 1
-    assert run.context.backend.keep_lists == []
+    assert run.backend.keep_lists == []
 
 
 async def test_retention_runs_only_every_interval_steps(tmp_path: Path) -> None:
@@ -280,14 +278,14 @@ async def test_retention_runs_only_every_interval_steps(tmp_path: Path) -> None:
         await apply_retention(run, step)
     assert run.seen == []
     await apply_retention(run, 6)
-    assert run.context.backend.keep_lists == [[6]]
+    assert run.backend.keep_lists == [[6]]
 
 
 async def test_no_strategy_deletes_nothing(tmp_path: Path) -> None:
     run = stand_in_run(tmp_path, [1, 2], keep_none)
     run.settings = run.settings.replace(checkpoint_retention_strategy=None)
     await apply_retention(run, 2)
-    assert run.context.backend.keep_lists == []
+    assert run.backend.keep_lists == []
 
 
 def test_checkpoint_infos_read_metrics_and_eval_status_from_history(tmp_path: Path) -> None:

@@ -3,32 +3,34 @@
 A `PipelineRun` is built fresh by each `train()`, so two trainers (or two runs) share nothing.
 Stages talk through channels and own their own state (see stages/); what is left here is
 truly shared: the policy gate and its admission policy, the fate record, the resume state,
-the stop protocol, and the leases on checkpoints in use. The trainer hands each stage the
-parts it uses; the settings are the trainer's (`trainer.settings`, one object).
+the stop protocol, the leases on checkpoints in use, and the channels between the stages.
+Each stage is given the run and reads the parts it uses; `run.settings` is the settings
+object in force (the trainer's `trainer.settings`: a resize replaces both).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import art
+import anyio
 import sniffio
 
 from .config.settings import PipelineSettings
-from .messages.events import Observers, RunStatistics
+from .messages.events import Observers, Resized, RunStatistics
 from .messages.stall_report import CallInFlight
-from .messages.values import TallyBase
+from .messages.values import Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge
 from .plumbing.compat import eval_lease, in_flight_updates, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
+from .plumbing.group_queue import GroupQueue
 from .plumbing.progress import ProgressKeeper, RunProgress
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
@@ -58,26 +60,6 @@ def loop_event_factory() -> Callable[[], LoopEvent]:
 
         return trio.Event
     return asyncio.Event
-
-
-@dataclass(frozen=True, slots=True)
-class StageContext:
-    """The run's fixed parts, as every stage sees them: the model, the backend, the user's
-    callbacks, the bridge to asyncio code, where the run started. Frozen: nothing a stage
-    does changes them."""
-
-    model: art.TrainableModel
-    backend: Any
-    bridge: Bridge
-    rollout_fn: Any
-    eval_fn: Any
-    config: Any
-    #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
-    executor: RolloutExecutor | None
-    start_step: int
-    #: The backend's lease on a step's weights for a rollout, and for an eval (None: none).
-    rollout_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
-    eval_lease: Callable[[Any, int], AbstractAsyncContextManager[Any]] | None
 
 
 class CallsInFlight:
@@ -161,48 +143,67 @@ class StepLeases:
                 del held[step]
 
 
+class RunConfiguration(Protocol):
+    """What a run is built from: its trainer's configuration (`PipelineTrainer` has it)."""
+
+    model: Any
+    backend: Any
+    settings: PipelineSettings
+    rollout_fn: Any
+    eval_fn: Any
+    config: Any
+    rollout_executor: Any
+    _scenarios: Any
+    _observers: Observers
+    _score_references: tuple[float | None, float | None]
+
+
 class PipelineRun:
     """State shared by the stages of one `train()` call."""
 
     def __init__(
         self,
+        configured: RunConfiguration,
         *,
-        model: art.TrainableModel,
-        backend: Any,
-        settings: PipelineSettings,
         bridge: Bridge,
-        state: RunProgress,
         keeper: ProgressKeeper,
-        status: StatusReporter,
-        fold: CounterFold,
+        state: RunProgress,
         start_step: int,
-        source: ScenarioSource[Any],
         admission: AdmissionPolicy,
-        rollout_fn: Any,
-        eval_fn: Any,
-        config: Any,
-        executor: RolloutExecutor | None = None,
-        observers: Observers | None = None,
-        score_references: tuple[float | None, float | None] = (8.0, None),
     ) -> None:
-        #: What every stage reads and nobody changes while the run goes.
-        self.context = StageContext(
-            model=model,
-            backend=backend,
-            bridge=bridge,
-            rollout_fn=rollout_fn,
-            eval_fn=eval_fn,
-            config=config,
-            executor=executor,
-            start_step=start_step,
-            # The backend's leases on a step's weights, as the installed ART line uses them.
-            rollout_lease=rollout_lease(backend),
-            eval_lease=eval_lease(backend),
-        )
+        model, backend, settings = configured.model, configured.backend, configured.settings
+        # The run's fixed parts: what every stage reads and nobody changes while it goes.
+        self.model = model
+        self.backend = backend
+        self.bridge = bridge
+        self.rollout_fn = configured.rollout_fn
+        self.eval_fn = configured.eval_fn
+        self.config = configured.config
+        #: Where rollouts run; None runs `rollout_fn` directly (no executor frame per rollout).
+        self.executor: RolloutExecutor | None = configured.rollout_executor
+        self.start_step = start_step
+        #: The backend's leases on a step's weights for a rollout, and for an eval (None:
+        #: none), as the installed ART line uses them.
+        self.rollout_lease = rollout_lease(backend)
+        self.eval_lease = eval_lease(backend)
+        #: The settings in force (`resize` replaces them while the run goes).
+        self.settings = settings
         self.state = state
         self.keeper = keeper
-        self.status = status
-        self.source = source
+        self.source: ScenarioSource[Any] = ScenarioSource(configured._scenarios, state, bridge)
+        #: The run's record: its events, folded by the counters and the status line first
+        #: (registered before the user's observers), then heard by the user's.
+        self.fold = CounterFold()
+        self.status = StatusReporter(
+            get_scenario_offset=lambda: self.source.position,
+            log_interval_seconds=settings.status.log_interval_seconds,
+            status_ewa_alpha=settings.status.status_ewa_alpha,
+            total_scenarios=settings.status.total_scenarios,
+            num_workers=settings.sizes.num_rollout_workers,
+            clock=anyio.current_time,
+            counters=self.fold,
+        )
+        self.observers = configured._observers
         self.freshness = settings.freshness.rule
         #: The backend updates weights under running rollouts (their tokens span policies).
         self.in_flight_updates = in_flight_updates(backend, model)
@@ -221,16 +222,12 @@ class PipelineRun:
             clock=self._clock,
             new_event=loop_event_factory(),
         )
-        #: The run's record: its events, folded by the counters and the status line first
-        #: (registered before the user's observers), then heard by the user's.
-        self.fold = fold
-        self.observers = observers or Observers()
         # A user observer that raises ends the run as a forced stop would (see Observers).
         self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
         self.stop.on_stop(self.gate.close)
         self.stop.on_stop(self.source.close)
         self.observers.begin_run(
-            internal=(self.fold.routes, status.routes), on_raise=self.stop.cancel_everything
+            internal=(self.fold.routes, self.status.routes), on_raise=self.stop.cancel_everything
         )
         #: Tell the observers (the counters, the status line, then the user's).
         self.emit = self.observers.emit
@@ -246,7 +243,16 @@ class PipelineRun:
             state.discarded_zero_variance_groups,
         )
         #: ART 0.5.20's objective-score references (groups per step, rollouts per group).
-        self.score_references = score_references
+        self.score_references = configured._score_references
+        #: The groups channel, rollout workers to the training stage.
+        self.groups = GroupQueue[Delivered](settings.groups_capacity)
+        #: The steps to evaluate, training stage (and start-up) to the eval stage.
+        self.eval_send, self.eval_receive = anyio.create_memory_object_stream[int](math.inf)
+        #: The rollout workers running now, by id (the rollout stage starts and ends them).
+        self.workers: set[int] = set()
+        #: Starts or retires workers to a count: the rollout stage's, once it is built (until
+        #: then there is nothing to change: it starts as many as the settings say).
+        self.resize_workers: Callable[[int], None] = lambda count: None
 
     @property
     def counters(self) -> RunCounters:
@@ -263,18 +269,34 @@ class PipelineRun:
 
     # -- views ---------------------------------------------------------------------------
 
-    def statistics(
-        self, settings: PipelineSettings, *, running: bool, workers_running: int
-    ) -> RunStatistics:
-        """The run now: the folded counters, the gate's figures, the `settings` in force."""
+    def statistics(self, *, running: bool) -> RunStatistics:
+        """The run now: the folded counters, the gate's figures, the settings in force."""
         return compose_statistics(
             running=running,
-            settings=settings,
+            settings=self.settings,
             fold=self.fold,
             gate=self.gate,
-            workers_running=workers_running,
+            workers_running=len(self.workers),
             elapsed_s=self._clock() - self.started_at,
             now=self._clock(),
+        )
+
+    def resize(self, resized: PipelineSettings, reason: str) -> None:
+        """Make `resized` the settings in force: the gate's batch size, the channel's
+        capacity and the rollout workers follow at once."""
+        self.settings = resized
+        sizes = resized.sizes
+        self.gate.resize(sizes.max_batch_size)
+        self.groups.resize(resized.groups_capacity)
+        self.resize_workers(sizes.num_rollout_workers)
+        self.emit(
+            Resized(
+                sizes.num_rollout_workers,
+                sizes.min_batch_size,
+                sizes.max_batch_size,
+                resized.groups_capacity,
+                reason,
+            )
         )
 
     # -- persistence ---------------------------------------------------------------------
@@ -303,14 +325,15 @@ def compose_statistics(
     *,
     running: bool,
     settings: PipelineSettings,
-    fold: CounterFold,
-    gate: PolicyGate | None,
-    workers_running: int,
-    elapsed_s: float,
-    now: float,
+    fold: CounterFold | None = None,
+    gate: PolicyGate | None = None,
+    workers_running: int = 0,
+    elapsed_s: float = 0.0,
+    now: float = 0.0,
 ) -> RunStatistics:
     """`RunStatistics` composed from its owners: the counters folded from the events, the
-    gate's figures (None before a run: none yet) and the settings in force."""
+    gate's figures and the settings in force (before a run: no events, no gate yet)."""
+    fold = CounterFold() if fold is None else fold
     c = fold.counters
     first = fold.first_step_at
     since_first = 0.0 if first is None else now - first

@@ -7,39 +7,32 @@ spelling, deprecated on 0.5.20+) or as `pipeline=PipelineRuntimeConfig(...)` or 
 defaulting to 10 x `min_batch_size`; a rollout executor's capacity. art_trio's grouped form
 (`sizes=Sizes(...)`, `shutdown=Shutdown(...)`, ...) is accepted beside the flat names.
 
-`SettingKeywords` is the flat view's static type (what mypy and an IDE see for
-`PipelineTrainer(...)`); `trainer_signature` is its runtime twin for `inspect`, built from
-the declarations in art_trio.config.settings. A test keeps the TypedDict equal to the declarations.
+`trainer_signature` spells the flat keywords out for `inspect` (ART-parity tests, docs,
+IDEs), each typed and defaulted as art_trio.config.settings declares it. Statically the flat
+keywords are `Any`; the grouped form (`sizes=Sizes(...)`) is what mypy checks.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
-from typing import Any, Literal, TypedDict, cast, get_type_hints
+from typing import Any, cast, get_type_hints
 
+from ..plumbing.bridge.calls import is_native
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
 from ..plumbing.executor import RolloutExecutor
-from ..policy.admission import AdmissionPolicy
-from ..policy.retention import CheckpointRetentionStrategy
+from ..policy.rules import count_error
+from . import settings as settings_module
 from .settings import (
     DECLARATIONS,
     FIELDS,
     GROUP_TYPES,
     GROUPS,
-    Admission,
-    Evaluation,
-    FreshnessSettings,
-    Persistence,
     PipelineSettings,
-    Shutdown,
     Sizes,
-    StallAction,
-    Status,
-    Training,
     default_max_batch_size,
 )
 
@@ -57,54 +50,6 @@ RUNTIME_DEFAULTS: dict[str, int | None] = {
 }
 
 
-class SettingKeywords(TypedDict, total=False):
-    """`PipelineTrainer(...)`'s settings keywords: each setting by its flat name (the types
-    art_trio.config.settings declares; None also for `RESOLVED_LATER`), and each group whole."""
-
-    num_rollout_workers: int | None
-    min_batch_size: int | None
-    max_batch_size: int | None
-    queue_maxsize: int | None
-    max_steps_off_policy: int | None
-    limit_mean_steps_off_policy: float | None
-    admission: Admission | AdmissionPolicy
-    max_rollouts_beyond_bound: int | None
-    learning_rate: float
-    loss_fn: str
-    loss_fn_config: dict[str, Any] | None
-    normalize_advantages: bool
-    adam_params: object | None
-    kl_penalty_coef: float
-    kl_penalty_reference_step: int | None
-    kl_penalty_step_lag: int | None
-    grad_accumulation_sequences: int | None
-    packed_sequence_length: int | None
-    optimizer_save_interval: int
-    eval_every_n_steps: int
-    eval_at_start: bool | None
-    save_checkpoint: bool
-    checkpoint_retention_strategy: CheckpointRetentionStrategy | None
-    checkpoint_retention_interval: int
-    resume: bool
-    fsync_state: bool
-    log_interval_seconds: float
-    status_ewa_alpha: float
-    total_scenarios: int | None
-    stall_seconds: float | Literal["auto"] | None
-    stall_action: StallAction
-    max_steps: int | None
-    discard_queue_multiplier: int
-    max_consecutive_rollout_failures: int | None
-    shutdown_grace_seconds: float | None
-    sizes: Sizes
-    freshness: FreshnessSettings
-    training: Training
-    evaluation: Evaluation
-    persistence: Persistence
-    status: Status
-    shutdown: Shutdown
-
-
 def keyword_default(name: str) -> Any:
     """The default of the constructor keyword `name` (a setting or a group)."""
     if name in GROUPS or name in RESOLVED_LATER:
@@ -112,10 +57,18 @@ def keyword_default(name: str) -> Any:
     return DECLARATIONS[name].default
 
 
+def keyword_type(name: str) -> Any:
+    """The type of the constructor keyword `name`: its declaration's (None also where
+    another keyword decides, `RESOLVED_LATER`), or its group class or None."""
+    if name in GROUPS:
+        return GROUP_TYPES[name] | None
+    declared = get_type_hints(GROUP_TYPES[FIELDS[name]], vars(settings_module))[name]
+    return declared | None if name in RESOLVED_LATER else declared
+
+
 def trainer_signature(init: Callable[..., None]) -> inspect.Signature:
     """`init`'s signature with `**settings` spelt out, keyword by keyword, as ART's is."""
     signature = inspect.signature(init)
-    hints = get_type_hints(SettingKeywords)
     parameters = [
         p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD
     ]
@@ -123,8 +76,7 @@ def trainer_signature(init: Callable[..., None]) -> inspect.Signature:
         parameters.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY,
-                default=keyword_default(name),
-                annotation=hints[name] | None if name in GROUPS else hints[name],
+                default=keyword_default(name), annotation=keyword_type(name),
             )
         )
     return signature.replace(parameters=parameters)
@@ -316,3 +268,70 @@ def score_references(
         else rollouts_per_group
     )
     return groups, rollouts
+
+
+def resize_settings(
+    settings: PipelineSettings,
+    executor: RolloutExecutor | None,
+    *,
+    running: bool,
+    **sizes: int | None,
+) -> PipelineSettings:
+    """`resize()`'s new settings: each size given (None: as it is) checked as the constructor
+    checks it (ValueError), the workers fitted to the executor. A running channel has a
+    capacity now, which stays unless a new one is given."""
+    for name, value in sizes.items():
+        # Before anything compares or counts with it (inf workers started workers forever).
+        problem = count_error(name, value, optional=True)
+        if problem is not None:
+            raise ValueError(f"resize: {problem}; nothing was changed")
+    current = settings.flat()
+    if running:
+        current["queue_maxsize"] = settings.groups_capacity
+    given = {name: value for name, value in sizes.items() if value is not None}
+    new = {name: given.get(name, current[name]) for name in sizes}
+    new["num_rollout_workers"] = fit_executor(
+        executor, new["num_rollout_workers"], explicit="num_rollout_workers" in given
+    )
+    return settings.replace(**new)
+
+
+def check_arguments(
+    rollout_fn: object,
+    eval_fn: object,
+    scenarios: object,
+    executor: object,
+    extensions: Sequence[object],
+    progress_keeper: object,
+) -> None:
+    """Catch the usual slips at construction, not as a failure per rollout (or run) later.
+
+    A plain `def` callback is fine if it returns an awaitable (ART's own tests pass lambdas
+    around coroutines); one that does not is caught at its first call."""
+    for name, fn in (("rollout_fn", rollout_fn), ("eval_fn", eval_fn)):
+        if not callable(fn) and not (fn is None and name == "eval_fn"):
+            raise TypeError(
+                f"{name} must be callable and return an awaitable (an async function), got "
+                f"{type(fn).__name__}"
+            )
+    if not isinstance(scenarios, (Iterable, AsyncIterator)) or isinstance(scenarios, (str, bytes)):
+        raise TypeError(
+            "scenarios must be an iterable (a list, a generator) or an async iterator of "
+            f"scenarios, got {type(scenarios).__name__}"
+        )
+    for extension in extensions:
+        if not callable(getattr(extension, "stage", None)):
+            raise TypeError(
+                "each of extensions must be a StageExtension (a `stage(run)` method returning "
+                f"a stage or None), got {type(extension).__name__}"
+            )
+    if progress_keeper is not None and not callable(progress_keeper):
+        raise TypeError(
+            "progress_keeper must be a function of the model returning a ProgressKeeper, got "
+            f"{type(progress_keeper).__name__}"
+        )
+    if executor is not None and is_native(rollout_fn):
+        raise TypeError(
+            "a trio_native rollout_fn cannot run through a rollout_executor (executors "
+            "run rollouts as asyncio code, as ART's do); drop one of the two"
+        )

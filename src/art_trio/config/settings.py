@@ -19,7 +19,7 @@ import math
 import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..plumbing.compat import check_line_supports
 from ..policy.admission import AdmissionPolicy
@@ -30,7 +30,7 @@ from ..policy.rules import Rule, above, at_least, count_error, not_a_number, not
 StallAction = Literal["log", "raise", "stop"]
 #: The `admission=` modes by name (`facade/compose.py` builds each); or a policy object.
 Admission = Literal["staleness_aware", "eager"]
-ADMISSION_MODES: tuple[Admission, ...] = ("staleness_aware", "eager")
+ADMISSION_MODES: tuple[Admission, ...] = get_args(Admission)
 
 
 #: What an admission policy object must have (`art_trio.AdmissionPolicy`).
@@ -46,7 +46,7 @@ def _admission_ok(value: object) -> bool:
     )
 
 
-STALL_ACTIONS: tuple[StallAction, ...] = ("log", "raise", "stop")
+STALL_ACTIONS: tuple[StallAction, ...] = get_args(StallAction)
 
 STALL_FLOOR_SECONDS = 600.0
 """`stall_seconds="auto"`: never less than this (and this until the run has measured more).

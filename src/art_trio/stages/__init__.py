@@ -1,10 +1,10 @@
 """The pipeline's stages, all of one shape: a `Stage`; and how an extension adds one.
 
-A stage is an object built with the collaborators it uses (the trainer hands it the gate,
-the fate record, the clock, ... of the run, never the run itself), whose `__call__` runs its
-loop and owns its end of a stream; `name` labels its errors (supervision.py). What a stage
-counts goes out as events (the counters fold them). The trainer starts each in the run's task
-group.
+A stage is an object built from the run (`RolloutStage(run)`: it reads the gate, the fate
+record, the clock, the settings in force, ... off the `PipelineRun`), whose `__call__` runs
+its loop and owns its end of a channel; `name` labels its errors (supervision.py). What a
+stage counts goes out as events (the counters fold them). `run_stages` starts each in the
+run's task group.
 
 An extension that watches or steers a run (the stall watchdog, the autotuner, one of your
 own) is a `StageExtension`: given a `RunView` when a run starts, it returns a stage that the

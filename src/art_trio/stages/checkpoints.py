@@ -13,15 +13,12 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..config.settings import PipelineSettings
 from ..plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK
 from ..plumbing.hooks import backend_hook
-from ..plumbing.progress import RunProgress
 from ..policy.retention import (
     CHECKPOINT_CREATED_AT_METRIC,
     CHECKPOINT_EVAL_COMPLETED_METRIC,
@@ -29,21 +26,7 @@ from ..policy.retention import (
     CheckpointInfo,
     CheckpointRetentionContext,
 )
-from ..run import CallsInFlight, StageContext, StepLeases
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointBook:
-    """What the bookkeeping after a step reads: the run's fixed parts, its settings (the
-    checkpoint and KL ones, which a resize never changes), the resume state, the steps
-    leased, the calls in flight, and how many steps back rollouts may still sample from."""
-
-    context: StageContext
-    settings: PipelineSettings
-    state: RunProgress
-    leases: StepLeases
-    calls: CallsInFlight
-    retention_window: int
+from ..run import PipelineRun
 
 
 def _output_dir(model: Any) -> Path:
@@ -94,34 +77,34 @@ def note_eval_completed(model: Any, step: int) -> None:
     append_checkpoint_event(model, step, {CHECKPOINT_EVAL_COMPLETED_METRIC: 1.0})
 
 
-def _checkpoint_path(book: CheckpointBook, result: Any, step: int) -> Path:
+def _checkpoint_path(run: PipelineRun, result: Any, step: int) -> Path:
     path = getattr(result, "checkpoint_path", None)
     if isinstance(path, str) and path:
         return Path(path)
-    return _output_dir(book.context.model) / "checkpoints" / f"{step:04d}"
+    return _output_dir(run.model) / "checkpoints" / f"{step:04d}"
 
 
-async def after_step(book: CheckpointBook, result: Any, step: int) -> None:
-    path = _checkpoint_path(book, result, step)
+async def after_step(run: PipelineRun, result: Any, step: int) -> None:
+    path = _checkpoint_path(run, result, step)
     if path.exists():
         append_checkpoint_event(
-            book.context.model,
+            run.model,
             step,
             {CHECKPOINT_SAVED_METRIC: 1.0, CHECKPOINT_CREATED_AT_METRIC: path.stat().st_ctime},
         )
-    prune = backend_hook(book.context.backend, "prune_model_adapters")
+    prune = backend_hook(run.backend, "prune_model_adapters")
     if prune is not None:
-        oldest = max(0, step - book.retention_window)
-        with book.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
-            await book.context.bridge.call(
-                prune, book.context.model, retain_steps=set(range(oldest, step + 1))
+        oldest = max(0, step - run.freshness.retention_window)
+        with run.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
+            await run.bridge.call(
+                prune, run.model, retain_steps=set(range(oldest, step + 1))
             )
-    await apply_retention(book, step)
+    await apply_retention(run, step)
 
 
-def _history_metrics_by_step(book: CheckpointBook) -> dict[int, dict[str, float]]:
+def _history_metrics_by_step(run: PipelineRun) -> dict[int, dict[str, float]]:
     """Mean of every numeric history value, per step (a step can have several rows)."""
-    path = _output_dir(book.context.model) / "history.jsonl"
+    path = _output_dir(run.model) / "history.jsonl"
     sums: dict[int, dict[str, list[float]]] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -144,11 +127,11 @@ def _history_metrics_by_step(book: CheckpointBook) -> dict[int, dict[str, float]
     return {s: {k: sum(v) / len(v) for k, v in m.items()} for s, m in sums.items()}
 
 
-def checkpoint_infos(book: CheckpointBook) -> list[CheckpointInfo]:
-    directory = _output_dir(book.context.model) / "checkpoints"
+def checkpoint_infos(run: PipelineRun) -> list[CheckpointInfo]:
+    directory = _output_dir(run.model) / "checkpoints"
     if not directory.is_dir():
         return []
-    history = _history_metrics_by_step(book)
+    history = _history_metrics_by_step(run)
     infos = []
     for path in directory.iterdir():
         if not (path.is_dir() and path.name.isdigit()):
@@ -162,7 +145,7 @@ def checkpoint_infos(book: CheckpointBook) -> list[CheckpointInfo]:
                 path=str(path),
                 created_at=datetime.fromtimestamp(created, UTC),
                 is_eval_step=(
-                    step in book.state.completed_eval_steps
+                    step in run.state.completed_eval_steps
                     or metrics.get(CHECKPOINT_EVAL_COMPLETED_METRIC, 0.0) > 0.0
                     or any(k.startswith(("val/", "test/")) for k in metrics)
                 ),
@@ -172,14 +155,14 @@ def checkpoint_infos(book: CheckpointBook) -> list[CheckpointInfo]:
     return sorted(infos, key=lambda info: info.step)
 
 
-def protected_steps(book: CheckpointBook, current_step: int) -> set[int]:
+def protected_steps(run: PipelineRun, current_step: int) -> set[int]:
     """Checkpoints retention must keep: current, leased by a rollout or eval, awaiting eval,
     and the KL penalty's reference (see `kl_reference_steps`)."""
     return (
         {current_step}
-        | set(book.leases.held)
-        | set(book.state.pending_eval_steps)
-        | kl_reference_steps(book.settings, current_step)
+        | set(run.leases.held)
+        | set(run.state.pending_eval_steps)
+        | kl_reference_steps(run.settings, current_step)
     )
 
 
@@ -202,12 +185,12 @@ def kl_reference_steps(settings: Any, current_step: int) -> set[int]:
     return set(range(max(0, current_step - lag), current_step + 1))
 
 
-async def apply_retention(book: CheckpointBook, step: int) -> None:
-    strategy = book.settings.persistence.checkpoint_retention_strategy
-    if strategy is None or step % book.settings.persistence.checkpoint_retention_interval != 0:
+async def apply_retention(run: PipelineRun, step: int) -> None:
+    strategy = run.settings.persistence.checkpoint_retention_strategy
+    if strategy is None or step % run.settings.persistence.checkpoint_retention_interval != 0:
         return
-    infos = checkpoint_infos(book)
-    protected = protected_steps(book, step)
+    infos = checkpoint_infos(run)
+    protected = protected_steps(run, step)
     eligible = [info for info in infos if info.step not in protected]
     if not eligible:
         return
@@ -217,6 +200,6 @@ async def apply_retention(book: CheckpointBook, step: int) -> None:
     if not delete:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
-    ctx = book.context
-    with book.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
+    ctx = run
+    with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
         await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)

@@ -12,47 +12,33 @@ in `completed_eval_steps`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..messages.errors import CallbackNotAwaitable, _BaseExceptionEscaped
-from ..messages.events import EvalEnded, EvalStarted, RunEvent
+from ..messages.events import EvalEnded, EvalStarted
 from ..plumbing.compat import policy_spans_reported
-from ..plumbing.eval_leases import EvalRetentionLeases
-from ..plumbing.progress import RunProgress
-from ..plumbing.stop import StopControl
 from ..policy.batching import eval_splits, split_eval_items
 from ..policy.provenance import check_eval_provenance, describe_mode
-from ..run import CallsInFlight, StageContext, StepLeases
+from ..run import PipelineRun
 from .checkpoints import note_eval_completed
 
 logger = logging.getLogger("art_trio")
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(eq=False)
 class EvalStage:
     """Runs the evals the training stage requests, one at a time."""
 
     name = "eval"
 
-    receive: MemoryObjectReceiveStream[int]
-    context: StageContext
-    state: RunProgress
-    stop: StopControl
-    calls: CallsInFlight
-    leases: StepLeases
-    eval_leases: EvalRetentionLeases
-    emit: Callable[[RunEvent], None]
-    clock: Callable[[], float]
-    persist: Callable[[], None]
+    run: PipelineRun
 
     async def __call__(self) -> None:
-        receive, stop, eval_leases = self.receive, self.stop, self.eval_leases
+        receive, stop, eval_leases = self.run.eval_receive, self.run.stop, self.run.eval_leases
         # Decided once, the model registered: whether the backend's served choices carry spans.
-        strict = policy_spans_reported(self.context.model)
+        strict = policy_spans_reported(self.run.model)
         logger.info(describe_mode(strict))
         try:
             async with receive:
@@ -64,7 +50,7 @@ class EvalStage:
                         with stop.eval_begins():
                             # Held since the step was scheduled (or from now, for the start
                             # step and resumed evals) until the eval has ended.
-                            with self.calls.track("eval", f"the eval lease of step {step}"):
+                            with self.run.calls.track("eval", f"the eval lease of step {step}"):
                                 await eval_leases.take(step)
                             await self.evaluate(step, strict_provenance=strict)
                     finally:
@@ -78,22 +64,22 @@ class EvalStage:
     async def evaluate(self, step: int, *, strict_provenance: bool = False) -> None:
         """Evaluate the policy at `step` and log each split the eval_fn returned (with
         `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
-        ctx, calls, state = self.context, self.calls, self.state
+        ctx, calls, state = self.run, self.run.calls, self.run.state
         model = ctx.model
-        self.emit(EvalStarted(step))
+        self.run.emit(EvalStarted(step))
         reward: float | None = None
         completed = False
         try:
             token = model.activate_metrics_context("eval")
-            started = self.clock()
+            started = self.run.now()
             try:
                 with calls.track("eval", f"eval_fn (step {step})"):
-                    result = await self.leases.call(
+                    result = await self.run.leases.call(
                         step, ctx.eval_fn, model, step, ctx.config, lease=ctx.eval_lease
                     )
             finally:
                 token.var.reset(token)
-                elapsed = self.clock() - started
+                elapsed = self.run.now() - started
             splits = {
                 split: split_eval_items(items) for split, items in eval_splits(result).items()
             }
@@ -130,9 +116,9 @@ class EvalStage:
             # Done with, as in ART: not retried on resume, and its checkpoint is no longer held.
             state.drop_eval(step)
         finally:
-            self.emit(EvalEnded(step, completed, reward))
+            self.run.emit(EvalEnded(step, completed, reward))
             if completed:
                 state.complete_eval(step)
                 # Persisted now, as ART does, so a run killed before its next step does not
                 # evaluate this step again on resume.
-                self.persist()
+                self.run.persist()

@@ -60,13 +60,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ..messages.values import Delivered, TallyBase
+from ..messages.values import Delivered
 from ..observation.fates import RunCounters
 from ..plumbing.compat import TRAIN_METRIC_NAMES
-from ..policy.batching import Freshness, average_steps_off_policy
+from ..policy.batching import average_steps_off_policy
 from ..policy.freshness import tokens_by_version
+from ..run import PipelineRun
 
 #: ART 0.5.23's freshness time constant (steps) and critical rollout batch size.
 FRESHNESS_TAU_STEPS = 8.0
@@ -164,22 +165,14 @@ class TrainMetrics:
     """Builds each train row's metrics; remembers the run totals the previous row saw."""
 
     def __init__(
-        self,
-        *,
-        counters: RunCounters,
-        tally_base: TallyBase,
-        score_references: tuple[float | None, float | None],
-        freshness: Freshness,
-        receive: Any,
-        ready: list[Delivered],
-        ready_capacity: Callable[[], int],
+        self, run: PipelineRun, *, ready: list[Delivered], ready_capacity: Callable[[], int]
     ) -> None:
-        self._counters = counters
+        self._counters = run.counters
         #: The persisted tallies as this run found them (earlier runs' share of the totals).
-        self._tally_base = tally_base
-        self._score_references = score_references
-        self._freshness = freshness
-        self._receive = receive
+        self._tally_base = run.tally_base
+        self._score_references = run.score_references
+        self._freshness = run.freshness
+        self._receive = run.groups.receive_end
         #: The training stage's ready pool (its groups wait for a batch too).
         self._ready = ready
         self._ready_capacity = ready_capacity

@@ -15,7 +15,6 @@ its scenario is never lost or trained twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,6 @@ import anyio
 from anyio.abc import TaskGroup
 from art import TrajectoryGroup
 
-from ..config.settings import PipelineSettings
 from ..messages.errors import (
     CallbackNotAwaitable,
     ExecutorUnavailable,
@@ -36,21 +34,15 @@ from ..messages.errors import (
 from ..messages.events import (
     GroupQueued,
     HandOverBlocked,
-    Observers,
     RolloutEnded,
     RolloutGivenBack,
     RolloutStarted,
 )
 from ..messages.stall_report import RolloutInFlight
 from ..messages.values import Delivered, Fate
-from ..observation.fates import FateRecord
 from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
 from ..plumbing.group_queue import GroupSendEnd
-from ..plumbing.progress import RunProgress
-from ..plumbing.source import ScenarioSource
-from ..plumbing.stop import StopControl
 from ..policy.batching import (
-    Freshness,
     copy_scenario_metadata,
     future_policy_error,
     newest_version,
@@ -60,8 +52,7 @@ from ..policy.batching import (
     version_type_error,
 )
 from ..policy.freshness import mean_policy_version, newest_token_version, token_count_error
-from ..policy.gate import PolicyGate
-from ..run import StageContext, StepLeases
+from ..run import PipelineRun
 
 logger = logging.getLogger("art_trio")
 
@@ -93,37 +84,26 @@ class _Rolling:
         self.started = 0.0
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(eq=False)
 class RolloutStage:
     """The workers, and what only they need: the failure streak and lost-rollout counts."""
 
     name = "rollout"
 
-    send: GroupSendEnd[Delivered]
-    context: StageContext
-    #: The settings in force (a resize replaces them).
-    settings: Callable[[], PipelineSettings]
-    source: ScenarioSource[Any]
-    gate: PolicyGate
-    fates: FateRecord
-    observers: Observers
-    stop: StopControl
-    leases: StepLeases
-    state: RunProgress
-    freshness: Freshness
-    #: The backend updates weights under running rollouts (their tokens span policies).
-    in_flight_updates: bool
-    clock: Callable[[], float]
+    run: PipelineRun
 
     def __post_init__(self) -> None:
-        self._emit = self.observers.emit
+        self._emit = self.run.emit
+        #: The stage's end of the groups channel (each worker sends on a clone of it).
+        self.send = self.run.groups.send_end
         #: Scenarios whose rollouts failed since the last one that did not (left unresolved
         #: until a success shows the failures were the scenarios' and not the setup's).
         self.failure_streak: list[int] = []
         #: How often each scenario's rollout was lost so far.
         self.lost_rollouts: dict[int, int] = {}
         self._workers: TaskGroup | None = None
-        self._live: set[int] = set()
+        self._live = self.run.workers
+        self.run.resize_workers = self.resize
         #: Each live worker's rollout now (see `_Rolling`).
         self._rolling: dict[int, _Rolling] = {}
         self._target = 0
@@ -132,21 +112,21 @@ class RolloutStage:
 
     async def __call__(self) -> None:
         try:
-            with self.stop.rollout_scope:
+            with self.run.stop.rollout_scope:
                 async with self.send, anyio.create_task_group() as workers:
                     self._workers = workers
-                    self.resize(self.settings().sizes.num_rollout_workers)
+                    self.resize(self.run.settings.sizes.num_rollout_workers)
         finally:
             self._workers = None
-            self.stop.rollouts_done.set()
-            self.stop.stage_done("rollout")
+            self.run.stop.rollouts_done.set()
+            self.run.stop.stage_done("rollout")
 
     # -- sizing ---------------------------------------------------------------------------
 
     def resize(self, workers: int) -> None:
         """Run `workers` workers from now on: start new ones, or let the extra ones leave."""
         self._target = workers
-        if self._workers is None or self.gate.closed:
+        if self._workers is None or self.run.gate.closed:
             # The stage has ended, or is ending (a closed gate admits no one): a new worker
             # would leave at once, and the task group may already be closed to new tasks.
             return
@@ -162,17 +142,12 @@ class RolloutStage:
         extra = len(self._live) - workers
         if extra > 0:
             # Waiting at the gate: sent away now. Busy ones leave after their rollout.
-            self.gate.dismiss(extra)
-        executor = self.context.executor
+            self.run.gate.dismiss(extra)
+        executor = self.run.executor
         if executor is not None:
             # The one place the executor learns the worker count (at start and on a resize).
             executor.set_target(workers)
             executor.set_workers(tuple(sorted(self._live)))
-
-    @property
-    def workers_running(self) -> int:
-        """Workers running now (0 once the stage ended)."""
-        return len(self._live)
 
     def in_flight(self, now: float) -> tuple[RolloutInFlight, ...]:
         """The rollouts running now, oldest first: scenario index, age, worker."""
@@ -201,11 +176,11 @@ class RolloutStage:
                         await self._serve(worker_id, send, doom_scope)
                     if not doom_scope.cancel_called:
                         return
-                    # A doomed rollout (already settled by `_roll`) ended the scope.
+                    # A doomed rollout (settled by `_roll`) ended the scope.
         except Exception as exc:
             # The run's first error, before the other workers are cancelled and settle what
             # they hold (an observer raising then must not replace it).
-            self.observers.note_failure(exc)
+            self.run.observers.note_failure(exc)
             raise
         finally:
             self._live.discard(worker_id)
@@ -219,10 +194,11 @@ class RolloutStage:
     ) -> None:
         """Admit, roll out and hand over until the run ends, the worker is retired, or the
         gate dooms a rollout."""
-        gate = self.gate
+        run = self.run
+        gate = run.gate
         # When this worker's previous rollout ended: from then until the next starts it is
         # idle (handing the group over, waiting at the gate), which each step reports.
-        idle_since = self.clock()
+        idle_since = run.now()
         while not self._leaving():
             try:
                 version = await gate.admit()
@@ -231,7 +207,7 @@ class RolloutStage:
                     return
                 continue  # sent away by a resize: leave if still over the target
             try:
-                taken = None if self.stop.stopping else await self.source.take()
+                taken = None if run.stop.stopping else await run.source.take()
             except BaseException:
                 gate.rollout_done(version)
                 raise
@@ -239,7 +215,7 @@ class RolloutStage:
                 gate.rollout_done(version)
                 return
             item = await self._roll(worker_id, version, taken, idle_since, doom_scope)
-            idle_since = self.clock()
+            idle_since = run.now()
             if item is None:
                 if doom_scope.cancel_called:
                     return  # leave the cancelled scope before anything awaits in it
@@ -251,7 +227,7 @@ class RolloutStage:
         self, item: Delivered, version: int, send: GroupSendEnd[Delivered]
     ) -> bool:
         """Put a group in the channel to the trainer; False once the trainer stopped taking."""
-        gate = self.gate
+        gate = self.run.gate
         gate.hand_over(version)
         self._emit(GroupQueued(item.scenario_index, gate.queued))
         try:
@@ -260,23 +236,17 @@ class RolloutStage:
                 # (a second trip through the scheduler per rollout costs ~3 us under trio).
                 send.send_nowait(item)
             except anyio.WouldBlock:
-                blocked = self.clock()
+                blocked = self.run.now()
                 await send.send(item)
-                self._emit(HandOverBlocked(self.clock() - blocked))
+                self._emit(HandOverBlocked(self.run.now() - blocked))
         except BaseException as exc:
             # Stopped or ended while handing over: neither trained nor resolved, so a
             # resumed run rolls this scenario again (and it leaves the gate's queue).
-            self.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
+            self.run.fates.settle(Fate.DROPPED_AT_STOP, item.scenario_index, queued=True)
             if isinstance(exc, (anyio.BrokenResourceError, anyio.ClosedResourceError)):
                 return False  # the trainer stopped receiving
             raise
         return True
-
-    def _doomed(self, index: int, wall: float) -> None:
-        """A rollout no batch could train any more was cancelled after `wall` seconds: a
-        censored latency sample (cancelled rollouts are the slow ones), then its fate."""
-        self.gate.note_rollout_time(wall, completed=False)
-        self.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
 
     async def _roll(
         self,
@@ -290,13 +260,14 @@ class RolloutStage:
 
         Owns the in-flight slot `version` until it returns a group (the hand-over then
         takes it over). The rollout runs tracked in the worker's `doom_scope`, which the gate
-        cancels once no batch still to be taken could train it; the cancellation goes on up
-        to the worker, which opens a new scope.
+        cancels once no batch still to be taken could train it; the rollout then ends
+        DOOMED (`_call_tracked`) and the worker leaves the cancelled scope for a new one.
         """
-        gate = self.gate
+        run = self.run
+        gate = run.gate
         index, scenario = taken
         self._emit(RolloutStarted(index))
-        started = self.clock()
+        started = run.now()
         rolling = self._rolling[worker_id]
         rolling.index, rolling.started = index, started
         handed = False
@@ -304,37 +275,32 @@ class RolloutStage:
         completed_s = idle_s = 0.0
         try:
             group = await self._call_tracked(worker_id, version, scenario, doom_scope)
-            wall = self.clock() - started
-            if group is DOOMED:  # the worker leaves its cancelled scope next
-                self._doomed(index, wall)
+            wall = run.now() - started
+            if group is DOOMED:
+                # A censored latency sample (cancelled rollouts are the slow ones), then its
+                # fate; the worker leaves its cancelled scope next.
+                gate.note_rollout_time(wall, completed=False)
+                run.fates.settle(Fate.CANCELLED_STALE, index, rollout_s=wall)
                 return None
             gate.note_rollout_time(wall, completed=True)
             if isinstance(group, Exception):
                 self._failed(worker_id, index, scenario, group)
                 return None
-            if self.stop.stopping:
+            if run.stop.stopping:
                 # Finished after the stop: not trained and not resolved, so a resumed run
                 # rolls it again.
-                self.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+                run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
                 return None
             completed_s, idle_s = wall, started - idle_since
             item = self._delivery(index, scenario, group, version, wall, idle_s)
             handed = item is not None
             return item
-        except anyio.get_cancelled_exc_class():
-            wall = self.clock() - started
-            if doom_scope.cancel_called:
-                self._doomed(index, wall)
-            else:
-                # Stopped or ended: neither trained nor resolved; rolled again on resume.
-                self.fates.settle(Fate.DROPPED_AT_STOP, index)
-            raise
-        except ENDS_THE_RUN:
-            # A KeyboardInterrupt or SystemExit, a rollout_fn that can never work, an executor
-            # that cannot run anything, or ART's local inference gone
-            # (LocalServingUnavailableError, 0.5.20+): not this scenario's failure. The run
-            # ends; the scenario stays unresolved.
-            self.fates.settle(Fate.DROPPED_AT_STOP, index)
+        except (anyio.get_cancelled_exc_class(), *ENDS_THE_RUN):
+            # Stopped or ended; or a KeyboardInterrupt or SystemExit, a rollout_fn that can
+            # never work, an executor that cannot run anything, or ART's local inference gone
+            # (LocalServingUnavailableError, 0.5.20+): not this scenario's failure. Neither
+            # trained nor resolved: a resumed run rolls it again.
+            run.fates.settle(Fate.DROPPED_AT_STOP, index)
             raise
         except RolloutLost as exc:
             if not self._give_back(index, scenario):
@@ -344,23 +310,25 @@ class RolloutStage:
             rolling.index = -1
             if not handed:
                 gate.rollout_done(version)
-            self._emit(RolloutEnded(index, self.clock() - started, completed_s, idle_s))
+            self._emit(RolloutEnded(index, run.now() - started, completed_s, idle_s))
 
     async def _call_tracked(
         self, worker_id: int, version: int, scenario: Any, doom_scope: anyio.CancelScope
     ) -> Any:
         """The rollout's group, the exception it failed with, or DOOMED if the gate doomed
         it (whatever it made of its cancellation)."""
-        gate = self.gate
+        gate = self.run.gate
         gate.track(version, doom_scope)
         try:
             group = await self._call_rollout(worker_id, scenario, version)
-        except (anyio.get_cancelled_exc_class(), RolloutLost):
-            raise
-        except ENDS_THE_RUN:
+        except ENDS_THE_RUN + (RolloutLost,):
             raise
         except Exception as exc:
             return DOOMED if doom_scope.cancel_called else exc
+        except anyio.get_cancelled_exc_class():
+            if doom_scope.cancel_called:
+                return DOOMED  # the gate's cancellation, which ends here
+            raise
         finally:
             gate.untrack(version, doom_scope)
         if doom_scope.cancel_called:
@@ -372,16 +340,16 @@ class RolloutStage:
         return group
 
     async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        ctx = self.context
+        ctx = self.run
         token = ctx.model.activate_metrics_context("train")
         try:
             # Leased for the whole call: the rollout samples from `version`'s weights.
             if ctx.executor is not None:
-                return await self.leases.call(
+                return await self.run.leases.call(
                     version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
                     ctx.config, lease=ctx.rollout_lease,
                 )
-            return await self.leases.call(
+            return await self.run.leases.call(
                 version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
                 lease=ctx.rollout_lease,
             )
@@ -398,8 +366,9 @@ class RolloutStage:
         idle_s: float,
     ) -> Delivered | None:
         """The completed group as it goes to the trainer; None if it settled here."""
+        run = self.run
         # A rollout got through: the failures before it were the scenarios' own.
-        self.state.ledger.resolve_all(self.failure_streak)
+        run.state.ledger.resolve_all(self.failure_streak)
         self.failure_streak.clear()
         copy_scenario_metadata(group, scenario)
         # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
@@ -407,9 +376,9 @@ class RolloutStage:
         for trajectory in group.trajectories:
             record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
-            group, initial=version, final=self.gate.policy_version
+            group, initial=version, final=run.gate.policy_version
         )
-        mean_bound = self.freshness.limit_mean_steps_off_policy is not None
+        mean_bound = run.freshness.limit_mean_steps_off_policy is not None
         # Checked before either bound: a version ahead of the trainer's would count as fresh
         # (a negative age). Policy versions only grow, so a group not ahead of the policy now
         # is not ahead of any step that trains it. Per-token versions matter only to the
@@ -422,23 +391,23 @@ class RolloutStage:
         # With in-flight updates, a server takes up a step as soon as `backend.train` has
         # made it, before the trainer publishes it: tokens of the step being trained are
         # not from the future (the batches that can take this group train from it or later).
-        trainer_version = self.gate.next_training_step if self.in_flight_updates else (
-            self.gate.policy_version
+        trainer_version = run.gate.next_training_step if run.in_flight_updates else (
+            run.gate.policy_version
         )
         future = future_policy_error(
             newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
         )
         if future is not None:
             # The run stops; the scenario is neither trained nor resolved.
-            self.observers.note_failure(future)
-            self.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
+            run.observers.note_failure(future)
+            run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
             raise future
         mean_version = mean_policy_version(group) if mean_bound else None
-        if self.gate.policy.drops_stale_early and self.freshness.is_stale(
-            group_version, mean_version, self.gate.next_training_step
+        if run.gate.policy.drops_stale_early and run.freshness.is_stale(
+            group_version, mean_version, run.gate.next_training_step
         ):
             # No batch still to be taken would accept it: drop it now, not after it queued.
-            self.fates.settle(Fate.STALE, index, rollout_s=wall)
+            run.fates.settle(Fate.STALE, index, rollout_s=wall)
             return None
         return Delivered(
             group=group,
@@ -457,7 +426,7 @@ class RolloutStage:
             return False
         self.lost_rollouts[index] = losses
         self._emit(RolloutGivenBack(index))  # taken again when handed out again
-        self.source.give_back(index, scenario)
+        self.run.source.give_back(index, scenario)
         return True
 
     def _failed(self, worker_id: int, index: int, scenario: Any, failure: Exception) -> None:
@@ -471,13 +440,13 @@ class RolloutStage:
                 "Worker %d: rollout failed (%s): %r%s", worker_id, _kind(failure), failure,
                 context,
             )
-        if self.stop.stopping:
+        if self.run.stop.stopping:
             # Failed after the stop: left unresolved like the rest of what was in flight.
-            self.fates.settle(Fate.DROPPED_AT_STOP, index)
+            self.run.fates.settle(Fate.DROPPED_AT_STOP, index)
             return
-        self.fates.settle(Fate.ERRORED, index)
+        self.run.fates.settle(Fate.ERRORED, index)
         self.failure_streak.append(index)
-        limit = self.settings().shutdown.max_consecutive_rollout_failures
+        limit = self.run.settings.shutdown.max_consecutive_rollout_failures
         if limit is None or len(self.failure_streak) != limit:
             return  # (past the limit: another worker already raised; all are cancelled)
         raise RolloutsKeepFailing(

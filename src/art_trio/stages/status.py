@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import anyio
 
-from ..observation.status import StatusReporter
+from ..run import PipelineRun
 
 
 class StatusStage:
@@ -17,10 +17,10 @@ class StatusStage:
 
     name = "status"
 
-    def __init__(self, status: StatusReporter, *, start_step: int, finished: anyio.Event) -> None:
-        self.status = status
-        self.start_step = start_step
-        self.finished = finished
+    def __init__(self, run: PipelineRun) -> None:
+        self.status = run.status
+        self.start_step = run.start_step
+        self.finished = run.stop.finished
 
     async def __call__(self) -> None:
         status, finished = self.status, self.finished

@@ -20,7 +20,7 @@ from ..messages.errors import BackendStepError
 from ..messages.values import Delivered
 from ..plumbing.compat import line_train_kwargs
 from ..plumbing.hooks import backend_hook
-from ..run import CallsInFlight, StageContext
+from ..run import PipelineRun
 from .metrics import StepTimes, TrainMetrics
 
 
@@ -83,10 +83,7 @@ def train_kwargs(
 
 
 async def train_and_log(
-    ctx: StageContext,
-    settings: PipelineSettings,
-    calls: CallsInFlight,
-    now: Callable[[], float],
+    run: PipelineRun,
     batch: CollectedBatch,
     groups: list[TrajectoryGroup],
     expected: int,
@@ -103,6 +100,7 @@ async def train_and_log(
     back in its own task, whether the call returned or not).
     """
     # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
+    ctx, settings, calls, now = run, run.settings, run.calls, run.now
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")

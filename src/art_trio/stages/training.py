@@ -17,35 +17,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
 from art import TrajectoryGroup
 
-from ..config.settings import PipelineSettings
 from ..messages.events import (
     BatchTaken,
     ChannelClosed,
     Collapsed,
     EmptyGroupReceived,
     GroupReceived,
-    Observers,
     PolicyPublished,
     StepTrained,
     TrainCallEnded,
     TrainCallStarted,
 )
 from ..messages.values import Delivered, Fate
-from ..observation.fates import FateRecord, RunCounters
 from ..observation.status import reward_summary
-from ..plumbing.eval_leases import EvalRetentionLeases
-from ..plumbing.group_queue import GroupReceiveEnd
 from ..plumbing.hooks import backend_hook
-from ..plumbing.progress import RunProgress
-from ..plumbing.stop import StopControl
-from ..policy.batching import Freshness, all_failed_error, is_zero_variance
+from ..policy.batching import all_failed_error, is_zero_variance
 from ..policy.freshness import token_policy_age
-from ..policy.gate import PolicyGate
-from ..run import CallsInFlight, StageContext
-from .checkpoints import CheckpointBook, after_step
+from ..run import PipelineRun
+from .checkpoints import after_step
 from .metrics import TrainMetrics
 from .train_call import CollectedBatch, TrainClock, batch_preparation, train_and_log
 
@@ -74,7 +65,7 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(eq=False)
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
 
@@ -84,58 +75,38 @@ class TrainingStage:
 
     name = "training"
 
-    receive: GroupReceiveEnd[Delivered]
-    eval_send: MemoryObjectSendStream[int]
-    context: StageContext
-    #: The settings in force (a resize replaces them).
-    settings: Callable[[], PipelineSettings]
-    state: RunProgress
-    gate: PolicyGate
-    fates: FateRecord
-    observers: Observers
-    stop: StopControl
-    calls: CallsInFlight
-    eval_leases: EvalRetentionLeases
-    checkpoints: CheckpointBook
-    freshness: Freshness
-    #: The train rows' builder, given the channel and the ready pool.
-    make_metrics: Callable[..., TrainMetrics]
-    counters: RunCounters
-    clock: Callable[[], float]
-    persist: Callable[[], None]
-    #: The run ended on its own: admit no more rollouts and cancel those in flight.
-    end_rollouts: Callable[[], None]
+    run: PipelineRun
 
     def __post_init__(self) -> None:
-        self._emit = self.observers.emit
+        run = self.run
+        self._emit = run.emit
+        self.receive = run.groups.receive_end
         #: Usable groups received from the channel, waiting for a batch (see collect_batch).
         self.ready: list[Delivered] = []
         #: Zero-variance groups held since the last step (logged as split "discarded").
         self.held_zero_variance: list[TrajectoryGroup] = []
-        self._metrics = self.make_metrics(
-            receive=self.receive, ready=self.ready, ready_capacity=self._ready_capacity
-        )
-        self._preparation = batch_preparation(self.context.backend, self.context.model)
-        self._discard = backend_hook(self.context.backend, "discard_pipeline_batch")
+        self._metrics = TrainMetrics(run, ready=self.ready, ready_capacity=self._ready_capacity)
+        self._preparation = batch_preparation(run.backend, run.model)
+        self._discard = backend_hook(run.backend, "discard_pipeline_batch")
 
     async def __call__(self) -> None:
         try:
-            async with self.eval_send:
+            async with self.run.eval_send:
                 try:
                     await self._train_until_done()
                 except BaseException as exc:
                     # Noted first: an observer raising while the channel closes must not
                     # replace this error.
-                    self.observers.note_failure(exc)
+                    self.run.observers.note_failure(exc)
                     self._close_channel()
                     raise
                 self._close_channel()
         finally:
-            if not self.stop.stopping:
+            if not self.run.stop.stopping:
                 # Ended on its own (max_steps, end of source, collapse): rollouts still in
                 # flight can no longer be trained, so cancel them now rather than wait.
-                self.end_rollouts()
-            self.stop.stage_done("training")
+                self.run.end_rollouts_now()
+            self.run.stop.stage_done("training")
 
     def _close_channel(self) -> None:
         """Stop receiving; what is ready or still in the channel was never trained, and a
@@ -152,21 +123,21 @@ class TrainingStage:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
         self.receive.close()
-        self.fates.settle_many(
+        self.run.fates.settle_many(
             Fate.DROPPED_AT_STOP, ((item.scenario_index, 0.0) for item in left), queued=True
         )
         self._emit(ChannelClosed(in_channel))
 
     async def _train_until_done(self) -> None:
-        max_steps = self.settings().shutdown.max_steps
-        step = self.context.start_step
+        max_steps = self.run.settings.shutdown.max_steps
+        step = self.run.start_step
         metrics = self._metrics
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
         # backend reports.
         steps_done = 0
-        while (max_steps is None or steps_done < max_steps) and not self.stop.stopping:
-            step_started = self.clock()
+        while (max_steps is None or steps_done < max_steps) and not self.run.stop.stopping:
+            step_started = self.run.now()
             batch = await self.collect_batch(step)
             if batch is None or not batch.items:
                 return
@@ -195,14 +166,14 @@ class TrainingStage:
         if prepare is None:
             return {}
         groups = [item.group for item in batch.items]
-        s = self.settings()
+        s = self.run.settings
         # What the backend returned, kept where it returns it: a stop that reaches the call
         # as it returns (under trio, before the result crosses back) still finds it here.
         returned: list[Any] = []
 
         async def prepare_batch() -> Any:
             reported = await prepare(
-                self.context.model,
+                self.run.model,
                 groups,
                 normalize_advantages=s.training.normalize_advantages,
                 grad_accumulation_sequences=s.training.grad_accumulation_sequences,
@@ -213,14 +184,14 @@ class TrainingStage:
         try:
             with (
                 anyio.CancelScope() as scope,
-                self.calls.track("training", "backend.prepare_pipeline_batch"),
+                self.run.calls.track("training", "backend.prepare_pipeline_batch"),
             ):
-                forget = self.stop.on_stop(scope.cancel)
+                forget = self.run.stop.on_stop(scope.cancel)
                 try:
-                    await self.context.bridge.call(prepare_batch)
+                    await self.run.bridge.call(prepare_batch)
                 finally:
                     forget()
-            if self.stop.stopping:
+            if self.run.stop.stopping:
                 if returned and returned[0] is not None:  # prepared before the stop came
                     await self._discard_prepared(groups)
                 self.ready.extend(batch.items)
@@ -239,7 +210,7 @@ class TrainingStage:
                 "groups; they are discarded.", len(groups),
             )
             for item in batch.items:
-                self.fates.settle(
+                self.run.fates.settle(
                     Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s,
                     queued=True,
                 )
@@ -250,14 +221,14 @@ class TrainingStage:
         """Let the backend drop what it prepared for a batch that will not train."""
         discard = self._discard
         if discard is not None:
-            with self.calls.track("training", "backend.discard_pipeline_batch"):
-                await self.context.bridge.call(discard, groups)
+            with self.run.calls.track("training", "backend.discard_pipeline_batch"):
+                await self.run.bridge.call(discard, groups)
 
     def _ready_capacity(self) -> int:
         """What can wait for a batch after one is taken: the ready pool's rest."""
-        s = self.settings()
+        s = self.run.settings
         largest = s.sizes.max_batch_size
-        return self.gate.policy.lookahead(largest, s.groups_capacity) - largest
+        return self.run.gate.policy.lookahead(largest, s.groups_capacity) - largest
 
     async def collect_batch(self, current_step: int) -> CollectedBatch | None:
         """The next batch, or None if the run stopped or collapsed while collecting.
@@ -269,18 +240,18 @@ class TrainingStage:
         """
         stale = self._stale_for(current_step)
         batch = CollectedBatch()
-        started = self.clock()
+        started = self.run.now()
         # Groups that aged out of the window while they waited for a batch.
         for item in [item for item in self.ready if stale(item)]:
             self.ready.remove(item)
             self._discard_stale(item)
         with (
             anyio.CancelScope() as scope,
-            self.calls.track(
+            self.run.calls.track(
                 "training", f"collecting a batch for step {current_step + 1}", phase=True
             ),
         ):
-            forget = self.stop.on_stop(scope.cancel)
+            forget = self.run.stop.on_stop(scope.cancel)
             try:
                 if not await self._fill(stale, batch):
                     return None
@@ -290,9 +261,9 @@ class TrainingStage:
             # Stopped while collecting: the ready groups are neither trained nor resolved,
             # so a resumed run rolls their scenarios again.
             return None
-        largest = self.settings().sizes.max_batch_size
-        batch.items = self.gate.policy.take_batch(self.ready, largest)
-        batch.idle_s = self.clock() - started
+        largest = self.run.settings.sizes.max_batch_size
+        batch.items = self.run.gate.policy.take_batch(self.ready, largest)
+        batch.idle_s = self.run.now() - started
         return batch
 
     async def _fill(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
@@ -300,7 +271,7 @@ class TrainingStage:
         False on collapse."""
         if not self._receive_ready(stale, batch):
             return False
-        while len(self.ready) < self.settings().sizes.min_batch_size and not batch.source_ended:
+        while len(self.ready) < self.run.settings.sizes.min_batch_size and not batch.source_ended:
             in_channel = self._in_channel()
             try:
                 item = await self.receive.receive()
@@ -314,8 +285,8 @@ class TrainingStage:
     def _receive_ready(self, stale: Callable[[Delivered], bool], batch: CollectedBatch) -> bool:
         """Move groups waiting in the channel to the ready pool, up to the policy's
         lookahead; False on collapse."""
-        s = self.settings()
-        lookahead = self.gate.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
+        s = self.run.settings
+        lookahead = self.run.gate.policy.lookahead(s.sizes.max_batch_size, s.groups_capacity)
         while not batch.source_ended and len(self.ready) < lookahead:
             in_channel = self._in_channel()
             try:
@@ -331,12 +302,12 @@ class TrainingStage:
 
     def _in_channel(self) -> int:
         """Groups in the channel now, for observers (not measured while nobody observes)."""
-        if not self.observers.watched:
+        if not self.run.observers.watched:
             return 0
         return self.receive.statistics().current_buffer_used
 
     def _discard_stale(self, item: Delivered) -> None:
-        self.fates.settle(
+        self.run.fates.settle(
             Fate.STALE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
 
@@ -357,17 +328,17 @@ class TrainingStage:
             return True
         if not group.trajectories:
             self._note_empty_group(item)
-        self.fates.settle(
+        self.run.fates.settle(
             Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
         self.held_zero_variance.append(group)
-        limit = self.settings().discard_limit
+        limit = self.run.settings.discard_limit
         if len(self.held_zero_variance) < limit:
             return True
         self._emit(Collapsed(len(self.held_zero_variance)))
         logger.error(
             COLLAPSE_MESSAGE.format(
-                limit=limit, multiplier=self.settings().shutdown.discard_queue_multiplier
+                limit=limit, multiplier=self.run.settings.shutdown.discard_queue_multiplier
             )
         )
         return False
@@ -383,30 +354,29 @@ class TrainingStage:
         expected = current_step + 1
         eval_this_step = self._should_eval(expected)
         groups = [item.group for item in batch.items]
-        self.gate.begin_training(expected, batch_size=len(groups))
+        self.run.gate.begin_training(expected, batch_size=len(groups))
         self._emit(BatchTaken(expected, len(groups)))
         # Written before the call: if the process dies inside backend.train, resume asks the
         # backend whether this step happened and either counts these scenarios or rolls them
         # again.
-        self.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
-        self.state.at_step(current_step)
-        self.persist()
+        self.run.state.ledger.begin_batch(expected, (item.scenario_index for item in batch.items))
+        self.run.state.at_step(current_step)
+        self.run.persist()
 
         settled = False
         clock = TrainClock()
-        self._emit(TrainCallStarted(expected, self.clock()))
+        self._emit(TrainCallStarted(expected, self.run.now()))
         try:
             # backend.train and model.log are both asyncio code: one crossing of the bridge
             # for the two (under trio each trio-asyncio crossing costs ~40 us).
             try:
-                result = await self.context.bridge.call(
-                    train_and_log, self.context, self.settings(), self.calls, self.clock,
-                    batch, groups, expected, eval_this_step, step_started, metrics, prepared,
-                    clock,
+                result = await self.run.bridge.call(
+                    train_and_log, self.run, batch, groups, expected, eval_this_step,
+                    step_started, metrics, prepared, clock,
                 )
             except BaseException as exc:
                 # Noted first: an observer raising on the event must not replace this error.
-                self.observers.note_failure(exc)
+                self.run.observers.note_failure(exc)
                 self._emit(TrainCallEnded(expected, clock.train_s or 0.0))
                 raise
             train_s = clock.train_s or 0.0
@@ -416,21 +386,21 @@ class TrainingStage:
             settled = True
             # Checkpointed: what ART's trainers ask for (eval steps), unless the run asks for
             # none at all (then nothing is tracked: the user keeps no checkpoints).
-            saved = eval_this_step or not self.settings().persistence.save_checkpoint
+            saved = eval_this_step or not self.run.settings.persistence.save_checkpoint
             self._settle_trained(batch, new_step, step_started, train_s, saved=saved)
         except BaseException as exc:
             if not settled:
-                self.observers.note_failure(exc)
+                self.run.observers.note_failure(exc)
                 self._settle_unfinished(batch)
             raise
         if eval_this_step:
-            self.state.schedule_eval(new_step)
-            with self.calls.track("training", f"the eval lease of step {new_step}"):
-                await self.eval_leases.take(new_step)
-            self.eval_send.send_nowait(new_step)
-        await after_step(self.checkpoints, result, new_step)
-        self.gate.publish(new_step)
-        self._emit(PolicyPublished(self.gate.policy_version))
+            self.run.state.schedule_eval(new_step)
+            with self.run.calls.track("training", f"the eval lease of step {new_step}"):
+                await self.run.eval_leases.take(new_step)
+            self.run.eval_send.send_nowait(new_step)
+        await after_step(self.run, result, new_step)
+        self.run.gate.publish(new_step)
+        self._emit(PolicyPublished(self.run.gate.policy_version))
         return new_step
 
     def _settle_trained(
@@ -442,18 +412,18 @@ class TrainingStage:
         *,
         saved: bool,
     ) -> None:
-        self.state.ledger.commit_batch()
-        self.state.ledger.note_checkpoint(
+        self.run.state.ledger.commit_batch()
+        self.run.state.ledger.note_checkpoint(
             new_step, (item.scenario_index for item in batch.items), saved=saved
         )
-        self.state.at_step(new_step)
+        self.run.state.at_step(new_step)
         if saved:
-            self.state.checkpoint_saved(new_step)
+            self.run.state.checkpoint_saved(new_step)
         # Trained from policy version new_step - 1; unversioned groups count as fresh.
         staleness = tuple(
             0 if item.version is None else new_step - 1 - item.version for item in batch.items
         )
-        self.fates.settle_trained(
+        self.run.fates.settle_trained(
             (item.scenario_index for item in batch.items),
             (item.rollout_wall_s for item in batch.items),
         )
@@ -465,7 +435,7 @@ class TrainingStage:
                 batch_size=len(batch.items),
                 scenario_indices=tuple(item.scenario_index for item in batch.items),
                 staleness=staleness,
-                wall_s=self.clock() - step_started,
+                wall_s=self.run.now() - step_started,
                 train_s=train_s,
                 reward_mean=reward_mean,
                 reward_std_mean=reward_std_mean,
@@ -486,7 +456,7 @@ class TrainingStage:
         taken still ends in exactly one fate (with its event). Its groups left the gate's
         queue with the batch (`BatchTaken`), so they are not "queued" any more.
         """
-        self.fates.settle_many(
+        self.run.fates.settle_many(
             Fate.DROPPED_AT_STOP,
             ((item.scenario_index, item.rollout_wall_s) for item in batch.items),
         )
@@ -496,13 +466,13 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        ctx = self.context
-        with self.calls.track("training", "model.log (discarded groups)"):
+        ctx = self.run
+        with self.run.calls.track("training", "model.log (discarded groups)"):
             await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
     def _stale_for(self, step: int) -> Callable[[Delivered], bool]:
         """Whether a group is too old for the batch trained from `step`."""
-        fresh = self.freshness
+        fresh = self.run.freshness
         return lambda item: fresh.is_stale(item.version, item.mean_version, step)
 
     def _note_empty_group(self, item: Delivered) -> None:
@@ -513,7 +483,7 @@ class TrainingStage:
         source without training a step and return normally.
         """
         self._emit(EmptyGroupReceived(item.scenario_index))
-        if self.counters.empty_groups == 1:  # the first of the run
+        if self.run.counters.empty_groups == 1:  # the first of the run
             warnings.warn(
                 f"rollout_fn returned an art.TrajectoryGroup with no trajectories for scenario "
                 f"index {item.scenario_index}; it is discarded as zero variance (nothing to "
@@ -524,7 +494,7 @@ class TrainingStage:
             )
 
     def _should_eval(self, step: int) -> bool:
-        every = self.settings().evaluation.eval_every_n_steps
-        if self.context.eval_fn is None or every <= 0:
+        every = self.run.settings.evaluation.eval_every_n_steps
+        if self.run.eval_fn is None or every <= 0:
             return False
-        return step - self.state.last_eval_step >= every
+        return step - self.run.state.last_eval_step >= every
