@@ -225,6 +225,7 @@ def _ratio_sentences(rows: list[dict[str, Any]]) -> list[str]:
         parts = []
         inf = _mean_ratio(rows, "art_trio", "art", "inference_s_per_trained_group", m)
         ttt = _paired_ratio(rows, "art_trio", "art", "time_to_target_s", m)
+        own = _mean_ratio(rows, "art_trio", "art", "scheduling_tokens_per_trained_token", m)
         if inf is not None:
             time = (
                 f"time to target {_fmt(ttt)}x (<= 0.85; seeds both reached)"
@@ -232,8 +233,8 @@ def _ratio_sentences(rows: list[dict[str, Any]]) -> list[str]:
                 else "time to target: no seed where both reached it"
             )
             parts.append(
-                f"art_trio / ART inference per trained group **{_fmt(inf)}x** (target <= 0.6), "
-                + time
+                f"art_trio / ART inference per trained group **{_fmt(inf)}x** (target <= 0.6; "
+                f"tokens per trained token, groups scored alike left out: {_fmt(own)}x), " + time
             )
         flight = _mean_ratio(
             rows, "art_trio_inflight", "art_trio", "inference_s_per_trained_group", m

@@ -97,6 +97,7 @@ def _llm_row(
         "zero_variance_groups": 3,
         "tokens_stale": 10,
         "tokens_aborted": 0,
+        "scheduling_tokens_per_trained_token": inference / 5,
         "time_to_target_s": ttt,
     }
 
@@ -127,6 +128,7 @@ def test_a_real_model_table_is_rendered_from_its_rows() -> None:
     assert "| 1 | art_trio | 4.50 |" in text
     assert "art_trio / ART inference per trained group **0.41x**" in text  # 4.5 / 11
     assert "time to target 0.50x" in text  # seed 0 only: 100 / 200
+    assert "groups scored alike left out: 0.41x" in text
     assert "in-flight / cancellation **0.67x**" in text  # 3 / 4.5
     assert "policy age +0.30 steps" in text
     assert "floor, cancellation's tokens without its stale and aborted ones: 0.99" in text
