@@ -139,7 +139,7 @@ class StepTrained:
     reward_std_mean: float = 0.0
     zero_variance_groups: int = 0
     #: The batch's tokens x their policy age (each token aged by the policy that produced
-    #: it), and its tokens: `freshness.token_policy_age`.
+    #: it), and its tokens: `freshness.token_ages`.
     token_ages: tuple[float, float] = (0.0, 0.0)
     #: Per group (as `scenario_indices`): its tokens' mean policy age in steps, each token
     #: aged by the policy that produced it (None: no token versions known).

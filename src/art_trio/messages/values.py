@@ -28,6 +28,9 @@ class Delivered:
     version: int | None = None
     #: Its tokens' mean policy version, token-weighted (only with a mean-age bound set).
     mean_version: float | None = None
+    #: Its tokens per policy version (`freshness.plain_tokens`), read once as it was handed
+    #: over where that reading is plain; None: the trained step reads them off the group.
+    tokens: dict[int, float] | None = None
 
 
 class Fate(enum.Enum):
