@@ -108,10 +108,10 @@ class MeasuringGate(PolicyGate):
 
     def snapshot(self) -> MeasuredSnapshot:
         return MeasuredSnapshot(
-            **self._snapshot_fields(),
+            *self._snapshot_fields(),
+            load_latency=self._load_latency,
             cohort_lateness=self._cohort_lateness,
             latency_tail=self._latency_tail,
-            load_latency=self._load_latency,
         )
 
     @property
