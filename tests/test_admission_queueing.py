@@ -68,6 +68,37 @@ def test_gate_files_latency_by_mean_load() -> None:
     assert snap.latency_at(8) == pytest.approx(40.0)
 
 
+def test_snapshot_fields_are_the_gates_own() -> None:
+    """The gate passes its snapshot's fields by position: each lands where it is named."""
+    clock = Clock()
+    gate = _gate(clock, m=3)
+    _run_batch(gate, clock, 2, 5.0)
+    _run_batch(gate, clock, 4, 5.0)
+    held = [trio.run(gate.admit) for _ in range(3)]
+    gate.hand_over(held.pop())
+    gate.begin_training(1, batch_size=0)
+    clock.now += 7.0
+    gate.publish(1)
+    gate.begin_training(2, batch_size=0)
+    snap = gate.snapshot()
+    assert dataclasses.asdict(snap) == {
+        "policy_version": 1,
+        "next_training_step": 2,
+        "max_steps_off_policy": 3,
+        "max_batch_size": 2,
+        "queued": 1,
+        "fresh_in_flight": 2,
+        "rollout_latency": gate.rollout_latency,
+        "step_period": pytest.approx(7.0),
+        "recent_rollout_times": gate._sorted_times,
+        "in_flight": 2,
+        "load_latency": gate._load_latency,
+        "cohort_lateness": gate._cohort_lateness,
+        "latency_tail": gate._latency_tail,
+    }
+    assert snap.load_latency and snap.recent_rollout_times and snap.rollout_latency
+
+
 def test_load_is_averaged_over_a_rollouts_life() -> None:
     clock = Clock()
     gate = _gate(clock, m=3)

@@ -108,10 +108,10 @@ class MeasuringGate(PolicyGate):
 
     def snapshot(self) -> MeasuredSnapshot:
         return MeasuredSnapshot(
-            **self._snapshot_fields(),
+            *self._snapshot_fields(),
+            load_latency=self._load_latency,
             cohort_lateness=self._cohort_lateness,
             latency_tail=self._latency_tail,
-            load_latency=self._load_latency,
         )
 
     @property
@@ -180,7 +180,9 @@ class MeasuringGate(PolicyGate):
             mean = self._load
         count = max(1, round(mean))
         self._load_samples += 1
-        entry = self._by_load.setdefault(count, [0.0, 0.0, self._load_samples])
+        entry = self._by_load.get(count)
+        if entry is None:
+            entry = self._by_load[count] = [0.0, 0.0, self._load_samples]
         decay = LATENCY_DECAY ** (self._load_samples - entry[2])
         entry[0] = entry[0] * decay + seconds
         entry[1] = entry[1] * decay + completed

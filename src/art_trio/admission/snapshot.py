@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from ..messages.values import cheap_init
 from ..policy.gate_snapshot import GateSnapshot
 
 #: The rollout-time quantile that counts as "slow" in `rollout_spread`.
@@ -108,6 +109,32 @@ def latency_grows_with_load(load_latency: tuple[tuple[int, float, float], ...]) 
     return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
 
 
+def _server_throughput(load_latency: tuple[tuple[int, float, float], ...]) -> float | None:
+    rates = [n / latency for n, latency, _ in load_latency if latency > 0]
+    if not rates or len(rates) < len(load_latency):
+        return None
+    return max(rates)
+
+
+#: The last load model read, and what it said (throughput, queueing). The gate hands the same
+#: tuple to every snapshot until it refits the model (every `TIME_REFRESH` rollouts), while
+#: the load cap is read at every admission decision: a tuple is immutable, so one that is
+#: the same object says the same.
+_last_reading: tuple[object, tuple[float | None, bool]] = ((), (None, False))
+
+
+def _read_load_model(
+    load_latency: tuple[tuple[int, float, float], ...],
+) -> tuple[float | None, bool]:
+    global _last_reading
+    model, reading = _last_reading
+    if model is not load_latency:
+        reading = (_server_throughput(load_latency), latency_grows_with_load(load_latency))
+        _last_reading = (load_latency, reading)
+    return reading
+
+
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class MeasuredSnapshot(GateSnapshot):
     """The gate's snapshot with the measurements staleness-aware admission decides from."""
@@ -222,15 +249,12 @@ class MeasuredSnapshot(GateSnapshot):
     def server_throughput(self) -> float | None:
         """Rollouts per second the shared server completes at best, as measured (None: not
         measured, or rollouts that take no time, which no load slows)."""
-        rates = [n / latency for n, latency, _ in self.load_latency if latency > 0]
-        if not rates or len(rates) < len(self.load_latency):
-            return None
-        return max(rates)
+        return _read_load_model(self.load_latency)[0]
 
     @property
     def queueing(self) -> bool:
         """Latency measured to grow with the number in flight (see the module's docstring)."""
-        return latency_grows_with_load(self.load_latency)
+        return _read_load_model(self.load_latency)[1]
 
     @property
     def uncontended_latency(self) -> float | None:

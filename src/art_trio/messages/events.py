@@ -9,8 +9,8 @@ observers too: the counters (`fates.CounterFold`, behind `RunStatistics` and
 `trainer.last_counters`) and the status line (`status.StatusReporter`) fold the events and
 nothing else changes their figures. They are registered before the user's observers, so a
 user's observer that raises never leaves them behind. Events are built on every path, so
-each is a frozen, slotted dataclass whose `__init__` writes its slots directly (`_cheap`:
-about half the cost of a frozen dataclass's own).
+each is a frozen, slotted dataclass whose `__init__` writes its slots directly
+(`values.cheap_init`: about half the cost of a frozen dataclass's own).
 
 An observer must return quickly and must not await (it runs inside the pipeline's hot path,
 and is not awaited); an exception it raises ends the run like a failing stage, though never in
@@ -26,44 +26,17 @@ registry and `RunStatistics`, each documented where users read it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from .stall_report import StallReport
-from .values import Fate
+from .values import Fate, cheap_init
 
 logger = logging.getLogger("art_trio")
 
-_E = TypeVar("_E")
-
-
-def _cheap(cls: type[_E]) -> type[_E]:
-    """Give a frozen slotted dataclass an `__init__` that sets its slots through their
-    descriptors: a frozen dataclass's own goes through `object.__setattr__` per field (about
-    1.5 us for two fields on CPython 3.11, against 0.7 us this way). Events are built on
-    every rollout, so this is on the hot path. The instance stays frozen to everyone else."""
-    namespace: dict[str, Any] = {}
-    params, body = [], []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
-        if f.default is dataclasses.MISSING:
-            params.append(f.name)
-        else:
-            namespace[f"_default_{f.name}"] = f.default
-            params.append(f"{f.name}=_default_{f.name}")
-        body.append(f"    _set_{f.name}(self, {f.name})")
-    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body) + "\n"
-    exec(source, namespace)  # noqa: S102 (built from the dataclass's own field names)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init  # type: ignore[method-assign]
-    return cls
-
-
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class ScenarioSettled:
     """A scenario's fate was recorded (once per scenario taken)."""
@@ -78,7 +51,7 @@ class ScenarioSettled:
     queued: bool = False
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class GroupQueued:
     """A rollout worker handed a group to the trainer's channel."""
@@ -89,7 +62,7 @@ class GroupQueued:
     queued: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class BatchTaken:
     """The trainer took `batch_size` queued groups as the batch that produces `step`."""
@@ -98,7 +71,7 @@ class BatchTaken:
     batch_size: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class GroupReceived:
     """The trainer took a group out of the rollout channel."""
@@ -110,7 +83,7 @@ class GroupReceived:
     groups_in_channel: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class ChannelClosed:
     """The trainer stopped receiving; `groups_left` were still in the channel's buffer (dropped,
@@ -119,7 +92,7 @@ class ChannelClosed:
     groups_left: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class StepTrained:
     """`backend.train` produced `step` from a batch of `batch_size` groups."""
@@ -139,14 +112,14 @@ class StepTrained:
     reward_std_mean: float = 0.0
     zero_variance_groups: int = 0
     #: The batch's tokens x their policy age (each token aged by the policy that produced
-    #: it), and its tokens: `freshness.token_policy_age`.
+    #: it), and its tokens: `freshness.token_ages`.
     token_ages: tuple[float, float] = (0.0, 0.0)
     #: Per group (as `scenario_indices`): its tokens' mean policy age in steps, each token
     #: aged by the policy that produced it (None: no token versions known).
     token_staleness: tuple[float | None, ...] = ()
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class PolicyPublished:
     """Rollouts sample `version` from now on."""
@@ -154,7 +127,7 @@ class PolicyPublished:
     version: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class Resized:
     """The run's size changed while it ran (`trainer.resize`, or the autotuner)."""
@@ -166,7 +139,7 @@ class Resized:
     reason: str
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class RolloutStarted:
     """A rollout worker took scenario `scenario_index` from the source and starts its rollout."""
@@ -174,7 +147,7 @@ class RolloutStarted:
     scenario_index: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class RolloutEnded:
     """A rollout ended, whatever its end (its fate follows or came first, as `ScenarioSettled`).
@@ -189,7 +162,7 @@ class RolloutEnded:
     idle_s: float = 0.0
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class RolloutGivenBack:
     """A rollout was lost with its executor worker; its scenario went back to the source and
@@ -198,7 +171,7 @@ class RolloutGivenBack:
     scenario_index: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class HandOverBlocked:
     """A worker waited `seconds` for room in the full groups channel."""
@@ -206,7 +179,7 @@ class HandOverBlocked:
     seconds: float
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class EmptyGroupReceived:
     """The trainer received a group with no trajectories (settled as zero variance)."""
@@ -214,7 +187,7 @@ class EmptyGroupReceived:
     scenario_index: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class TrainCallStarted:
     """`backend.train` is about to be called for the batch that produces `step`."""
@@ -223,7 +196,7 @@ class TrainCallStarted:
     at: float
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class TrainCallEnded:
     """The `backend.train` call for `step` ended (with a result or not) after `train_s`."""
@@ -232,7 +205,7 @@ class TrainCallEnded:
     train_s: float
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class Collapsed:
     """The training stage stopped the run: `held` zero-variance groups in a row."""
@@ -240,7 +213,7 @@ class Collapsed:
     held: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class EvalStarted:
     """The eval of `step` started."""
@@ -248,7 +221,7 @@ class EvalStarted:
     step: int
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class EvalEnded:
     """The eval of `step` ended: `completed` if it ran to the end (its mean reward, None if
@@ -259,7 +232,7 @@ class EvalEnded:
     reward: float | None = None
 
 
-@_cheap
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class Stalled:
     """The run has not moved for `seconds` (no rollout ended, no step trained, no eval

@@ -4,16 +4,46 @@ The bottom layer. `Delivered` travels from a rollout worker to the trainer, `Fat
 scenario ended, `TallyBase` is what the persisted tallies held when a run began. Frozen or
 plain data with no behaviour of their own; everything else (the policy modules, the stages,
 the facade) imports these, and they import nothing of art_trio. The events a run emits and
-`RunStatistics` (events.py) belong to this layer too.
+`RunStatistics` (events.py) belong to this layer too, and `cheap_init`, the quick `__init__`
+the hot path's frozen dataclasses share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from art import TrajectoryGroup
+
+_D = TypeVar("_D")
+
+
+def cheap_init(cls: type[_D]) -> type[_D]:
+    """Give a frozen slotted dataclass an `__init__` that sets its slots through their
+    descriptors: a frozen dataclass's own goes through `object.__setattr__` per field (about
+    1.5 us for two fields on CPython 3.11, against 0.7 us this way). Events are built on
+    every rollout and the gate's snapshots on every admission decision: the hot path. The
+    instance stays frozen to everyone else. A subclass's inherited fields are set through
+    the slots of the class that declares them."""
+    namespace: dict[str, Any] = {}
+    params, body = [], []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        slot = next(k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__)
+        namespace[f"_set_{f.name}"] = slot.__set__
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body) + "\n"
+    exec(source, namespace)  # noqa: S102 (built from the dataclass's own field names)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 @dataclass(slots=True)
@@ -28,6 +58,9 @@ class Delivered:
     version: int | None = None
     #: Its tokens' mean policy version, token-weighted (only with a mean-age bound set).
     mean_version: float | None = None
+    #: Its tokens per policy version (`freshness.plain_tokens`), read once as it was handed
+    #: over where that reading is plain; None: the trained step reads them off the group.
+    tokens: dict[int, float] | None = None
 
 
 class Fate(enum.Enum):

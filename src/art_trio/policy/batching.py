@@ -246,13 +246,13 @@ def reward_stats(group: TrajectoryGroup) -> tuple[int, float, float]:
     rewards = [t.reward for t in group.trajectories]
     n = len(rewards)
     total = sum(rewards)
-    if n <= 1 or not all(math.isfinite(r) for r in rewards):
+    if n <= 1 or not all(map(math.isfinite, rewards)):
         return n, total, 0.0 if n <= 1 else math.nan
-    exponent = math.frexp(max(abs(r) for r in rewards))[1]
-    scaled = [math.ldexp(r, -exponent) for r in rewards]
+    exponent = -math.frexp(max(map(abs, rewards)))[1]
+    scaled = [math.ldexp(r, exponent) for r in rewards]
     mean = math.fsum(scaled) / n
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in scaled) / n)
-    return n, total, math.ldexp(std, exponent)  # std <= the largest |reward|: finite
+    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in scaled]) / n)
+    return n, total, math.ldexp(std, -exponent)  # std <= the largest |reward|: finite
 
 
 def split_eval_items(

@@ -22,6 +22,10 @@ from ..plumbing.compat import record_completion_tokens
 
 _warned_missing_tokens = False
 
+#: The `completion_tokens` types read without the general number test (exactly these: a
+#: subclass, or a bool, takes the general way).
+_PLAIN_COUNTS = (int, float)
+
 
 def _attribute(model: Any, name: str) -> Any:
     """`getattr(model, name, None)` without pydantic's slow miss.
@@ -69,7 +73,10 @@ def token_count_error(group: Any) -> str | None:
     """
     for i, trajectory in enumerate(group.trajectories):
         value = trajectory.metrics.get("completion_tokens")
-        if _is_number(value) and (not math.isfinite(value) or value < 0):
+        # A plain finite non-negative count is accepted without the general test (NaN fails
+        # the comparison and takes it).
+        plain = type(value) in _PLAIN_COUNTS and 0 <= value < math.inf
+        if not plain and _is_number(value) and (not math.isfinite(value) or value < 0):
             return (
                 f"trajectory {i} has completion_tokens={value!r}: the token-weighted policy "
                 "age cannot weigh it. Record a finite, non-negative count (the serving "
@@ -229,10 +236,44 @@ def tokens_by_version(groups: Iterable[Any]) -> dict[int, float]:
     return tokens
 
 
-def token_policy_age(groups: Iterable[Any], step: int) -> tuple[float, float]:
-    """``(sum of token x policy age, tokens)`` over the groups' trajectories, trained from
-    policy ``step``: each token aged by the version that produced it."""
-    tokens = tokens_by_version(groups)
+def plain_tokens(group: Any) -> dict[int, float] | None:
+    """`tokens_by_version([group])` where every trajectory is plain, read in one quick pass;
+    else None (`version_tokens` reads such a group, with its fallbacks and warning).
+
+    Plain: an `art.Trajectory` with no per-token versions anywhere (no
+    `_policy_token_counts`, no exchanges or additional histories, only dict messages without
+    spans), an `initial_policy_version`, and a `completion_tokens` metric that is a positive
+    finite int or float. `version_tokens` gives exactly `[(initial_policy_version,
+    completion_tokens)]` for it. What a rollout usually returns: the stage reads it once as
+    the group is handed over, so the trained step does not walk every trajectory again.
+    """
+    tokens: dict[int, float] = {}
+    for trajectory in group.trajectories:
+        if not isinstance(trajectory, Trajectory):
+            return None
+        private = trajectory.__pydantic_private__
+        fields = trajectory.__dict__
+        if (
+            (private and private.get("_policy_token_counts"))
+            or fields.get("exchanges")
+            or fields.get("additional_histories")
+        ):
+            return None
+        version = trajectory.initial_policy_version
+        value: Any = trajectory.metrics.get("completion_tokens")
+        if version is None or type(value) not in _PLAIN_COUNTS or not 0 < value < math.inf:
+            return None
+        for item in trajectory.messages_and_choices:
+            if type(item) is not dict or "policy_token_spans" in item:
+                return None
+        tokens[version] = tokens.get(version, 0.0) + float(value)
+    return tokens
+
+
+
+def token_ages(tokens: Mapping[int, float], step: int) -> tuple[float, float]:
+    """``(sum of token x policy age, tokens)`` of tokens counted per policy version
+    (`tokens_by_version`), trained from policy ``step``."""
     return sum((step - v) * n for v, n in tokens.items()), sum(tokens.values())
 
 

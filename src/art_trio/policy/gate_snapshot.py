@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..messages.values import cheap_init
+
 
 def completed_count(times: tuple[float, ...]) -> int:
     """How many of the sorted recent rollout times are completed rollouts': cancelled ones
@@ -18,6 +20,7 @@ def completed_count(times: tuple[float, ...]) -> int:
     return bisect.bisect_left(times, math.inf)
 
 
+@cheap_init
 @dataclass(frozen=True, slots=True)
 class GateSnapshot:
     """What an admission decision depends on, at one instant."""

@@ -51,7 +51,12 @@ from ..policy.batching import (
     stamp_policy_versions,
     version_type_error,
 )
-from ..policy.freshness import mean_policy_version, newest_token_version, token_count_error
+from ..policy.freshness import (
+    mean_policy_version,
+    newest_token_version,
+    plain_tokens,
+    token_count_error,
+)
 from ..run import PipelineRun
 
 logger = logging.getLogger("art_trio")
@@ -394,7 +399,7 @@ class RolloutStage:
         trainer_version = run.gate.next_training_step if run.in_flight_updates else (
             run.gate.policy_version
         )
-        future = future_policy_error(
+        future = None if newest is None or newest <= trainer_version else future_policy_error(
             newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
         )
         if future is not None:
@@ -416,6 +421,7 @@ class RolloutStage:
             actor_idle_s=idle_s,
             version=group_version,
             mean_version=mean_version,
+            tokens=plain_tokens(group),
         )
 
     def _give_back(self, index: int, scenario: Any) -> bool:

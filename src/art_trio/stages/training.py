@@ -34,7 +34,7 @@ from ..messages.values import Delivered, Fate
 from ..observation.status import reward_summary
 from ..plumbing.hooks import backend_hook
 from ..policy.batching import all_failed_error, is_zero_variance
-from ..policy.freshness import token_policy_age
+from ..policy.freshness import token_ages, tokens_by_version
 from ..run import PipelineRun
 from .checkpoints import after_step
 from .metrics import TrainMetrics
@@ -428,7 +428,13 @@ class TrainingStage:
             (item.rollout_wall_s for item in batch.items),
         )
         reward_mean, reward_std_mean, flat = reward_summary([item.group for item in batch.items])
-        by_group = [token_policy_age([item.group], new_step - 1) for item in batch.items]
+        by_group = [
+            token_ages(
+                tokens_by_version((item.group,)) if item.tokens is None else item.tokens,
+                new_step - 1,
+            )
+            for item in batch.items
+        ]
         self._emit(
             StepTrained(
                 step=new_step,
