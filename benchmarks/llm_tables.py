@@ -185,12 +185,15 @@ def summary(results: dict[str, Any]) -> str:
     the per-seed figures, then the issues' ratios, then what it was measured with."""
     rows, meta = results["rows"], results["meta"]
     seeds = sorted({r["seed"] for r in rows})
-    lines = [
-        "| M | trainer | inference-s per trained group | groups trained, scored alike "
-        "| tokens generated, thrown away | token-weighted policy age | rows switched "
-        "mid-decode | steps (per seed) | time to target s (per seed) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    # Rows switch policy mid-decode only with in-flight updates: no column without that arm.
+    switched = any(r["kind"] == "art_trio_inflight" for r in rows)
+    columns = [
+        "M", "trainer", "inference-s per trained group", "groups trained, scored alike",
+        "tokens generated, thrown away", "token-weighted policy age",
+        *(["rows switched mid-decode"] if switched else []),
+        "steps (per seed)", "time to target s (per seed)",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for m in sorted({r["max_steps_off_policy"] for r in rows}, reverse=True):
         for kind, label in LABELS.items():
             if not any(r["kind"] == kind and r["max_steps_off_policy"] == m for r in rows):
@@ -205,8 +208,8 @@ def summary(results: dict[str, Any]) -> str:
                 f"{_fmt(mean('tokens_generated'), ',.0f')}, "
                 f"{_fmt(mean('tokens_thrown_away'), ',.0f')} | "
                 f"{_fmt(mean('token_policy_age'))} | "
-                f"{_fmt(mean('rows_updated_in_flight'), '.1f')} | "
-                f"{_per_seed(rows, kind, 'steps', m, 'd')} | "
+                + (f"{_fmt(mean('rows_updated_in_flight'), '.1f')} | " if switched else "")
+                + f"{_per_seed(rows, kind, 'steps', m, 'd')} | "
                 f"{_per_seed(rows, kind, 'time_to_target_s', m, '.0f')} |"
             )
     lines += ["", *_ratio_sentences(rows)]
