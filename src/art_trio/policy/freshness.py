@@ -270,7 +270,6 @@ def plain_tokens(group: Any) -> dict[int, float] | None:
     return tokens
 
 
-
 def token_ages(tokens: Mapping[int, float], step: int) -> tuple[float, float]:
     """``(sum of token x policy age, tokens)`` of tokens counted per policy version
     (`tokens_by_version`), trained from policy ``step``."""
