@@ -136,6 +136,22 @@ def _paired_ratio(
     return statistics.fmean(a[s] for s in seeds) / statistics.fmean(b[s] for s in seeds)
 
 
+def _in_flight_floor(rows: list[dict[str, Any]], m: int) -> float | None:
+    """The share of cancellation's tokens left without its stale and aborted ones: all an
+    update in flight can save, so in-flight / cancellation cannot go below it."""
+    generated = _mean(rows, "art_trio", "tokens_generated", m)
+    stale, aborted = (_mean(rows, "art_trio", k, m) for k in ("tokens_stale", "tokens_aborted"))
+    if not generated or stale is None or aborted is None:
+        return None
+    return 1 - (stale + aborted) / generated
+
+
+def _age_difference(rows: list[dict[str, Any]], m: int) -> float | None:
+    """In-flight's mean token-weighted policy age minus cancellation's."""
+    a, b = (_mean(rows, k, "token_policy_age", m) for k in ("art_trio_inflight", "art_trio"))
+    return a - b if a is not None and b is not None else None
+
+
 def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
     """In-flight / cancellation (``art_trio``) per max_steps_off_policy, means over seeds."""
     out = [
@@ -148,26 +164,16 @@ def in_flight_ratios(rows: list[dict[str, Any]]) -> str:
     ]
     for m in sorted({r["max_steps_off_policy"] for r in rows}):
 
-        def mean(kind: str, key: str, m: int = m) -> float | None:
-            return _mean(rows, kind, key, m)
-
         def ratio(key: str, m: int = m) -> float | None:
             return _mean_ratio(rows, "art_trio_inflight", "art_trio", key, m)
 
-        a, b = mean("art_trio_inflight", "token_policy_age"), mean("art_trio", "token_policy_age")
-        generated = mean("art_trio", "tokens_generated")
-        lost = [mean("art_trio", key) for key in ("tokens_stale", "tokens_aborted")]
-        floor = (
-            1 - (lost[0] + lost[1]) / generated
-            if generated and lost[0] is not None and lost[1] is not None
-            else None
-        )
         out.append(
             f"| {m} | {_fmt(ratio('inference_s_per_trained_group'))} | "
-            f"{_fmt(a - b if a is not None and b is not None else None, '+.2f')} | "
+            f"{_fmt(_age_difference(rows, m), '+.2f')} | "
             f"{_fmt(_paired_ratio(rows, 'art_trio_inflight', 'art_trio', 'time_to_target_s', m))}"
             f" | {_fmt(ratio('tokens_thrown_away'))} | "
-            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} | {_fmt(floor)} |"
+            f"{_fmt(ratio('scheduling_tokens_per_trained_token'))} | "
+            f"{_fmt(_in_flight_floor(rows, m))} |"
         )
     return "\n".join(out)
 
@@ -242,20 +248,12 @@ def _ratio_sentences(rows: list[dict[str, Any]]) -> list[str]:
         flight = _mean_ratio(
             rows, "art_trio_inflight", "art_trio", "inference_s_per_trained_group", m
         )
-        age = [_mean(rows, k, "token_policy_age", m) for k in ("art_trio_inflight", "art_trio")]
         if flight is not None:
-            more = age[0] - age[1] if age[0] is not None and age[1] is not None else None
-            generated = _mean(rows, "art_trio", "tokens_generated", m)
-            lost = [_mean(rows, "art_trio", k, m) for k in ("tokens_stale", "tokens_aborted")]
-            floor = (
-                1 - (lost[0] + lost[1]) / generated
-                if generated and lost[0] is not None and lost[1] is not None
-                else None
-            )
             parts.append(
                 f"in-flight / cancellation **{_fmt(flight)}x** (target <= 0.8; its floor, "
-                f"cancellation's tokens without its stale and aborted ones: {_fmt(floor)}), "
-                f"policy age {_fmt(more, '+.2f')} steps (<= +0.5)"
+                "cancellation's tokens without its stale and aborted ones: "
+                f"{_fmt(_in_flight_floor(rows, m))}), "
+                f"policy age {_fmt(_age_difference(rows, m), '+.2f')} steps (<= +0.5)"
             )
         if parts:
             out.append(f"M={m}: " + "; ".join(parts) + ".")
