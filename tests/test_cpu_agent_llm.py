@@ -53,16 +53,70 @@ def _turns(trajectory: art.Trajectory) -> list[Any]:
     return [m for m in trajectory.messages_and_choices if not isinstance(m, dict)]
 
 
+def _train_lookup(
+    backend: Any,
+    tmp_path: Path,
+    name: str,
+    rollout: Any,
+    config: Any,
+    record: Any,
+    *,
+    seed: int,
+    max_steps_off_policy: int,
+    steps: int,
+) -> int:
+    """Train model `name` on the lookup task for `steps` steps under `trio.run` (the asyncio
+    rollout through the bridge), `record(groups, result)` told of each `backend.train`; the
+    backend's step after. With in-flight updates on, rollouts sample the in-flight slot."""
+    from art_trio import PipelineTrainer
+    from art_trio.cpu.agent_task import lookup_eval_fn, lookup_scenarios
+
+    real_train = backend.train
+
+    async def recording_train(model: Any, groups: Any, **kwargs: Any) -> Any:
+        groups = list(groups)
+        result = await real_train(model, groups, **kwargs)
+        record(groups, result)
+        return result
+
+    async def run() -> int:
+        async with backend:
+            model = smollm2_model(tmp_path, name)
+            await model.register(backend)
+            if backend.in_flight_updates:
+                assert model.get_inference_name().endswith(":active")
+            trainer = PipelineTrainer(
+                model,
+                backend,
+                rollout,
+                lookup_scenarios(seed),
+                config,
+                lookup_eval_fn,
+                num_rollout_workers=2,
+                min_batch_size=1,
+                max_batch_size=1,
+                max_steps_off_policy=max_steps_off_policy,
+                learning_rate=1e-3,
+                eval_every_n_steps=100,
+                max_steps=steps,
+            )
+            await trainer.train()
+            return int(await backend._get_step(model))
+
+    backend.train = recording_train
+    try:
+        return trio.run(run)
+    finally:
+        del backend.train
+
+
 def test_lookup_rollouts_train_both_turns_after_the_tool_latency(
     loaded: Any, tmp_path: Path
 ) -> None:
-    from art_trio import PipelineTrainer
     from art_trio.cpu.agent_task import (
         LookupTaskConfig,
         agent_rollout,
-        lookup_eval_fn,
         lookup_messages,
-        lookup_scenarios,
         parse_call,
     )
 
@@ -96,41 +150,14 @@ def test_lookup_rollouts_train_both_turns_after_the_tool_latency(
             )
         )
 
-    real_train = backend.train
-
-    async def recording_train(model: Any, groups: Any, **kwargs: Any) -> Any:
-        groups = list(groups)
-        result = await real_train(model, groups, **kwargs)
+    def record(groups: list[art.TrajectoryGroup], result: Any) -> None:
         trained.append((groups, dict(result.metrics)))
-        return result
 
-    async def run() -> int:
-        async with backend:
-            model = smollm2_model(tmp_path, "agent")
-            await model.register(backend)
-            trainer = PipelineTrainer(
-                model,
-                backend,
-                rollout,
-                lookup_scenarios(0),
-                config,
-                lookup_eval_fn,
-                num_rollout_workers=2,
-                min_batch_size=1,
-                max_batch_size=1,
-                max_steps_off_policy=2,
-                learning_rate=1e-3,
-                eval_every_n_steps=100,
-                max_steps=2,
-            )
-            await trainer.train()
-            return int(await backend._get_step(model))
-
-    backend.train = recording_train
-    try:
-        assert trio.run(run) == 2
-    finally:
-        del backend.train
+    step = _train_lookup(
+        backend, tmp_path, "agent", rollout, config, record,
+        seed=0, max_steps_off_policy=2, steps=2,
+    )  # fmt: skip
+    assert step == 2
     assert len(trained) == 2
     called = 0
     for groups, metrics in trained:
@@ -182,12 +209,9 @@ def test_with_in_flight_updates_a_turn_after_a_publish_uses_the_newest_policy(
     `model.get_inference_name()` is the in-flight slot, so a second turn sent after a step
     was published is sampled by that step; each turn's tokens carry their version, and the
     trainer reads both turns' versions."""
-    from art_trio import PipelineTrainer
     from art_trio.cpu.agent_task import (
         LookupTaskConfig,
-        lookup_eval_fn,
         lookup_rollout,
-        lookup_scenarios,
     )
     from art_trio.policy.freshness import version_tokens
 
@@ -204,41 +228,14 @@ def test_with_in_flight_updates_a_turn_after_a_publish_uses_the_newest_policy(
         seen.append(group)
         return group
 
-    real_train = backend.train
-
-    async def recording_train(model: Any, groups: Any, **kwargs: Any) -> Any:
-        groups = list(groups)
+    def record(groups: list[art.TrajectoryGroup], result: Any) -> None:
         trained.extend(groups)
-        return await real_train(model, groups, **kwargs)
 
-    async def run() -> int:
-        async with backend:
-            model = smollm2_model(tmp_path, "agent-in-flight")
-            await model.register(backend)
-            assert model.get_inference_name().endswith(":active")
-            trainer = PipelineTrainer(
-                model,
-                backend,
-                rollout,
-                lookup_scenarios(1),
-                config,
-                lookup_eval_fn,
-                num_rollout_workers=2,
-                min_batch_size=1,
-                max_batch_size=1,
-                max_steps_off_policy=3,
-                learning_rate=1e-3,
-                eval_every_n_steps=100,
-                max_steps=4,
-            )
-            await trainer.train()
-            return int(await backend._get_step(model))
-
-    backend.train = recording_train
-    try:
-        assert trio.run(run) == 4
-    finally:
-        del backend.train
+    step = _train_lookup(
+        backend, tmp_path, "agent-in-flight", rollout, config, record,
+        seed=1, max_steps_off_policy=3, steps=4,
+    )  # fmt: skip
+    assert step == 4
     later = 0
     for trajectory in (t for g in seen for t in g.trajectories):
         first, second = (_versions(c) for c in _turns(trajectory))
