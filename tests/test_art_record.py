@@ -195,6 +195,16 @@ def test_what_is_not_an_extension_is_refused_at_construction(
         )
 
 
+def _two_steps_with(
+    model: art.TrainableModel, backend: RecordingBackend, extension: Any
+) -> PipelineTrainer[Any, None]:
+    """A trainer of two steps with `extension` beside its stages."""
+    return PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, max_steps=2, extensions=[extension],
+    )
+
+
 class _Forever:
     """A careless extension: its stage never returns and never looks at the run's end."""
 
@@ -211,10 +221,7 @@ class _Forever:
 async def test_an_extension_stage_that_never_returns_does_not_keep_train_running(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
 ) -> None:
-    trainer = PipelineTrainer(
-        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
-        min_batch_size=2, max_batch_size=2, max_steps=2, extensions=[_Forever()],
-    )
+    trainer = _two_steps_with(model, backend, _Forever())
     with trio.fail_after(3600):  # virtual time: a hang fails here instead of hanging the suite
         await trainer.train(handle_signals=False)
     assert trainer.statistics().steps == 2
@@ -234,10 +241,7 @@ class _Raising:
 async def test_an_extension_stage_that_raises_fails_the_run_naming_it(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
 ) -> None:
-    trainer = PipelineTrainer(
-        model, backend, asyncio_rollout, scenarios(20), None, num_rollout_workers=2,
-        min_batch_size=2, max_batch_size=2, max_steps=2, extensions=[_Raising()],
-    )
+    trainer = _two_steps_with(model, backend, _Raising())
     with pytest.raises(BaseExceptionGroup) as caught:
         await trainer.train(handle_signals=False)
     (leaf,) = caught.value.exceptions
