@@ -104,13 +104,27 @@ def test_github_shows_no_build_directive(page: Path) -> None:
         assert not line.startswith((":::", "--8<--")), f"{page.name} shows {line!r} on GitHub"
 
 
-def test_the_site_build_swaps_the_github_and_site_parts() -> None:
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_the_site_links_stay_inside_docs(page: Path) -> None:
+    """`mkdocs build --strict` refuses a link out of docs/ (the site has no such page): such a
+    link must sit in a github-only part."""
+    built = _hooks().on_page_markdown(page.read_text())
+    outside = re.findall(r"\]\((\.\./[^)]*)\)", built)
+    assert not outside, f"{page.name} links out of docs/ on the site: {outside}"
+
+
+def _hooks():  # type: ignore[no-untyped-def]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "mkdocs_hooks.py")
     assert spec is not None and spec.loader is not None
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_site_build_swaps_the_github_and_site_parts() -> None:
+    hooks = _hooks()
     changelog = hooks.on_page_markdown((DOCS / "changelog.md").read_text())
     assert changelog.strip() == '--8<-- "CHANGELOG.md"'
     api = hooks.on_page_markdown((DOCS / "api.md").read_text())
