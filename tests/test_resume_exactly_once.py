@@ -23,8 +23,9 @@ from typing import Any
 import art
 import pytest
 import trio
+import trio_asyncio
 
-from art_trio import PipelineTrainer
+from art_trio import PipelineTrainer, ScenarioSourceClosed
 from art_trio.plumbing.progress import PIPELINE_STATE_KEY
 from art_trio.resume.files import SIDECAR_FILE
 from art_trio.resume.store import StateStore
@@ -201,6 +202,69 @@ async def test_stop_then_resume_repeatedly_trains_each_scenario_once(
     state = StateStore(model._get_output_dir()).read()
     assert state is not None and state.ledger.pending is None
     assert set(range(state.ledger.watermark)) | state.ledger.resolved_above == set(trained)
+
+
+def _one_shot_trainer(
+    model: art.TrainableModel, backend: RecordingBackend, source: Any
+) -> PipelineTrainer[Any, None]:
+    return PipelineTrainer(
+        model, backend, asyncio_rollout, source, None, num_rollout_workers=4,
+        min_batch_size=2, max_batch_size=3, eval_step_0=False, max_steps_off_policy=100,
+        shutdown_grace_seconds=0.0,
+    )
+
+
+async def _stop_at_random_moments(trainer: PipelineTrainer[Any, None], times: int) -> None:
+    rng = random.Random(3)
+    for _ in range(times):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trainer.train, handle_signals=False))
+            await trio.sleep(rng.uniform(0.0, 0.004))
+            trainer.request_stop()
+
+
+async def _async_generator(source: list[dict[str, Any]]) -> Any:
+    for scenario in source:
+        yield scenario
+
+
+@pytest.mark.parametrize("kind", ["generator", "async generator in the host's loop"])
+async def test_the_same_trainer_trains_again_from_a_one_shot_source_exactly_once(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock,
+    kind: str,
+) -> None:
+    """A supervisor calling `train()` again on the same trainer, whose scenarios are a
+    generator: it cannot be read from its start again, so each call goes on where the last
+    left it, and what a stop left in flight or queued is rolled first."""
+    source = scenarios(40)
+    async with trio_asyncio.open_loop():  # the host's loop: it outlives every train() call
+        one_shot = iter(source) if kind == "generator" else _async_generator(source)
+        trainer = _one_shot_trainer(model, backend, one_shot)
+        await _stop_at_random_moments(trainer, 5)
+        await trainer.train(handle_signals=False)  # to the source's end
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained))
+    assert sorted(trained) == list(range(40))
+
+
+async def test_an_async_generator_closed_with_the_last_calls_loop_is_refused(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """Under trio with no loop of the host's, each `train()` opens and closes its asyncio
+    loop, which finalizes the async generators it ran: going on would look like the source's
+    end and drop the scenarios never read."""
+    trainer = _one_shot_trainer(model, backend, _async_generator(scenarios(40)))
+    await _stop_at_random_moments(trainer, 1)
+    calls = len(backend.calls)
+    with pytest.raises(ScenarioSourceClosed, match="outlives them"):
+        await trainer.train(handle_signals=False)
+    assert len(backend.calls) == calls
+    # The resume state is intact: a new trainer with a new generator trains the rest.
+    await _one_shot_trainer(model, backend, _async_generator(scenarios(40))).train(
+        handle_signals=False
+    )
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert sorted(trained) == list(range(40))
 
 
 async def test_the_batch_is_on_disk_before_backend_train_is_called(

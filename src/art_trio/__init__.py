@@ -43,6 +43,7 @@ from .messages.errors import (
     RolloutsKeepFailing,
     RunLockedError,
     RunLockLostError,
+    ScenarioSourceClosed,
     StateFileError,
     StateWriteError,
 )
@@ -157,6 +158,7 @@ __all__ = [
     "Resized",
     "RolloutRejected",
     "RolloutsKeepFailing",
+    "ScenarioSourceClosed",
     "RunCounters",
     "RunEvent",
     "RunLockedError",

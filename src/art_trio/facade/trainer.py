@@ -31,6 +31,7 @@ from ..observation.fates import RunCounters
 from ..plumbing.compat import PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.executor import RolloutExecutor
 from ..plumbing.progress import ProgressKeeper
+from ..plumbing.source import ScenarioCursor
 from ..plumbing.threads import DEFAULT_TIMEOUT_S
 from ..run import compose_statistics
 from ..stages import StageExtension
@@ -101,7 +102,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.rollout_executor = rollout_executor
         self.config = config
         self.eval_fn = eval_fn
-        self._scenarios = scenarios
+        self._scenarios = ScenarioCursor(scenarios)
         #: ART 0.5.20's objective-score references, kept as given (see compat.py).
         self.score_reference_groups_per_step = score_reference_groups_per_step
         self.score_reference_rollouts_per_group = score_reference_rollouts_per_group

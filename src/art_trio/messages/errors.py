@@ -104,6 +104,11 @@ class ExecutorUnavailable(ArtTrioError, RuntimeError):
     (rolled again on resume), never counted as errored or stale."""
 
 
+class ScenarioSourceClosed(ArtTrioError, RuntimeError):
+    """`train()` was called again on a trainer whose one-shot scenario source was closed
+    before its end (an async generator the last call's asyncio loop finalized)."""
+
+
 class CallbackNotAwaitable(ArtTrioError, TypeError):
     """A user callback returned something that cannot be awaited: the run cannot go on."""
 
@@ -197,6 +202,7 @@ __all__ = [
     "RolloutLost",
     "RolloutRejected",
     "RolloutsKeepFailing",
+    "ScenarioSourceClosed",
     "RunLockedError",
     "RunLockLostError",
     "StateFileError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -9,9 +10,9 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..messages.errors import _BaseExceptionEscaped
+from ..messages.errors import ScenarioSourceClosed, _BaseExceptionEscaped
 from .bridge.calls import Bridge, is_native, trio_native
-from .progress import RunProgress
+from .progress import RunProgress, ScenarioBook
 
 T = TypeVar("T")
 logger = logging.getLogger("art_trio")
@@ -22,6 +23,57 @@ class _End:
 
 
 _END = _End()
+
+
+class ScenarioCursor(Generic[T]):
+    """The trainer's scenarios between its `train()` calls.
+
+    A re-iterable source (a list, a range) is read from its start by every run, as a resumed
+    process reads it, and the resume state skips what was resolved. A one-shot iterator (a
+    generator, an async generator) cannot be read again, so a later `train()` of the same
+    trainer (a supervisor's retry after `PipelineStalled`, a run continued after
+    `request_stop()`) goes on where the last one left it, and first hands out again what that
+    one took and did not resolve (in flight or queued when it ended). A new process passes a
+    new iterator, read from its start.
+    """
+
+    def __init__(self, scenarios: Iterable[T] | AsyncIterator[T]) -> None:
+        self.scenarios = scenarios
+        self.one_shot = isinstance(scenarios, AsyncIterator) or iter(scenarios) is scenarios
+        #: How many scenarios the runs so far read from a one-shot iterator, and whether
+        #: they read it to its end.
+        self.read = 0
+        self.exhausted = False
+        #: What they took, by index, until seen resolved (pruned as the dict doubles).
+        self.taken: dict[int, T] = {}
+        self._prune_at = 256
+
+    def took(self, index: int, scenario: T, ledger: ScenarioBook) -> None:
+        self.taken[index] = scenario
+        if len(self.taken) >= self._prune_at:
+            self.taken = {i: s for i, s in self.taken.items() if not ledger.is_resolved(i)}
+            self._prune_at = max(256, 2 * len(self.taken))
+
+    def check_open(self) -> None:
+        """Refuse to go on from an async generator an asyncio loop closed midway: it would
+        look exhausted, and the run would end early with the rest of its scenarios unread."""
+        source = self.scenarios
+        if inspect.isasyncgen(source) and source.ag_frame is None and not self.exhausted:
+            raise ScenarioSourceClosed(
+                f"train() was called again on this trainer, but its scenarios' async "
+                f"generator was closed after {self.read} scenarios: the last call's asyncio "
+                "loop finalized it as it closed (an asyncio loop closes the async generators "
+                "it ran). Give a new PipelineTrainer a new generator (the resume state skips "
+                "what was resolved), or open the loop around both calls (`async with "
+                "trio_asyncio.open_loop():`) so that it outlives them."
+            )
+
+    def unresolved(self, ledger: ScenarioBook) -> list[tuple[int, T]]:
+        """What earlier runs took and `ledger` (this run's) does not hold resolved."""
+        return sorted(
+            ((i, s) for i, s in self.taken.items() if not ledger.is_resolved(i)),
+            key=lambda taken: taken[0],
+        )
 
 
 class ScenarioSource(Generic[T]):
@@ -37,12 +89,8 @@ class ScenarioSource(Generic[T]):
     resumed run given another source).
     """
 
-    def __init__(
-        self,
-        scenarios: Iterable[T] | AsyncIterator[T],
-        state: RunProgress,
-        bridge: Bridge,
-    ) -> None:
+    def __init__(self, cursor: ScenarioCursor[T], state: RunProgress, bridge: Bridge) -> None:
+        scenarios = cursor.scenarios
         self._sync: Iterator[T] | None = None
         self._async: AsyncIterator[T] | None = None
         if isinstance(scenarios, AsyncIterator):
@@ -52,9 +100,15 @@ class ScenarioSource(Generic[T]):
         self._state = state
         self._bridge = bridge
         self._lock = anyio.Lock()
-        self._next_index = 0
-        # Scenarios whose rollout was lost (a dead executor worker), to be taken first.
+        # Scenarios to be taken first: whose rollout was lost (a dead executor worker), and
+        # what an earlier run took from a one-shot iterator and did not resolve.
         self._returned: deque[tuple[int, T]] = deque()
+        self._cursor = cursor if cursor.one_shot else None
+        self._next_index = 0
+        if self._cursor is not None:
+            cursor.check_open()
+            self._next_index = cursor.read
+            self._returned.extend(cursor.unresolved(state.ledger))
         self._skip_target = state.ledger.watermark
         self._checked = state.checked_scenarios
         self._pull_scope: anyio.CancelScope | None = None
@@ -124,6 +178,8 @@ class ScenarioSource(Generic[T]):
         index = self._next_index
         if isinstance(item, _End):
             self.exhausted = True
+            if self._cursor is not None:
+                self._cursor.exhausted = True
             if index < self._skip_target:
                 logger.warning(
                     "scenario iterator exhausted early while skipping (skipped %d/%d)",
@@ -137,6 +193,9 @@ class ScenarioSource(Generic[T]):
         if self._state.ledger.is_resolved(index):
             return None
         self._state.scenario_taken()
+        if self._cursor is not None:
+            self._cursor.read = self._next_index
+            self._cursor.took(index, item, self._state.ledger)
         return index, item
 
     @property
