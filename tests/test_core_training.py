@@ -236,6 +236,31 @@ async def test_the_groups_channel_is_bounded(model, autojump_clock):
     assert counters.max_queued <= 3 + 2 + 20
 
 
+async def test_a_batch_takes_the_groups_of_workers_blocked_on_the_full_channel(
+    model, autojump_clock
+):
+    """Taking a group from a full channel moves a blocked worker's group into it at once, so
+    "what is already queued" includes the blocked workers' groups. (A bound that only wakes
+    the blocked worker, as an anyio CapacityLimiter in front of an unbounded stream would,
+    leaves its group out until the worker runs: these batches shrank to 1 group each.)"""
+    backend = RecordingBackend(train_seconds=10.0)
+    object.__setattr__(model, "_backend", backend)
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        await asyncio.sleep(1.0)
+        return art.TrajectoryGroup([trajectory(0), trajectory(1)])
+
+    await PipelineTrainer(
+        model, backend, rollout, scenarios(40), None, num_rollout_workers=6,
+        min_batch_size=1, max_batch_size=4, queue_maxsize=1, max_steps_off_policy=8,
+        max_steps=4, admission="eager",
+    ).train(handle_signals=False)
+    # While a step trains, 1 group waits in the channel and 5 workers block behind it; the
+    # next batch takes the channel's group and, as each is taken, the next blocked worker's,
+    # up to 4. (The first batch starts with what the first completions brought.)
+    assert [len(c.scenario_ids) for c in backend.calls][1:] == [4, 4, 4]
+
+
 @pytest.mark.parametrize("admission", ["eager", "staleness_aware"])
 async def test_off_policy_bound_holds_under_load(model, autojump_clock, admission):
     backend = RecordingBackend(train_seconds=1.0)
