@@ -40,7 +40,11 @@ from ..messages.events import (
 )
 from ..messages.stall_report import RolloutInFlight
 from ..messages.values import Delivered, Fate
-from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
+from ..plumbing.compat import (
+    FATAL_ROLLOUT_ERRORS,
+    RECORDS_COMPLETION_TOKENS,
+    record_completion_tokens,
+)
 from ..plumbing.group_queue import GroupSendEnd
 from ..policy.batching import (
     copy_scenario_metadata,
@@ -55,6 +59,7 @@ from ..policy.freshness import (
     mean_policy_version,
     newest_token_version,
     plain_tokens,
+    plainly_valid,
     token_count_error,
 )
 from ..run import PipelineRun
@@ -378,8 +383,9 @@ class RolloutStage:
         copy_scenario_metadata(group, scenario)
         # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
         # (held zero-variance groups too) carry their serving usage.
-        for trajectory in group.trajectories:
-            record_completion_tokens(trajectory)
+        if RECORDS_COMPLETION_TOKENS:
+            for trajectory in group.trajectories:
+                record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
             group, initial=version, final=run.gate.policy_version
         )
@@ -472,6 +478,8 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
+    if plainly_valid(group):
+        return  # (the usual group: the checks below would find nothing)
     problem = (
         non_finite_reward_error(group) or version_type_error(group) or token_count_error(group)
     )
