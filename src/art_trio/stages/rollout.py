@@ -327,10 +327,27 @@ class RolloutStage:
     ) -> Any:
         """The rollout's group, the exception it failed with, or DOOMED if the gate doomed
         it (whatever it made of its cancellation)."""
-        gate = self.run.gate
+        run = self.run
+        gate = run.gate
         gate.track(version, doom_scope)
         try:
-            group = await self._call_rollout(worker_id, scenario, version)
+            # (The call is made here, not in a helper coroutine: every frame between the
+            # worker and the rollout is resumed each time the rollout yields.)
+            token = run.model.activate_metrics_context("train")
+            try:
+                # Leased for the whole call: the rollout samples from `version`'s weights.
+                if run.executor is not None:
+                    group = await run.leases.call(
+                        version, run.executor.run, worker_id, run.rollout_fn, run.model,
+                        scenario, run.config, lease=run.rollout_lease,
+                    )
+                else:
+                    group = await run.leases.call(
+                        version, run.rollout_fn, run.model, scenario, run.config,
+                        lease=run.rollout_lease,
+                    )
+            finally:
+                token.var.reset(token)
         except ENDS_THE_RUN + (RolloutLost,):
             raise
         except Exception as exc:
@@ -348,23 +365,6 @@ class RolloutStage:
         except RolloutRejected as exc:
             return exc
         return group
-
-    async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        ctx = self.run
-        token = ctx.model.activate_metrics_context("train")
-        try:
-            # Leased for the whole call: the rollout samples from `version`'s weights.
-            if ctx.executor is not None:
-                return await self.run.leases.call(
-                    version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
-                    ctx.config, lease=ctx.rollout_lease,
-                )
-            return await self.run.leases.call(
-                version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
-                lease=ctx.rollout_lease,
-            )
-        finally:
-            token.var.reset(token)
 
     def _delivery(
         self,
