@@ -200,8 +200,8 @@ def _plain_field_writes(model: Any, names: tuple[str, ...]) -> bool:
         and not config.get("validate_assignment")
         and not config.get("frozen")
         and all(
-            name in model.__pydantic_fields__
-            and not model.__pydantic_fields__[name].frozen
+            name in model.model_fields
+            and not model.model_fields[name].frozen
             and name not in model.__class_vars__
             and name not in vars(model)  # (no property or descriptor of that name)
             for name in names
@@ -251,19 +251,13 @@ def _is_scalar(value: object) -> bool:
 
 def copy_scenario_metadata(group: TrajectoryGroup, scenario: object) -> None:
     """Copy a dict scenario's scalar `metadata` onto the group (`scenario_id` kept as is)."""
-    # (`type(...) is dict` first: the usual case, without the Mapping ABC's slower check.)
-    metadata = (
-        scenario.get("metadata")
-        if type(scenario) is dict or isinstance(scenario, Mapping)
-        else None
-    )
-    if not (type(metadata) is dict or isinstance(metadata, Mapping)):
+    metadata = scenario.get("metadata") if isinstance(scenario, Mapping) else None
+    if not isinstance(metadata, Mapping):
         return
-    target = group.metadata
     for key, value in metadata.items():
         if not isinstance(key, str) or not _is_scalar(value):
             continue
-        target[key if key == "scenario_id" else f"scenario_{key}"] = value
+        group.metadata[key if key == "scenario_id" else f"scenario_{key}"] = value
 
 
 def scenario_context(scenario: object) -> str:
