@@ -225,6 +225,9 @@ _record_completion_tokens: Any = (
     if ART_0520
     else None
 )
+#: Whether `record_completion_tokens` does anything on the installed ART (callers skip their
+#: loop over a group's trajectories where it does not).
+RECORDS_COMPLETION_TOKENS = _record_completion_tokens is not None
 
 
 #: Rollout errors that end the run instead of counting as one failed rollout: ART 0.5.20+

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from art import Trajectory, TrajectoryGroup
+from pydantic import BaseModel
 
 from ..messages.errors import FuturePolicyError
 
@@ -189,6 +190,31 @@ def non_finite_reward_error(group: TrajectoryGroup) -> str | None:
     )
 
 
+def _plain_field_writes(model: Any, names: tuple[str, ...]) -> bool:
+    """Whether assigning `names` on a `model` instance only stores the value and marks the
+    field set (no validation, no frozen field, no custom `__setattr__`), as pydantic does for
+    a plain field: then the stage may do just that."""
+    config = model.model_config
+    return (
+        model.__setattr__ is BaseModel.__setattr__
+        and not config.get("validate_assignment")
+        and not config.get("frozen")
+        and all(
+            name in model.model_fields
+            and not model.model_fields[name].frozen
+            and name not in model.__class_vars__
+            and name not in vars(model)  # (no property or descriptor of that name)
+            for name in names
+        )
+    )
+
+
+#: `art.Trajectory`'s policy versions are plain fields (`stamp_policy_versions`).
+_PLAIN_FIELD_WRITES = _plain_field_writes(
+    Trajectory, ("initial_policy_version", "final_policy_version")
+)
+
+
 def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -> int | None:
     """Record which policy versions a rollout spanned, keeping versions it set itself.
 
@@ -197,11 +223,23 @@ def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -
     """
     oldest: int | None = None
     for trajectory in group.trajectories:
-        if trajectory.initial_policy_version is None:
-            trajectory.initial_policy_version = initial
-        if trajectory.final_policy_version is None:
-            trajectory.final_policy_version = final
-        version = trajectory.initial_policy_version
+        if type(trajectory) is Trajectory and _PLAIN_FIELD_WRITES:
+            # What pydantic's assignment does for these fields, minus its dispatch (about
+            # a microsecond a field, for every trajectory of every group).
+            fields = trajectory.__dict__
+            if fields["initial_policy_version"] is None:
+                fields["initial_policy_version"] = initial
+                trajectory.__pydantic_fields_set__.add("initial_policy_version")
+            if fields["final_policy_version"] is None:
+                fields["final_policy_version"] = final
+                trajectory.__pydantic_fields_set__.add("final_policy_version")
+            version = fields["initial_policy_version"]
+        else:
+            if trajectory.initial_policy_version is None:
+                trajectory.initial_policy_version = initial
+            if trajectory.final_policy_version is None:
+                trajectory.final_policy_version = final
+            version = trajectory.initial_policy_version
         if oldest is None or version < oldest:
             oldest = version
     return oldest

@@ -40,7 +40,11 @@ from ..messages.events import (
 )
 from ..messages.stall_report import RolloutInFlight
 from ..messages.values import Delivered, Fate
-from ..plumbing.compat import FATAL_ROLLOUT_ERRORS, record_completion_tokens
+from ..plumbing.compat import (
+    FATAL_ROLLOUT_ERRORS,
+    RECORDS_COMPLETION_TOKENS,
+    record_completion_tokens,
+)
 from ..plumbing.group_queue import GroupSendEnd
 from ..policy.batching import (
     copy_scenario_metadata,
@@ -55,6 +59,7 @@ from ..policy.freshness import (
     mean_policy_version,
     newest_token_version,
     plain_tokens,
+    plainly_valid,
     token_count_error,
 )
 from ..run import PipelineRun
@@ -322,10 +327,27 @@ class RolloutStage:
     ) -> Any:
         """The rollout's group, the exception it failed with, or DOOMED if the gate doomed
         it (whatever it made of its cancellation)."""
-        gate = self.run.gate
+        run = self.run
+        gate = run.gate
         gate.track(version, doom_scope)
         try:
-            group = await self._call_rollout(worker_id, scenario, version)
+            # (The call is made here, not in a helper coroutine: every frame between the
+            # worker and the rollout is resumed each time the rollout yields.)
+            token = run.model.activate_metrics_context("train")
+            try:
+                # Leased for the whole call: the rollout samples from `version`'s weights.
+                if run.executor is not None:
+                    group = await run.leases.call(
+                        version, run.executor.run, worker_id, run.rollout_fn, run.model,
+                        scenario, run.config, lease=run.rollout_lease,
+                    )
+                else:
+                    group = await run.leases.call(
+                        version, run.rollout_fn, run.model, scenario, run.config,
+                        lease=run.rollout_lease,
+                    )
+            finally:
+                token.var.reset(token)
         except ENDS_THE_RUN + (RolloutLost,):
             raise
         except Exception as exc:
@@ -344,23 +366,6 @@ class RolloutStage:
             return exc
         return group
 
-    async def _call_rollout(self, worker_id: int, scenario: Any, version: int) -> Any:
-        ctx = self.run
-        token = ctx.model.activate_metrics_context("train")
-        try:
-            # Leased for the whole call: the rollout samples from `version`'s weights.
-            if ctx.executor is not None:
-                return await self.run.leases.call(
-                    version, ctx.executor.run, worker_id, ctx.rollout_fn, ctx.model, scenario,
-                    ctx.config, lease=ctx.rollout_lease,
-                )
-            return await self.run.leases.call(
-                version, ctx.rollout_fn, ctx.model, scenario, ctx.config,
-                lease=ctx.rollout_lease,
-            )
-        finally:
-            token.var.reset(token)
-
     def _delivery(
         self,
         index: int,
@@ -378,8 +383,9 @@ class RolloutStage:
         copy_scenario_metadata(group, scenario)
         # As ART 0.5.20+'s workers do, so the trajectories logged and sent to the backend
         # (held zero-variance groups too) carry their serving usage.
-        for trajectory in group.trajectories:
-            record_completion_tokens(trajectory)
+        if RECORDS_COMPLETION_TOKENS:
+            for trajectory in group.trajectories:
+                record_completion_tokens(trajectory)
         group_version = stamp_policy_versions(
             group, initial=version, final=run.gate.policy_version
         )
@@ -472,6 +478,8 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
+    if plainly_valid(group):
+        return  # (the usual group: the checks below would find nothing)
     problem = (
         non_finite_reward_error(group) or version_type_error(group) or token_count_error(group)
     )

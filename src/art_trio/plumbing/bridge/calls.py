@@ -91,15 +91,19 @@ async def await_callback(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     try:
         result = fn(*args, **kwargs)
         if not inspect.isawaitable(result):
-            raise CallbackNotAwaitable(
-                f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
-                "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
-                "(or have it return a coroutine)"
-            )
+            raise _not_awaitable(fn, result)
         return await result
     except (KeyboardInterrupt, SystemExit) as exc:
         # Inside an asyncio task it would end the event loop (see the module docstring).
         raise _BaseExceptionEscaped(exc) from exc
+
+
+def _not_awaitable(fn: object, result: object) -> CallbackNotAwaitable:
+    return CallbackNotAwaitable(
+        f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
+        "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
+        "(or have it return a coroutine)"
+    )
 
 
 def _own_asyncio_cancellation() -> bool:
@@ -150,13 +154,20 @@ class Bridge:
     ) -> R:
         """Await a user callback: natively if marked `trio_native`, else as asyncio code."""
         # Under asyncio both are awaited in place; _TrioAsyncioBridge bridges the asyncio ones.
+        # `await_callback`, inlined: every frame between a worker and its rollout is resumed
+        # each time the rollout yields.
         try:
-            result: R = await await_callback(fn, *args, **kwargs)
+            awaitable = fn(*args, **kwargs)
+            if not inspect.isawaitable(awaitable):
+                raise _not_awaitable(fn, awaitable)
+            result: R = await awaitable
         except asyncio.CancelledError as exc:
             replacement = self._replacement(fn, exc)
             if replacement is None:
                 raise
             raise replacement from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _BaseExceptionEscaped(exc) from exc
         return result
 
     async def callback_holding(

@@ -1,0 +1,97 @@
+"""The rollout stage's quick passes over a returned group agree with the checks they skip.
+
+`plainly_valid` lets the stage skip the three result checks, and `stamp_policy_versions`
+writes ART's plain fields directly: neither may accept or write anything the general way
+would not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import art
+import pydantic
+import pytest
+
+from art_trio.policy.batching import (
+    _plain_field_writes,
+    non_finite_reward_error,
+    stamp_policy_versions,
+    version_type_error,
+)
+from art_trio.policy.freshness import plainly_valid, token_count_error
+from art_trio.testing.doubles import trajectory, trajectory_group
+
+
+class _Sub(art.Trajectory):
+    pass
+
+
+class _Validated(art.Trajectory):
+    model_config = pydantic.ConfigDict(validate_assignment=True)
+
+
+def _with(field: str, value: Any) -> art.TrajectoryGroup:
+    group = trajectory_group([0.0, 1.0])
+    if field == "completion_tokens":
+        group.trajectories[1].metrics["completion_tokens"] = value
+    else:
+        setattr(group.trajectories[1], field, value)
+    return group
+
+
+CASES = [
+    trajectory_group([0.0, 1.0]),
+    trajectory_group([0.0, 1.0], usage=False),
+    trajectory_group([]),
+    _with("reward", math.nan),
+    _with("reward", math.inf),
+    _with("reward", 1),
+    _with("reward", True),
+    _with("initial_policy_version", 3),
+    _with("initial_policy_version", True),
+    _with("initial_policy_version", "3"),
+    _with("final_policy_version", 2.0),
+    _with("completion_tokens", 0),
+    _with("completion_tokens", 2.5),
+    _with("completion_tokens", math.inf),
+    _with("completion_tokens", math.nan),
+    _with("completion_tokens", -1),
+    _with("completion_tokens", True),
+    _with("completion_tokens", "3"),
+    art.TrajectoryGroup([_Sub(messages_and_choices=[], reward=0.5)]),
+]
+
+
+@pytest.mark.parametrize("group", CASES)
+def test_plainly_valid_only_where_no_check_objects(group: art.TrajectoryGroup) -> None:
+    checks = (non_finite_reward_error(group), version_type_error(group), token_count_error(group))
+    if plainly_valid(group):
+        assert checks == (None, None, None)
+
+
+def test_plainly_valid_takes_the_usual_group() -> None:
+    assert plainly_valid(trajectory_group([0.0, 0.5, 1.0]))
+    assert plainly_valid(trajectory_group([0.0, 1.0], usage=False))
+
+
+def _stamped(t: art.Trajectory) -> tuple[Any, ...]:
+    return (t.initial_policy_version, t.final_policy_version, t.model_fields_set)
+
+
+@pytest.mark.parametrize("preset", [None, 1])
+def test_stamp_writes_what_pydantic_assignment_does(preset: int | None) -> None:
+    fast = trajectory(0.5, initial_policy_version=preset)
+    slow = _Sub(**fast.model_dump(exclude_unset=True))  # the general way: setattr
+    oldest = stamp_policy_versions(art.TrajectoryGroup([fast]), initial=4, final=6)
+    assert oldest == stamp_policy_versions(art.TrajectoryGroup([slow]), initial=4, final=6)
+    assert _stamped(fast) == _stamped(slow)
+    assert fast.model_dump() == slow.model_dump()
+
+
+def test_direct_writes_only_for_plain_fields() -> None:
+    names = ("initial_policy_version", "final_policy_version")
+    assert _plain_field_writes(art.Trajectory, names)
+    assert not _plain_field_writes(_Validated, names)
+    assert not _plain_field_writes(art.Trajectory, ("no_such_field",))
