@@ -92,6 +92,9 @@ def test_stamp_writes_what_pydantic_assignment_does(preset: int | None) -> None:
 
 def test_direct_writes_only_for_plain_fields() -> None:
     names = ("initial_policy_version", "final_policy_version")
-    assert _plain_field_writes(art.Trajectory, names)
+    # ART 0.5.17-0.5.18: plain fields, written directly; 0.5.20+ validates every assignment
+    # (`validate_assignment`), so the stage assigns as any other code does.
+    validated = bool(art.Trajectory.model_config.get("validate_assignment"))
+    assert _plain_field_writes(art.Trajectory, names) is not validated
     assert not _plain_field_writes(_Validated, names)
     assert not _plain_field_writes(art.Trajectory, ("no_such_field",))
