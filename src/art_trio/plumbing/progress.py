@@ -28,6 +28,8 @@ class ScenarioBook:
 
     #: Every scenario below this index is settled (the source skips them on resume).
     watermark = 0
+    #: Whether it keeps each scenario's fate; if not, a scenario taken is settled.
+    keeps_fates = False
 
     def is_resolved(self, index: int) -> bool:
         return False

@@ -47,10 +47,28 @@ class ScenarioCursor(Generic[T]):
         #: What they took, by index, until seen resolved (pruned as the dict doubles).
         self.taken: dict[int, T] = {}
         self._prune_at = 256
+        self._ledger: ScenarioBook | None = None
 
-    def took(self, index: int, scenario: T, ledger: ScenarioBook) -> None:
+    def start(self, ledger: ScenarioBook) -> list[tuple[int, T]]:
+        """A run begins with `ledger`: what earlier runs took and did not resolve, in order.
+        Resolved means in the ledger the run that took it ended with, or in this one (with
+        `resume=False` each run's ledger starts empty)."""
+        last, self._ledger = self._ledger, ledger
+        if not ledger.keeps_fates:  # (ART's rule: every scenario taken is settled)
+            self.taken.clear()
+            return []
+        self.taken = {
+            i: s for i, s in self.taken.items()
+            if not ledger.is_resolved(i) and not (last is not None and last.is_resolved(i))
+        }
+        return sorted(self.taken.items(), key=lambda taken: taken[0])
+
+    def took(self, index: int, scenario: T) -> None:
+        if self._ledger is None or not self._ledger.keeps_fates:
+            return
         self.taken[index] = scenario
         if len(self.taken) >= self._prune_at:
+            ledger = self._ledger
             self.taken = {i: s for i, s in self.taken.items() if not ledger.is_resolved(i)}
             self._prune_at = max(256, 2 * len(self.taken))
 
@@ -67,13 +85,6 @@ class ScenarioCursor(Generic[T]):
                 "what was resolved), or open the loop around both calls (`async with "
                 "trio_asyncio.open_loop():`) so that it outlives them."
             )
-
-    def unresolved(self, ledger: ScenarioBook) -> list[tuple[int, T]]:
-        """What earlier runs took and `ledger` (this run's) does not hold resolved."""
-        return sorted(
-            ((i, s) for i, s in self.taken.items() if not ledger.is_resolved(i)),
-            key=lambda taken: taken[0],
-        )
 
 
 class ScenarioSource(Generic[T]):
@@ -108,7 +119,7 @@ class ScenarioSource(Generic[T]):
         if self._cursor is not None:
             cursor.check_open()
             self._next_index = cursor.read
-            self._returned.extend(cursor.unresolved(state.ledger))
+            self._returned.extend(cursor.start(state.ledger))
         self._skip_target = state.ledger.watermark
         self._checked = state.checked_scenarios
         self._pull_scope: anyio.CancelScope | None = None
@@ -195,7 +206,7 @@ class ScenarioSource(Generic[T]):
         self._state.scenario_taken()
         if self._cursor is not None:
             self._cursor.read = self._next_index
-            self._cursor.took(index, item, self._state.ledger)
+            self._cursor.took(index, item)
         return index, item
 
     @property

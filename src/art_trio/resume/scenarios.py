@@ -76,6 +76,7 @@ class ScenarioLedger(ScenarioBook):
     """Resolution of scenario indices, compacted under a low watermark."""
 
     watermark: int = 0
+    keeps_fates = True
     resolved_above: set[int] = field(default_factory=set)
     pending: PendingBatch | None = None
     #: Batches trained at steps the backend was not asked to checkpoint (ART's trainers ask
