@@ -146,6 +146,30 @@ def _in_flight_floor(rows: list[dict[str, Any]], m: int) -> float | None:
     return 1 - (stale + aborted) / generated
 
 
+def _tokens_per_trained_token(
+    rows: list[dict[str, Any]], kind: str, m: int, *, own_waste: bool = True
+) -> float | None:
+    """Mean tokens generated over mean tokens trained; without `own_waste`, the stale and
+    aborted tokens left out (what is left is paid by any trainer: the groups trained, those
+    scored alike, the rollouts in flight at the end)."""
+    generated, trained = (_mean(rows, kind, k, m) for k in ("tokens_generated", "tokens_trained"))
+    stale, aborted = (_mean(rows, kind, k, m) or 0.0 for k in ("tokens_stale", "tokens_aborted"))
+    if generated is None or not trained:
+        return None
+    return (generated - (0.0 if own_waste else stale + aborted)) / trained
+
+
+def _token_ratios(rows: list[dict[str, Any]], m: int) -> tuple[float | None, float | None]:
+    """art_trio's tokens per trained token over ART's, and the same with none of art_trio's
+    own stale or aborted tokens: the floor its scheduler could reach on these runs."""
+    art = _tokens_per_trained_token(rows, "art", m)
+    if not art:
+        return None, None
+    mine = _tokens_per_trained_token(rows, "art_trio", m)
+    floor = _tokens_per_trained_token(rows, "art_trio", m, own_waste=False)
+    return (mine / art if mine is not None else None), (floor / art if floor is not None else None)
+
+
 def _age_difference(rows: list[dict[str, Any]], m: int) -> float | None:
     """In-flight's mean token-weighted policy age minus cancellation's."""
     a, b = (_mean(rows, k, "token_policy_age", m) for k in ("art_trio_inflight", "art_trio"))
@@ -241,9 +265,12 @@ def _ratio_sentences(rows: list[dict[str, Any]]) -> list[str]:
                 if ttt is not None
                 else "time to target: no seed where both reached it"
             )
+            tokens, floor = _token_ratios(rows, m)
             parts.append(
                 f"art_trio / ART inference per trained group **{_fmt(inf)}x** (target <= 0.6; "
-                f"tokens per trained token, groups scored alike left out: {_fmt(own)}x), " + time
+                f"tokens per trained token {_fmt(tokens)}x, its floor with none of its own "
+                f"stale or aborted tokens {_fmt(floor)}x; groups scored alike left out: "
+                f"{_fmt(own)}x), " + time
             )
         flight = _mean_ratio(
             rows, "art_trio_inflight", "art_trio", "inference_s_per_trained_group", m
