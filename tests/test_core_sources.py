@@ -138,3 +138,32 @@ async def test_a_clean_end_leaves_no_pending_batch_or_stray_resolutions(model, b
     state = pipeline_state(model)
     assert state["pending_batch"] is None
     assert state["resolved_scenarios"] == []
+
+
+async def test_a_one_shot_source_remembers_what_it_skipped_when_a_stop_cut_its_pull() -> None:
+    """The cursor's position counts the resolved scenarios a take skipped, not only those it
+    handed out: a stop that cancels the pull after a skip must not make the next `train()`
+    number the iterator's next scenario as the skipped one (and skip it as resolved)."""
+    import trio
+
+    from art_trio.plumbing.bridge.calls import open_bridge
+    from art_trio.plumbing.progress import RunProgress
+    from art_trio.plumbing.source import ScenarioCursor, ScenarioSource
+    from art_trio.resume.scenarios import ScenarioLedger
+
+    async def source() -> AsyncIterator[str]:  # asyncio code, as a user's
+        yield "a"
+        yield "b"  # index 1: resolved in the state, skipped
+        await asyncio.Event().wait()  # the pull a stop cancels
+        yield "c"
+
+    cursor = ScenarioCursor(source())
+    state = RunProgress(ledger=ScenarioLedger(resolved_above={1}))
+    async with open_bridge() as bridge:
+        taking = ScenarioSource(cursor, state, bridge)
+        assert await taking.take() == (0, "a")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(taking.take)
+            await trio.testing.wait_all_tasks_blocked()
+            taking.close()
+    assert cursor.read == 2  # "a" and the skipped "b": the iterator stands at index 2

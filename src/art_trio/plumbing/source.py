@@ -201,11 +201,12 @@ class ScenarioSource(Generic[T]):
         if index < self._checked:
             self._state.check_scenario(index, item)
         self._next_index += 1
+        if self._cursor is not None:
+            self._cursor.read = self._next_index  # (those skipped as resolved too)
         if self._state.ledger.is_resolved(index):
             return None
         self._state.scenario_taken()
         if self._cursor is not None:
-            self._cursor.read = self._next_index
             self._cursor.took(index, item)
         return index, item
 
