@@ -40,8 +40,8 @@ class ScenarioCursor(Generic[T]):
     def __init__(self, scenarios: Iterable[T] | AsyncIterator[T]) -> None:
         self.scenarios = scenarios
         self.one_shot = isinstance(scenarios, AsyncIterator) or iter(scenarios) is scenarios
-        #: How many scenarios the runs so far read from a one-shot iterator, and whether
-        #: they read it to its end.
+        #: How many scenarios have been read from the source (taken or skipped as resolved),
+        #: and whether to its end: this run's, or for a one-shot iterator every run's so far.
         self.read = 0
         self.exhausted = False
         #: What they took, by index, until seen resolved (pruned as the dict doubles).
@@ -50,10 +50,14 @@ class ScenarioCursor(Generic[T]):
         self._ledger: ScenarioBook | None = None
 
     def start(self, ledger: ScenarioBook) -> list[tuple[int, T]]:
-        """A run begins with `ledger`: what earlier runs took and did not resolve, in order.
-        Resolved means in the ledger the run that took it ended with, or in this one (with
-        `resume=False` each run's ledger starts empty)."""
+        """A run begins with `ledger`: what earlier runs took from a one-shot iterator and
+        did not resolve, in order. Resolved means in the ledger the run that took it ended
+        with, or in this one (with `resume=False` each run's ledger starts empty)."""
         last, self._ledger = self._ledger, ledger
+        if not self.one_shot:  # read again from its start
+            self.read, self.exhausted = 0, False
+            return []
+        self.check_open()
         if not ledger.keeps_fates:  # (ART's rule: every scenario taken is settled)
             self.taken.clear()
             return []
@@ -64,7 +68,7 @@ class ScenarioCursor(Generic[T]):
         return sorted(self.taken.items(), key=lambda taken: taken[0])
 
     def took(self, index: int, scenario: T) -> None:
-        if self._ledger is None or not self._ledger.keeps_fates:
+        if not self.one_shot or self._ledger is None or not self._ledger.keeps_fates:
             return
         self.taken[index] = scenario
         if len(self.taken) >= self._prune_at:
@@ -114,16 +118,11 @@ class ScenarioSource(Generic[T]):
         # Scenarios to be taken first: whose rollout was lost (a dead executor worker), and
         # what an earlier run took from a one-shot iterator and did not resolve.
         self._returned: deque[tuple[int, T]] = deque()
-        self._cursor = cursor if cursor.one_shot else None
-        self._next_index = 0
-        if self._cursor is not None:
-            cursor.check_open()
-            self._next_index = cursor.read
-            self._returned.extend(cursor.start(state.ledger))
+        self._cursor = cursor
+        self._returned.extend(cursor.start(state.ledger))
         self._skip_target = state.ledger.watermark
         self._checked = state.checked_scenarios
         self._pull_scope: anyio.CancelScope | None = None
-        self.exhausted = False
         self.closed = False
 
     async def _pull(self) -> T | _End:
@@ -164,7 +163,7 @@ class ScenarioSource(Generic[T]):
                 if self.closed:
                     scope.cancel()
                 try:
-                    while not (self.exhausted or self.closed):
+                    while not (self._cursor.exhausted or self.closed):
                         taken = self._number(await self._pull())
                         if taken is not None:
                             return taken
@@ -173,7 +172,7 @@ class ScenarioSource(Generic[T]):
             return None
 
     def _take_sync(self, iterator: Iterator[T]) -> tuple[int, T] | None:
-        while not (self.exhausted or self.closed):
+        while not (self._cursor.exhausted or self.closed):
             try:
                 item = next(iterator, _END)
             except (KeyboardInterrupt, SystemExit) as exc:
@@ -186,11 +185,10 @@ class ScenarioSource(Generic[T]):
 
     def _number(self, item: T | _End) -> tuple[int, T] | None:
         """Give a pulled item its index; None if it ends the source or is already resolved."""
-        index = self._next_index
+        cursor = self._cursor
+        index = cursor.read
         if isinstance(item, _End):
-            self.exhausted = True
-            if self._cursor is not None:
-                self._cursor.exhausted = True
+            cursor.exhausted = True
             if index < self._skip_target:
                 logger.warning(
                     "scenario iterator exhausted early while skipping (skipped %d/%d)",
@@ -200,20 +198,17 @@ class ScenarioSource(Generic[T]):
             return None
         if index < self._checked:
             self._state.check_scenario(index, item)
-        self._next_index += 1
-        if self._cursor is not None:
-            self._cursor.read = self._next_index  # (those skipped as resolved too)
+        cursor.read += 1  # (a scenario skipped as resolved was read too)
         if self._state.ledger.is_resolved(index):
             return None
         self._state.scenario_taken()
-        if self._cursor is not None:
-            self._cursor.took(index, item)
+        cursor.took(index, item)
         return index, item
 
     @property
     def position(self) -> int:
         """How many scenarios have been read from the source (taken or skipped)."""
-        return self._next_index
+        return self._cursor.read
 
     def close(self) -> None:
         self.closed = True
