@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import art_trio.config.keywords
 import art_trio.config.settings
 import art_trio.policy.admission
+import art_trio.policy.batching
 import art_trio.policy.gate
 import art_trio.resume.scenarios
 import art_trio.stages.checkpoints
@@ -284,14 +285,14 @@ def test_conservation_catches_worker_dropping_a_group(monkeypatch: pytest.Monkey
 def test_conservation_catches_bad_token_counts_trained(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rollout stage that takes infinite, NaN or negative `completion_tokens` as they come
     (issue 25's case 2): those groups are trained or discarded instead of errored."""
-    monkeypatch.setattr(art_trio.stages.rollout, "token_count_error", lambda group: None)
+    monkeypatch.setattr(art_trio.policy.batching, "token_count_problem", lambda i, t: None)
     counterexample(prop_conservation, STRATEGIES[prop_conservation], checks.CONSERVATION)
 
 
 def test_mean_bound_catches_nan_token_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 25's case 2 as it was: no rejection, a NaN mean, and a rule that reads a NaN
     mean as fresh; an old group with an infinite count passes the mean bound."""
-    monkeypatch.setattr(art_trio.stages.rollout, "token_count_error", lambda group: None)
+    monkeypatch.setattr(art_trio.policy.batching, "token_count_problem", lambda i, t: None)
 
     def naive_mean(group: Any) -> float | None:
         total = weight = 0.0

@@ -1,8 +1,8 @@
 """The rollout stage's quick passes over a returned group agree with the checks they skip.
 
-`plainly_valid` lets the stage skip the three result checks, and `stamp_policy_versions`
-writes ART's plain fields directly: neither may accept or write anything the general way
-would not.
+`rollout_problem` reads a plain `art.Trajectory` in one quick look before the general checks,
+and `stamp_policy_versions` writes ART's plain fields directly: neither may accept or write
+anything the general way would not.
 """
 
 from __future__ import annotations
@@ -14,13 +14,7 @@ import art
 import pydantic
 import pytest
 
-from art_trio.policy.batching import (
-    _plain_field_writes,
-    non_finite_reward_error,
-    stamp_policy_versions,
-    version_type_error,
-)
-from art_trio.policy.freshness import plainly_valid, token_count_error
+from art_trio.policy.batching import _plain_field_writes, rollout_problem, stamp_policy_versions
 from art_trio.testing.doubles import trajectory, trajectory_group
 
 
@@ -64,16 +58,38 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("group", CASES)
-def test_plainly_valid_only_where_no_check_objects(group: art.TrajectoryGroup) -> None:
-    checks = (non_finite_reward_error(group), version_type_error(group), token_count_error(group))
-    if plainly_valid(group):
-        assert checks == (None, None, None)
+def _general(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+    """The same trajectories as a subclass, which the quick look leaves to the general way."""
+    copies = []
+    for t in group.trajectories:
+        copy = _Sub.model_construct(**t.__dict__)
+        copy.__pydantic_private__ = dict(t.__pydantic_private__ or {})
+        copies.append(copy)
+    return art.TrajectoryGroup(copies)
 
 
-def test_plainly_valid_takes_the_usual_group() -> None:
-    assert plainly_valid(trajectory_group([0.0, 0.5, 1.0]))
-    assert plainly_valid(trajectory_group([0.0, 1.0], usage=False))
+def _two_problems() -> art.TrajectoryGroup:
+    group = _with("reward", math.nan)
+    group.trajectories[0].initial_policy_version = "3"  # type: ignore[assignment]
+    return group
+
+
+@pytest.mark.parametrize("group", [*CASES, _two_problems()])
+def test_the_quick_look_finds_what_the_general_way_finds(group: art.TrajectoryGroup) -> None:
+    assert rollout_problem(group) == rollout_problem(_general(group))
+
+
+def test_each_problem_is_named_rewards_first() -> None:
+    assert rollout_problem(trajectory_group([0.0, 0.5, 1.0])) is None
+    assert rollout_problem(trajectory_group([0.0, 1.0], usage=False)) is None
+    assert "non-finite rewards (trajectory 1: nan)" in str(rollout_problem(_two_problems()))
+    assert "trajectory 1 has initial_policy_version='3'" in str(
+        rollout_problem(_with("initial_policy_version", "3"))
+    )
+    assert "trajectory 1 has completion_tokens=inf" in str(
+        rollout_problem(_with("completion_tokens", math.inf))
+    )
+    assert rollout_problem(_with("completion_tokens", 0)) is None
 
 
 def _stamped(t: art.Trajectory) -> tuple[Any, ...]:

@@ -53,8 +53,8 @@ from art_trio import (
     ScenarioSettled,
     StepTrained,
 )
-from art_trio.policy.batching import Freshness
-from art_trio.policy.freshness import mean_policy_version, token_count_error
+from art_trio.policy.batching import Freshness, rollout_problem
+from art_trio.policy.freshness import mean_policy_version
 from art_trio.resume.store import StateStore
 from tests.doubles import (
     RecordingBackend,
@@ -232,7 +232,7 @@ def test_bad_token_counts_never_make_an_old_group_look_fresh(bad: float) -> None
     mean = mean_policy_version(group)
     assert Freshness(None, 1.0).is_stale(0, mean, 5)
     assert mean is not None and math.isfinite(mean) and mean <= 0.0
-    problem = token_count_error(group)
+    problem = rollout_problem(group)
     assert problem is not None and "trajectory 1" in problem and "completion_tokens" in problem
     # A NaN mean (from anywhere) falls back to the group's oldest version too.
     assert Freshness(None, 1.0).is_stale(0, math.nan, 5)
@@ -246,7 +246,7 @@ def test_missing_or_zero_token_counts_stay_one_token() -> None:
             t.metrics.pop("completion_tokens", None)
         else:
             t.metrics["completion_tokens"] = value
-        assert token_count_error(art.TrajectoryGroup([t])) is None
+        assert rollout_problem(art.TrajectoryGroup([t])) is None
 
 
 @pytest.mark.parametrize("bad", [math.inf, math.nan, -7])

@@ -16,6 +16,7 @@ from art import Trajectory, TrajectoryGroup
 from pydantic import BaseModel
 
 from ..messages.errors import FuturePolicyError
+from .freshness import PLAIN_COUNTS, token_count_problem
 
 #: Rewards closer than this count as equal (the reference's tolerance).
 ZERO_VARIANCE_TOLERANCE = 1e-12
@@ -116,21 +117,6 @@ class Freshness:
         return mean_version is not None and step - mean_version > limit
 
 
-def version_type_error(group: TrajectoryGroup) -> str | None:
-    """Why a group's policy versions cannot be compared, else None: a rollout that set
-    `initial_policy_version` (or `final_policy_version`) to something other than an int
-    (pydantic does not check assignments) used to end the run with a bare TypeError."""
-    for i, trajectory in enumerate(group.trajectories):
-        for name in ("initial_policy_version", "final_policy_version"):
-            value = getattr(trajectory, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                return (
-                    f"trajectory {i} has {name}={value!r}: a policy version is an int (a "
-                    "step number) or None for the trainer to fill in"
-                )
-    return None
-
-
 def newest_version(versions: Iterable[int | None]) -> int | None:
     """The newest of the versions given (None for none)."""
     known = [v for v in versions if v is not None]
@@ -173,21 +159,59 @@ def all_failed_error(group: TrajectoryGroup) -> RuntimeError | None:
     )
 
 
-def non_finite_reward_error(group: TrajectoryGroup) -> str | None:
-    """Why a group cannot be trained because of a NaN or infinite reward, else None.
+def rollout_problem(group: TrajectoryGroup) -> str | None:
+    """Why a group a rollout returned cannot be trained, else None; one pass over its
+    trajectories, the problems named in this order:
 
-    art_trio rejects such a group as errored: one NaN reward would turn the whole batch's
-    normalized advantages into NaN on the backend.
+    - a NaN or infinite reward (art_trio's rule: one would turn the whole batch's normalized
+      advantages into NaN on the backend);
+    - a policy version that is not an int (pydantic does not check assignments; comparing
+      one used to end the run with a bare TypeError);
+    - a token count that cannot weigh the group's policy age (`token_count_problem`).
     """
-    bad = [(i, t.reward) for i, t in enumerate(group.trajectories) if not math.isfinite(t.reward)]
-    if not bad:
-        return None
-    shown = ", ".join(f"trajectory {i}: {r!r}" for i, r in bad[:3])
-    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-    return (
-        f"group has non-finite rewards ({shown}{more}); "
-        "return a finite float reward from every trajectory"
-    )
+    bad_rewards: list[tuple[int, float]] = []
+    versions: str | None = None
+    tokens: str | None = None
+    for i, t in enumerate(group.trajectories):
+        if type(t) is Trajectory and not (t.__pydantic_private__ or {}).get(
+            "_policy_token_counts"
+        ):
+            # What a rollout usually returns, read in one quick look: a finite float reward,
+            # int or None versions, a plain finite non-negative token count or none.
+            fields = t.__dict__
+            reward, metrics = fields["reward"], fields["metrics"]
+            initial, final = fields["initial_policy_version"], fields["final_policy_version"]
+            count = metrics.get("completion_tokens") if type(metrics) is dict else math.nan
+            if (
+                type(reward) is float and -math.inf < reward < math.inf
+                and (initial is None or type(initial) is int)
+                and (final is None or type(final) is int)
+                and (count is None or (type(count) in PLAIN_COUNTS and 0 <= count < math.inf))
+            ):
+                continue
+        if not math.isfinite(t.reward):
+            bad_rewards.append((i, t.reward))
+        versions = versions or _version_problem(i, t)
+        tokens = tokens or token_count_problem(i, t)
+    if bad_rewards:
+        shown = ", ".join(f"trajectory {i}: {r!r}" for i, r in bad_rewards[:3])
+        more = f" and {len(bad_rewards) - 3} more" if len(bad_rewards) > 3 else ""
+        return (
+            f"group has non-finite rewards ({shown}{more}); "
+            "return a finite float reward from every trajectory"
+        )
+    return versions or tokens
+
+
+def _version_problem(index: int, trajectory: Trajectory) -> str | None:
+    for name in ("initial_policy_version", "final_policy_version"):
+        value = getattr(trajectory, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return (
+                f"trajectory {index} has {name}={value!r}: a policy version is an int (a "
+                "step number) or None for the trainer to fill in"
+            )
+    return None
 
 
 def _plain_field_writes(model: Any, names: tuple[str, ...]) -> bool:

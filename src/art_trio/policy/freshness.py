@@ -24,7 +24,7 @@ _warned_missing_tokens = False
 
 #: The `completion_tokens` types read without the general number test (exactly these: a
 #: subclass, or a bool, takes the general way).
-_PLAIN_COUNTS = (int, float)
+PLAIN_COUNTS = (int, float)
 
 
 def _attribute(model: Any, name: str) -> Any:
@@ -50,7 +50,7 @@ def completion_weight(trajectory: Trajectory) -> float:
     """The trajectory's `completion_tokens` metric, or 1.0 (warned once) if it has none.
 
     NaN for a count no weight can stand for (infinite, NaN, negative): such a trajectory is
-    rejected by the rollout stage (`token_count_error`) before any bound sees it, and a
+    rejected by the rollout stage (`token_count_problem`) before any bound sees it, and a
     non-finite weight makes `mean_policy_version` fall back to the oldest version.
     """
     value = trajectory.metrics.get("completion_tokens")
@@ -62,68 +62,31 @@ def completion_weight(trajectory: Trajectory) -> float:
     return _missing_tokens(value)
 
 
-def token_count_error(group: Any) -> str | None:
-    """Why a group's token counts cannot weigh its policy age, else None.
+def token_count_problem(index: int, trajectory: Any) -> str | None:
+    """Why trajectory `index`'s token counts cannot weigh its group's policy age, else None.
 
     A `completion_tokens` metric (or a per-token version count) that is infinite, NaN or
     negative would turn the token-weighted mean age into NaN, or pull it outside the versions
     the tokens came from, and let an old group through `limit_mean_steps_off_policy`. Such a
-    group is rejected as errored, as a NaN reward is. (A missing or zero count is one token,
-    warned about once: ART 0.5.18 trajectories often have none.)
+    group is rejected as errored, as a NaN reward is (`batching.rollout_problem`). (A missing
+    or zero count is one token, warned about once: ART 0.5.18 trajectories often have none.)
     """
-    for i, trajectory in enumerate(group.trajectories):
-        value = trajectory.metrics.get("completion_tokens")
-        # A plain finite non-negative count is accepted without the general test (NaN fails
-        # the comparison and takes it).
-        plain = type(value) in _PLAIN_COUNTS and 0 <= value < math.inf
-        if not plain and _is_number(value) and (not math.isfinite(value) or value < 0):
+    value = trajectory.metrics.get("completion_tokens")
+    if _is_number(value) and (not math.isfinite(value) or value < 0):
+        return (
+            f"trajectory {index} has completion_tokens={value!r}: the token-weighted policy "
+            "age cannot weigh it. Record a finite, non-negative count (the serving "
+            "response's usage.completion_tokens), or leave the metric out"
+        )
+    counts = _attribute(trajectory, "_policy_token_counts") or {}
+    for version, count in counts.items():
+        if _is_number(count) and (not math.isfinite(count) or count < 0):
             return (
-                f"trajectory {i} has completion_tokens={value!r}: the token-weighted policy "
-                "age cannot weigh it. Record a finite, non-negative count (the serving "
-                "response's usage.completion_tokens), or leave the metric out"
+                f"trajectory {index} says {count!r} tokens came from policy version "
+                f"{version} (_policy_token_counts): token counts must be finite and "
+                "non-negative"
             )
-        counts = _attribute(trajectory, "_policy_token_counts") or {}
-        for version, count in counts.items():
-            if _is_number(count) and (not math.isfinite(count) or count < 0):
-                return (
-                    f"trajectory {i} says {count!r} tokens came from policy version "
-                    f"{version} (_policy_token_counts): token counts must be finite and "
-                    "non-negative"
-                )
     return None
-
-
-def plainly_valid(group: Any) -> bool:
-    """True when no check of a returned group can object to it, read in one quick pass:
-    every trajectory an `art.Trajectory` with a float reward that is finite, policy versions
-    that are ints or None, no per-token counts, and a `completion_tokens` metric that is
-    missing or a finite non-negative int or float. What a rollout usually returns: the
-    rollout stage then skips the checks (`non_finite_reward_error`, `version_type_error`,
-    `token_count_error`), which take three passes to name a problem this finds none of.
-    """
-    for trajectory in group.trajectories:
-        if type(trajectory) is not Trajectory:
-            return False
-        private = trajectory.__pydantic_private__
-        if private and private.get("_policy_token_counts"):
-            return False
-        fields = trajectory.__dict__
-        reward = fields["reward"]
-        initial = fields["initial_policy_version"]
-        final = fields["final_policy_version"]
-        metrics = fields["metrics"]
-        if (
-            type(reward) is not float
-            or not -math.inf < reward < math.inf
-            or not (initial is None or type(initial) is int)
-            or not (final is None or type(final) is int)
-            or type(metrics) is not dict
-        ):
-            return False
-        value = metrics.get("completion_tokens")
-        if value is not None and (type(value) not in _PLAIN_COUNTS or not 0 <= value < math.inf):
-            return False
-    return True
 
 
 def _missing_tokens(value: object) -> float:
@@ -239,7 +202,7 @@ def mean_policy_version(group: Any) -> float | None:
     ART 0.5.20's `limit_mean_steps_off_policy` bounds that. If some token count is not a
     usable weight (NaN from `completion_weight`), the oldest version known stands for the
     group: the bound is then at its strictest, never weaker (such groups are rejected before
-    this anyway, see `token_count_error`).
+    this anyway, see `token_count_problem`).
     """
     total = weight = 0.0
     oldest: int | None = None
@@ -294,7 +257,7 @@ def plain_tokens(group: Any) -> dict[int, float] | None:
             return None
         version = trajectory.initial_policy_version
         value: Any = trajectory.metrics.get("completion_tokens")
-        if version is None or type(value) not in _PLAIN_COUNTS or not 0 < value < math.inf:
+        if version is None or type(value) not in PLAIN_COUNTS or not 0 < value < math.inf:
             return None
         for item in trajectory.messages_and_choices:
             if type(item) is not dict or "policy_token_spans" in item:

@@ -50,17 +50,14 @@ from ..policy.batching import (
     copy_scenario_metadata,
     future_policy_error,
     newest_version,
-    non_finite_reward_error,
+    rollout_problem,
     scenario_context,
     stamp_policy_versions,
-    version_type_error,
 )
 from ..policy.freshness import (
     mean_policy_version,
     newest_token_version,
     plain_tokens,
-    plainly_valid,
-    token_count_error,
 )
 from ..run import PipelineRun
 
@@ -478,10 +475,6 @@ def _check_rollout_result(group: object) -> None:
         raise RolloutRejected(
             f"rollout_fn returned {type(group).__name__}, not an art.TrajectoryGroup"
         )
-    if plainly_valid(group):
-        return  # (the usual group: the checks below would find nothing)
-    problem = (
-        non_finite_reward_error(group) or version_type_error(group) or token_count_error(group)
-    )
+    problem = rollout_problem(group)
     if problem is not None:
         raise RolloutRejected(problem)
