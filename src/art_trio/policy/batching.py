@@ -165,30 +165,16 @@ def rollout_problem(group: TrajectoryGroup) -> str | None:
 
     - a NaN or infinite reward (art_trio's rule: one would turn the whole batch's normalized
       advantages into NaN on the backend);
-    - a policy version that is not an int (pydantic does not check assignments; comparing
-      one used to end the run with a bare TypeError);
+    - a policy version that is not an int (pydantic does not check assignments, and the
+      bounds could not compare it);
     - a token count that cannot weigh the group's policy age (`token_count_problem`).
     """
     bad_rewards: list[tuple[int, float]] = []
     versions: str | None = None
     tokens: str | None = None
     for i, t in enumerate(group.trajectories):
-        if type(t) is Trajectory and not (t.__pydantic_private__ or {}).get(
-            "_policy_token_counts"
-        ):
-            # What a rollout usually returns, read in one quick look: a finite float reward,
-            # int or None versions, a plain finite non-negative token count or none.
-            fields = t.__dict__
-            reward, metrics = fields["reward"], fields["metrics"]
-            initial, final = fields["initial_policy_version"], fields["final_policy_version"]
-            count = metrics.get("completion_tokens") if type(metrics) is dict else math.nan
-            if (
-                type(reward) is float and -math.inf < reward < math.inf
-                and (initial is None or type(initial) is int)
-                and (final is None or type(final) is int)
-                and (count is None or (type(count) in PLAIN_COUNTS and 0 <= count < math.inf))
-            ):
-                continue
+        if _plainly_fine(t):
+            continue
         if not math.isfinite(t.reward):
             bad_rewards.append((i, t.reward))
         versions = versions or _version_problem(i, t)
@@ -201,6 +187,24 @@ def rollout_problem(group: TrajectoryGroup) -> str | None:
             "return a finite float reward from every trajectory"
         )
     return versions or tokens
+
+
+def _plainly_fine(t: Trajectory) -> bool:
+    """What a rollout usually returns, read in one quick look: a plain `art.Trajectory` with a
+    finite float reward, int or None versions, no per-token counts, and a plain finite
+    non-negative token count or none. None of `rollout_problem`'s checks objects to it."""
+    if type(t) is not Trajectory or (t.__pydantic_private__ or {}).get("_policy_token_counts"):
+        return False
+    fields = t.__dict__
+    reward, metrics = fields["reward"], fields["metrics"]
+    initial, final = fields["initial_policy_version"], fields["final_policy_version"]
+    count = metrics.get("completion_tokens") if type(metrics) is dict else math.nan
+    return (
+        type(reward) is float and -math.inf < reward < math.inf
+        and (initial is None or type(initial) is int)
+        and (final is None or type(final) is int)
+        and (count is None or (type(count) in PLAIN_COUNTS and 0 <= count < math.inf))
+    )
 
 
 def _version_problem(index: int, trajectory: Trajectory) -> str | None:
