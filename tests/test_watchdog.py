@@ -25,9 +25,10 @@ import art
 import pytest
 import trio
 
-from art_trio import PipelineStalled, PipelineTrainer, Stalled, StallReport
+from art_trio import PipelineTrainer, Stalled
 from art_trio.plumbing.compat import trainable_model
 from art_trio.resume.store import StateStore
+from art_trio.watchdog import PipelineStalled, StallReport
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 HERE = Path(__file__).name
@@ -81,6 +82,14 @@ def hanging_model(tmp_path: Path, hanging: HangingTrain) -> art.TrainableModel:
 
 
 # -- settings ---------------------------------------------------------------------------------
+
+
+def test_the_reports_names_are_the_watchdogs_and_reachable_from_art_trio() -> None:
+    import art_trio
+    import art_trio.watchdog
+
+    for name in ("PipelineStalled", "StallReport", "StageWait", "TaskFrame"):
+        assert getattr(art_trio, name) is getattr(art_trio.watchdog, name)
 
 
 @pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "fast", True])

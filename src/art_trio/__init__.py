@@ -36,7 +36,6 @@ from .messages.errors import (
     LoopUnresponsive,
     ModelDirectoryError,
     ModelDirectoryLostError,
-    PipelineStalled,
     ProfileError,
     RolloutLost,
     RolloutRejected,
@@ -70,9 +69,8 @@ from .messages.events import (
     TrainCallEnded,
     TrainCallStarted,
 )
-from .messages.stall_report import CallInFlight, RolloutInFlight, StageWait, StallReport, TaskFrame
 from .messages.types import ConfigT, EvalFn, RolloutFn, ScenarioT, SingleRolloutFn
-from .messages.values import Fate
+from .messages.values import CallInFlight, Fate, RolloutInFlight
 from .observation.fates import RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import trio_native
@@ -100,14 +98,18 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 
-#: Names of the extensions' (each from its own subpackage, where they are documented), kept
-#: here as they were before the extensions left the kernel; imported on first use so that a
-#: run that does not use one does not load it, and not in `__all__`. Never imports ray.
+#: Extensions' public names (each documented from its own subpackage), reachable here too:
+#: imported on first use, so that a run that does not use one does not load it, and not in
+#: `__all__`. Never imports ray.
 _EXTENSION_NAMES = {
     "AutotuneConfig": "autotune",
     "InProcessExecutor": "executors",
     "StalenessAwareAdmission": "admission",
     "RayRolloutExecutor": "executors",
+    "PipelineStalled": "watchdog",
+    "StallReport": "watchdog",
+    "StageWait": "watchdog",
+    "TaskFrame": "watchdog",
 }
 
 
@@ -153,7 +155,6 @@ __all__ = [
     "LoopUnresponsive",
     "ModelDirectoryError",
     "ModelDirectoryLostError",
-    "PipelineStalled",
     "PolicyPublished",
     "Resized",
     "RolloutRejected",
@@ -165,13 +166,10 @@ __all__ = [
     "RunLockLostError",
     "RunStatistics",
     "ScenarioSettled",
-    # The stall watchdog's report (`Stalled`, `PipelineStalled`) and its parts.
     "Stalled",
-    "StallReport",
-    "StageWait",
+    # What is in flight (`RunView.rollouts_in_flight`, `RunView.calls`).
     "RolloutInFlight",
     "CallInFlight",
-    "TaskFrame",
     "StateFileError",
     "StateWriteError",
     "StepTrained",

@@ -22,8 +22,7 @@ import sniffio
 
 from .config.settings import PipelineSettings
 from .messages.events import Observers, Resized, RunStatistics
-from .messages.stall_report import CallInFlight
-from .messages.values import Delivered, TallyBase
+from .messages.values import CallInFlight, Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge

@@ -16,17 +16,13 @@ Not here, on purpose:
 The three private classes at the end are signals between art_trio's own modules (a closed
 gate, a carried KeyboardInterrupt, a loop that ended); none of them ever reaches a caller.
 
-This module is the bottom layer: it imports nothing from art_trio at run time (the stall
-report's type only for annotations).
+This module is the bottom layer: it imports nothing from art_trio. (The stall watchdog's
+`PipelineStalled` is its own: `art_trio.watchdog`.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .stall_report import StallReport
 
 
 class ArtTrioError(Exception):
@@ -138,23 +134,6 @@ class EvalProvenanceError(ArtTrioError, RuntimeError):
     """An eval's tokens do not all come from the policy of the step it evaluated."""
 
 
-class PipelineStalled(ArtTrioError, RuntimeError):
-    """The run stopped moving for `stall_seconds` and `stall_action="raise"` ended it.
-
-    `report` says where it waits (each stage, the calls and rollouts in flight, the task
-    tree); the message is its text. The state was saved as on any failure: a retry of
-    `train()` resumes, the batch in a hung `backend.train` settled against the backend's
-    step, so nothing is trained twice or lost.
-    """
-
-    def __init__(self, report: StallReport) -> None:
-        self.report = report
-        super().__init__(
-            f"{report.text()}\nThe run was ended (stall_action='raise'); its state is saved, "
-            "so calling train() again resumes it."
-        )
-
-
 # --- calls from other threads ---------------------------------------------------------------
 
 
@@ -197,7 +176,6 @@ __all__ = [
     "LoopUnresponsive",
     "ModelDirectoryError",
     "ModelDirectoryLostError",
-    "PipelineStalled",
     "ProfileError",
     "RolloutLost",
     "RolloutRejected",

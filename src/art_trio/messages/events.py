@@ -29,9 +29,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from .stall_report import StallReport
 from .values import Fate, cheap_init
 
 logger = logging.getLogger("art_trio")
@@ -232,15 +231,28 @@ class EvalEnded:
     reward: float | None = None
 
 
+class StallNotice(Protocol):
+    """What the run's own observers read of a stall report (the watchdog's `StallReport`,
+    `art_trio.watchdog`): the counters count first reports, the status line shows the
+    headline."""
+
+    @property
+    def repeat(self) -> int:
+        """1 for a stall's first report, 2 for the next while it persists, ..."""
+
+    def headline(self) -> str:
+        """One line: how long, and what the run waits on."""
+
+
 @cheap_init
 @dataclass(frozen=True, slots=True)
 class Stalled:
     """The run has not moved for `seconds` (no rollout ended, no step trained, no eval
-    ended), or its event loop did not answer (`report.blocked_loop`): the watchdog's report,
-    once per stall and again while it persists (`report.repeat`)."""
+    ended), or its event loop did not answer: the watchdog's report (`report`, a
+    `art_trio.watchdog.StallReport`), once per stall and again while it persists."""
 
     seconds: float
-    report: StallReport
+    report: StallNotice
 
 
 RunEvent = (

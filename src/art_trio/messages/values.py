@@ -1,7 +1,8 @@
 """The run's plain messages: data the layers above pass around, knowing nothing of a run.
 
 The bottom layer. `Delivered` travels from a rollout worker to the trainer, `Fate` says how a
-scenario ended, `TallyBase` is what the persisted tallies held when a run began. Frozen or
+scenario ended, `TallyBase` is what the persisted tallies held when a run began, `RolloutInFlight`
+and `CallInFlight` what a run awaits at a moment (for the stall watchdog). Frozen or
 plain data with no behaviour of their own; everything else (the policy modules, the stages,
 the facade) imports these, and they import nothing of art_trio. The events a run emits and
 `RunStatistics` (events.py) belong to this layer too, and `cheap_init`, the quick `__init__`
@@ -95,3 +96,24 @@ class TallyBase(NamedTuple):
     accepted: int
     stale: int
     zero_variance: int
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutInFlight:
+    """A rollout running at the moment it was read (for the stall watchdog's report)."""
+
+    scenario_index: int
+    #: Seconds since it started (the loop's clock).
+    age_s: float
+    worker: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallInFlight:
+    """A call a stage is awaiting: `backend.train`, `model.log`, a checkpoint hook, the
+    `eval_fn`, or a phase such as collecting a batch."""
+
+    stage: str
+    call: str
+    #: Seconds since it began.
+    age_s: float

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..config.settings import PipelineSettings
     from ..messages.events import Observer, RunEvent, RunStatistics
-    from ..messages.stall_report import RolloutInFlight
+    from ..messages.values import RolloutInFlight
     from ..observation.fates import RunCounters
     from ..observation.status import StatusReporter
     from ..plumbing.bridge.calls import Bridge

@@ -38,8 +38,7 @@ from ..messages.events import (
     RolloutGivenBack,
     RolloutStarted,
 )
-from ..messages.stall_report import RolloutInFlight
-from ..messages.values import Delivered, Fate
+from ..messages.values import Delivered, Fate, RolloutInFlight
 from ..plumbing.compat import (
     FATAL_ROLLOUT_ERRORS,
     RECORDS_COMPLETION_TOKENS,

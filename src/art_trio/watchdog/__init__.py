@@ -1,7 +1,8 @@
 """The stall watchdog: when a run stops moving, a report of where it waits.
 
 `stage.py` is the watchdog (its docstring: what counts as moving, the two watchers, what a
-report does); `tasktree.py` reads the run's task tree for the report. The trainer composes it
+report does); `report.py` the report and `PipelineStalled`; `tasktree.py` reads the run's task
+tree for the report. The trainer composes it
 when `stall_seconds` is not None (the default is "auto").
 """
 
@@ -10,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..stages import RunView
+from .report import PipelineStalled, StageWait, StallReport, TaskFrame
 from .stage import WatchdogStage
 
-__all__ = ["StallWatchdog", "WatchdogStage"]
+__all__ = [
+    "PipelineStalled", "StageWait", "StallReport", "StallWatchdog", "TaskFrame", "WatchdogStage",
+]
 
 
 @dataclass(frozen=True)
@@ -21,8 +25,8 @@ class StallWatchdog:
 
     #: Seconds without a rollout, step or eval ending; "auto" derives it from the run.
     stall_seconds: float | str
-    #: "warn", "raise" (`PipelineStalled`) or "stop" (as `request_stop()`).
-    stall_action: str = "warn"
+    #: "log", "raise" (`PipelineStalled`) or "stop" (as `request_stop()`).
+    stall_action: str = "log"
 
     def stage(self, run: RunView) -> WatchdogStage:
         return WatchdogStage(

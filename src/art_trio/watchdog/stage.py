@@ -38,9 +38,8 @@ import anyio
 import sniffio
 
 from ..config.settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
-from ..messages.errors import PipelineStalled
 from ..messages.events import RunEvent, Stalled
-from ..messages.stall_report import RolloutInFlight, StageWait, StallReport
+from ..messages.values import RolloutInFlight
 from ..observation.fates import RunCounters
 from ..observation.status import StatusReporter
 from ..plumbing.bridge.calls import Bridge
@@ -50,6 +49,7 @@ from ..policy.admission import reference_gate_allows
 from ..policy.gate import PolicyGate
 from ..policy.gate_snapshot import GateSnapshot
 from ..run import CallsInFlight
+from .report import PipelineStalled, StageWait, StallReport
 from .tasktree import task_tree, thread_stack
 
 logger = logging.getLogger("art_trio")

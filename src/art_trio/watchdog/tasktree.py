@@ -23,7 +23,7 @@ from typing import Any
 
 import sniffio
 
-from ..messages.stall_report import TaskFrame
+from .report import TaskFrame
 
 #: At most this many tasks in a report (a run has a task per rollout worker, and more).
 MAX_TASKS = 200
