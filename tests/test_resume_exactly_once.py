@@ -12,6 +12,7 @@ cases directly.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import random
@@ -251,6 +252,43 @@ async def test_the_same_trainer_trains_again_from_a_one_shot_source_exactly_once
         assert 39 in trained and len(trained) < 40  # to the end; the stops' in flight lost
     else:
         assert sorted(trained) == list(range(40))
+
+
+@pytest.mark.parametrize("resolved", [False, True], ids=["still pulling", "pulled"])
+async def test_a_stop_during_an_async_pull_neither_closes_nor_skips_the_source(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock,
+    resolved: bool,
+) -> None:
+    """A stop that comes while an async generator awaits its next scenario (a slow queue, a
+    database) leaves the pull running: the generator is not cancelled at its await (which
+    closes it for good), and the next `train()` takes the scenario it pulls first. "pulled":
+    the scenario was ready before that `train()`, as when the stop cut its way back."""
+    source = scenarios(12)
+    pulling, pulled = trio.Event(), trio.Event()
+    release = asyncio.Event()
+
+    async def slow() -> Any:
+        for i, scenario in enumerate(source):
+            if i == 6:
+                pulling.set()
+                await release.wait()
+                pulled.set()
+            yield scenario
+
+    async with trio_asyncio.open_loop():  # the host's loop: it outlives both train() calls
+        one_shot = slow()
+        trainer = _one_shot_trainer(model, backend, one_shot)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(trainer.train, handle_signals=False))
+            await pulling.wait()
+            trainer.request_stop()
+        release.set()
+        with trio.fail_after(60):  # (virtual seconds) a closed generator pulls nothing
+            if resolved:
+                await pulled.wait()
+            await trainer.train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert sorted(trained) == list(range(12))
 
 
 async def test_an_async_generator_closed_with_the_last_calls_loop_is_refused(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections import deque
@@ -46,6 +47,9 @@ class ScenarioCursor(Generic[T]):
         self.exhausted = False
         #: What they took, by index, until seen resolved (pruned as the dict doubles).
         self.taken: dict[int, T] = {}
+        #: An asyncio source's pull still running when the run that started it stopped: the
+        #: next take awaits it rather than pull again (see `ScenarioSource._pull`).
+        self.pull: asyncio.Future[T | _End] | None = None
         self._prune_at = 256
         self._ledger: ScenarioBook | None = None
 
@@ -80,6 +84,9 @@ class ScenarioCursor(Generic[T]):
         """Refuse to go on from an async generator an asyncio loop closed midway: it would
         look exhausted, and the run would end early with the rest of its scenarios unread."""
         source = self.scenarios
+        pull = self.pull
+        if pull is not None and pull.done() and not pull.cancelled():
+            return  # what it pulled (a scenario, the end, an error) is the next take's
         if inspect.isasyncgen(source) and source.ag_frame is None and not self.exhausted:
             raise ScenarioSourceClosed(
                 f"train() was called again on this trainer, but its scenarios' async "
@@ -139,7 +146,26 @@ class ScenarioSource(Generic[T]):
 
         if is_native(iterator):
             return await self._bridge.callback(trio_native(pull))
-        return await self._bridge.call(pull)
+        cursor = self._cursor
+
+        async def pull_through_a_stop() -> T | _End:
+            # In an asyncio task of its own, kept by the cursor until its scenario is
+            # numbered: a stop that cancels this wait leaves the source alone (a generator
+            # cancelled at an await is closed for good), and the next take, in this run or a
+            # later train(), gets the scenario it pulls instead of pulling past it.
+            if cursor.pull is None:
+                cursor.pull = asyncio.ensure_future(pull())
+            pulling = cursor.pull
+            try:
+                item = await asyncio.shield(pulling)
+            except BaseException:
+                if pulling.done():  # the source raised, or its loop closed: pull afresh
+                    cursor.pull = None
+                raise
+            cursor.pull = None
+            return item
+
+        return await self._bridge.call(pull_through_a_stop)
 
     def give_back(self, index: int, scenario: T) -> None:
         """Return a taken scenario whose rollout was lost: the next `take` hands it out again."""
