@@ -291,6 +291,44 @@ async def test_a_stop_during_an_async_pull_neither_closes_nor_skips_the_source(
     assert sorted(trained) == list(range(12))
 
 
+async def test_a_pull_cancelled_with_the_last_calls_loop_is_made_again(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """Under trio with no loop of the host's, a pull still waiting when `train()` ends is
+    cancelled with that call's loop: an iterator of the user's own class (not a generator,
+    so it survives the cancellation) is asked again by the next call, never mistaken for
+    asyncio code cancelling itself."""
+    pulling = trio.Event()
+
+    class Slow:
+        def __init__(self) -> None:
+            self.source, self.next, self.released = scenarios(12), 0, False
+
+        def __aiter__(self) -> Slow:
+            return self
+
+        async def __anext__(self) -> dict[str, Any]:
+            if self.next == len(self.source):
+                raise StopAsyncIteration
+            if self.next == 6 and not self.released:
+                pulling.set()
+                await asyncio.Event().wait()
+            self.next += 1
+            return self.source[self.next - 1]
+
+    slow = Slow()
+    trainer = _one_shot_trainer(model, backend, slow)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(trainer.train, handle_signals=False))
+        await pulling.wait()
+        trainer.request_stop()
+    slow.released = True
+    with trio.fail_after(60):
+        await trainer.train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert sorted(trained) == list(range(12))
+
+
 async def test_an_async_generator_closed_with_the_last_calls_loop_is_refused(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
 ) -> None:

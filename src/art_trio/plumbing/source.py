@@ -62,6 +62,8 @@ class ScenarioCursor(Generic[T]):
             self.read, self.exhausted = 0, False
             return []
         self.check_open()
+        if self.pull is not None and self.pull.cancelled():
+            self.pull = None  # its loop closed under it (the last call's): pull afresh
         if not ledger.keeps_fates:  # (ART's rule: every scenario taken is settled)
             self.taken.clear()
             return []
@@ -105,8 +107,9 @@ class ScenarioSource(Generic[T]):
     `trio_native`, and are then pulled through the bridge. One taker at a time.
 
     The settled prefix is skipped by the first `take()`, inside the rollout stage, so a
-    stop is honoured while a slow or hanging source is being skipped: `close()` cancels a
-    pull in progress (after a stop no scenario is needed any more). The first scenarios go
+    stop is honoured while a slow or hanging source is being skipped: `close()` stops waiting
+    for a pull in progress (after a stop no scenario is needed any more; an asyncio source's
+    pull runs on, see `_pull`). The first scenarios go
     to `RunProgress.check_scenario` before any is handed out (a durable store refuses a
     resumed run given another source).
     """
