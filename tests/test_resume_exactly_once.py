@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import art
 import pytest
 import trio
 import trio_asyncio
 
-from art_trio import PipelineTrainer, ScenarioSourceClosed
+from art_trio import PipelineTrainer, ScenarioSourceClosed, StepTrained
 from art_trio.plumbing.progress import PIPELINE_STATE_KEY
 from art_trio.resume.files import SIDECAR_FILE
 from art_trio.resume.store import StateStore
@@ -347,6 +348,20 @@ async def test_an_async_generator_closed_with_the_last_calls_loop_is_refused(
     )
     trained = [i for call in backend.calls for i in call.scenario_ids]
     assert sorted(trained) == list(range(40))
+
+
+def test_under_asyncio_an_async_generator_closed_with_the_last_run_is_refused(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    """The same under `anyio.run` on asyncio: each `anyio.run` closes the async generators its
+    loop ran, and the error says to keep both calls in one."""
+    trainer = _one_shot_trainer(model, backend, _async_generator(scenarios(40)))
+    trainer.add_observer(lambda e: isinstance(e, StepTrained) and trainer.request_stop())
+    anyio.run(functools.partial(trainer.train, handle_signals=False))
+    calls = len(backend.calls)
+    with pytest.raises(ScenarioSourceClosed, match=r"one asyncio.run\(\) or anyio.run\(\)"):
+        anyio.run(functools.partial(trainer.train, handle_signals=False))
+    assert len(backend.calls) == calls >= 1
 
 
 async def test_the_batch_is_on_disk_before_backend_train_is_called(

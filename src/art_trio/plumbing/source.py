@@ -95,8 +95,9 @@ class ScenarioCursor(Generic[T]):
                 f"generator was closed after {self.read} scenarios: the last call's asyncio "
                 "loop finalized it as it closed (an asyncio loop closes the async generators "
                 "it ran). Give a new PipelineTrainer a new generator (the resume state skips "
-                "what was resolved), or open the loop around both calls (`async with "
-                "trio_asyncio.open_loop():`) so that it outlives them."
+                "what was resolved), or keep one asyncio loop around both calls so that it "
+                "outlives them: under trio, `async with trio_asyncio.open_loop():`; under "
+                "asyncio, both calls in one asyncio.run() or anyio.run()."
             )
 
 
