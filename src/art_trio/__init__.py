@@ -48,6 +48,8 @@ from .messages.errors import (
 )
 from .messages.events import (
     BatchTaken,
+    CallEnded,
+    CallStarted,
     ChannelClosed,
     Collapsed,
     EmptyGroupReceived,
@@ -141,6 +143,8 @@ __all__ = [
     "EmptyGroupReceived",
     "TrainCallStarted",
     "TrainCallEnded",
+    "CallStarted",
+    "CallEnded",
     "Collapsed",
     "EvalStarted",
     "EvalEnded",
