@@ -110,9 +110,8 @@ class ScenarioSource(Generic[T]):
     The settled prefix is skipped by the first `take()`, inside the rollout stage, so a
     stop is honoured while a slow or hanging source is being skipped: `close()` stops waiting
     for a pull in progress (after a stop no scenario is needed any more; an asyncio source's
-    pull runs on, see `_pull`). The first scenarios go
-    to `RunProgress.check_scenario` before any is handed out (a durable store refuses a
-    resumed run given another source).
+    pull runs on, see `_pull`). The first scenarios go to `RunProgress.check_scenario` before
+    any is handed out (a durable store refuses a resumed run given another source).
     """
 
     def __init__(self, cursor: ScenarioCursor[T], state: RunProgress, bridge: Bridge) -> None:
