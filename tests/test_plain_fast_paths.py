@@ -31,8 +31,7 @@ def _with(field: str, value: Any) -> art.TrajectoryGroup:
     if field == "completion_tokens":
         group.trajectories[1].metrics["completion_tokens"] = value
     else:
-        # As an assignment stores it on ART 0.5.18 (0.5.20+ validates assignments): as is.
-        group.trajectories[1].__dict__[field] = value
+        setattr(group.trajectories[1], field, value)
     return group
 
 
@@ -71,7 +70,7 @@ def _general(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
 
 def _two_problems() -> art.TrajectoryGroup:
     group = _with("reward", math.nan)
-    group.trajectories[0].__dict__["initial_policy_version"] = "3"
+    group.trajectories[0].initial_policy_version = "3"  # type: ignore[assignment]
     return group
 
 

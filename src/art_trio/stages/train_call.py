@@ -1,9 +1,9 @@
 """One `backend.train` call: its keyword arguments, the call and its train row, its step.
 
 The training stage (training.py) decides what to train and settles the outcome; this module
-is the call itself: `backend.train` with the keyword arguments the installed ART line passes,
-then `model.log` of the step's metrics (both asyncio code, through the bridge), and the check
-that the backend's step advanced by exactly one.
+is the call itself, asyncio code run through the bridge: `backend.train` with the keyword
+arguments the installed ART line passes, then `model.log` of the step's metrics, and the
+check that the backend's step advanced by exactly one.
 """
 
 from __future__ import annotations
@@ -93,36 +93,14 @@ async def train_and_log(
     prepared: dict[str, float],
     clock: TrainClock,
 ) -> Any:
-    """`backend.train` on the batch's `groups`, then `model.log` of its metrics: each an
-    asyncio call through the bridge, told as `CallStarted`/`CallEnded` from the stage's own
-    task (a stall report names the one that hangs). Returns the TrainResult; the seconds
-    spent in `backend.train` go to `clock` (reported by the stage whether the call returned
-    or not)."""
-    with run.calling("training", f"backend.train (step {expected})"):
-        result = await run.bridge.call(_train, run, groups, expected, eval_this_step, clock)
-    new_step = checked_step(result, expected)
-    times = StepTimes(
-        wall=run.now() - step_started, collect=batch.idle_s, backend_train=clock.train_s or 0.0
-    )
-    row = metrics.build(batch.items, new_step, times, result.metrics)
-    # What backend.prepare_pipeline_batch reported: in the row, under the train result's
-    # own metrics, as ART orders them.
-    row = {**prepared, **row}
-    with run.calling("training", f"model.log (train row of step {new_step})"):
-        await run.bridge.call(run.model.log, groups, split="train", step=new_step, metrics=row)
-    return result
+    """`backend.train` on the batch's `groups`, then `model.log` of its metrics.
 
-
-async def _train(
-    run: PipelineRun,
-    groups: list[TrajectoryGroup],
-    expected: int,
-    eval_this_step: bool,
-    clock: TrainClock,
-) -> Any:
-    """`backend.train` itself (asyncio code), timed into `clock`."""
-    settings, now = run.settings, run.now
+    Asyncio code (it awaits ART), called through the bridge. Returns the TrainResult; the
+    seconds spent in `backend.train` go to `clock` (the stage reports them as an event once
+    back in its own task, whether the call returned or not).
+    """
     # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
+    ctx, settings, now = run, run.settings, run.now
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")
@@ -130,11 +108,23 @@ async def _train(
     train_started = now()
     try:
         kwargs = train_kwargs(settings, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        return await run.backend.train(run.model, groups, **kwargs)
+        with ctx.calling("training", f"backend.train (step {expected})"):
+            result = await ctx.backend.train(ctx.model, groups, **kwargs)
     finally:
         train_seconds = clock.train_s = now() - train_started
         if step_log:
             print(f"[train] step {expected} done in {train_seconds:.1f}s")
+
+    new_step = checked_step(result, expected)
+    step_seconds = now() - step_started
+    times = StepTimes(wall=step_seconds, collect=batch.idle_s, backend_train=train_seconds)
+    row = metrics.build(batch.items, new_step, times, result.metrics)
+    # What backend.prepare_pipeline_batch reported: in the row, under the train result's
+    # own metrics, as ART orders them.
+    row = {**prepared, **row}
+    with ctx.calling("training", f"model.log (train row of step {new_step})"):
+        await ctx.model.log(groups, split="train", step=new_step, metrics=row)
+    return result
 
 
 def checked_step(result: Any, expected: int) -> int:
