@@ -1,10 +1,8 @@
 """The spans' and attributes' names: the vocabulary a trace query uses.
 
 Spans: `art_trio.run` (one per traced run), under it `art_trio.rollout`, `art_trio.train`,
-`art_trio.eval`, `art_trio.wait` (each call or phase a stage awaited: `backend.train`,
-`model.log`, a checkpoint hook, `eval_fn`, collecting a batch) and `art_trio.stall`.
-Attribute names are namespaced `art_trio.` as OpenTelemetry asks of names outside its
-semantic conventions.
+`art_trio.eval` and `art_trio.stall`. Attribute names are namespaced `art_trio.` as
+OpenTelemetry asks of names outside its semantic conventions.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ ROLLOUT = "art_trio.rollout"
 TRAIN = "art_trio.train"
 EVAL = "art_trio.eval"
 STALL = "art_trio.stall"
-WAIT = "art_trio.wait"
 
 # A rollout: its scenario, its worker slot (lane), the policy last published when it
 # started, the group's own version as the trainer received it, how it ended.
@@ -43,12 +40,6 @@ TRAIN_S = "art_trio.train.train_s"
 PUBLISHED = "art_trio.train.published_version"
 COMPLETED = "art_trio.completed"
 REWARD = "art_trio.reward"
-
-# What a stage awaited (`CallStarted`/`CallEnded`): the stage, the call in words, whether it
-# was a phase of the stage's own (collecting a batch) rather than a call.
-STAGE = "art_trio.stage"
-AWAITED = "art_trio.wait.call"
-PHASE = "art_trio.wait.phase"
 
 # A stall, and how the run ended.
 STALL_S = "art_trio.stall.seconds"

@@ -72,7 +72,6 @@ class RunTracer:
         self._calls: dict[int, _Pending] = {}
         self._taken_ns: dict[int, int] = {}
         self._evals: dict[int, _Pending] = {}
-        self._waits: dict[tuple[str, str], list[_Pending]] = {}
         self._handlers: dict[type, Callable[[Any, int], None]] = {}
 
     @property
@@ -226,16 +225,6 @@ class RunTracer:
             pending.end_ns = now
             self._emit(n.EVAL, pending, now)
 
-    def _on_CallStarted(self, e: Any, now: int) -> None:
-        attributes = {n.STAGE: e.stage, n.AWAITED: e.call, n.PHASE: e.phase}
-        self._waits.setdefault((e.stage, e.call), []).append(_Pending(now, attributes))
-
-    def _on_CallEnded(self, e: Any, now: int) -> None:
-        if pending := self._waits.get((e.stage, e.call)):
-            wait = pending.pop()
-            wait.end_ns = now
-            self._emit(n.WAIT, wait, now)
-
     def _on_Stalled(self, e: Any, now: int) -> None:
         report = e.report
         attributes = {
@@ -275,15 +264,13 @@ class RunTracer:
         now = self._now()
         for index in list(self._rollouts):
             self._close_rollout(index, now)
-        waits = [(n.WAIT, w) for stack in self._waits.values() for w in stack]
         for name, pending in [(n.TRAIN, c) for c in self._calls.values()] + [
             (n.EVAL, e) for e in self._evals.values()
-        ] + waits:
+        ]:
             pending.attributes.setdefault(n.COMPLETED, False)
             self._emit(name, pending, now)
         self._calls.clear()
         self._evals.clear()
-        self._waits.clear()
         run = self._run
         if run is None:
             return
