@@ -8,7 +8,6 @@ against what it knows is in use.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from art_trio import (
     keep_recent_and_top,
 )
 from art_trio.plumbing.bridge.calls import Bridge
+from art_trio.run import CallsInFlight
 from art_trio.stages.checkpoints import apply_retention, checkpoint_infos
 from tests.doubles import scenarios, trajectory
 from tests.test_parity_0518 import LeasingBackend, new_model
@@ -197,7 +197,7 @@ def stand_in_run(
             completed_eval_steps=completed or set(), pending_eval_steps=scheduled or set()
         ),
         leases=SimpleNamespace(held=leased or {}),
-        calling=lambda stage, call, phase=False: contextlib.nullcontext(),
+        calls=CallsInFlight(time.monotonic),
         seen=seen,
     )
     return run

@@ -48,8 +48,6 @@ from .messages.errors import (
 )
 from .messages.events import (
     BatchTaken,
-    CallEnded,
-    CallStarted,
     ChannelClosed,
     Collapsed,
     EmptyGroupReceived,
@@ -143,8 +141,6 @@ __all__ = [
     "EmptyGroupReceived",
     "TrainCallStarted",
     "TrainCallEnded",
-    "CallStarted",
-    "CallEnded",
     "Collapsed",
     "EvalStarted",
     "EvalEnded",

@@ -21,8 +21,8 @@ import anyio
 import sniffio
 
 from .config.settings import PipelineSettings
-from .messages.events import CallEnded, CallStarted, Observers, Resized, RunStatistics
-from .messages.values import Delivered, TallyBase
+from .messages.events import Observers, Resized, RunStatistics
+from .messages.values import CallInFlight, Delivered, TallyBase
 from .observation.fates import CounterFold, FateRecord, RunCounters
 from .observation.status import StatusReporter
 from .plumbing.bridge.calls import Bridge
@@ -61,6 +61,48 @@ def loop_event_factory() -> Callable[[], LoopEvent]:
 
         return trio.Event
     return asyncio.Event
+
+
+class CallsInFlight:
+    """What each stage awaits beyond its own loop now: a backend or callback call
+    (`backend.train`, `model.log`, a checkpoint hook, the `eval_fn`) or a phase (collecting a
+    batch), with when it began. Entered per step or per eval, never per rollout; read by the
+    stall watchdog. The longest call that ended feeds `stall_seconds="auto"`.
+    """
+
+    __slots__ = ("_calls", "_clock", "longest_s")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._calls: dict[str, list[tuple[str, float]]] = {}
+        #: The longest call (not phase) that ended so far, in seconds.
+        self.longest_s = 0.0
+
+    @contextmanager
+    def track(self, stage: str, call: str, *, phase: bool = False) -> Iterator[None]:
+        """`with run.calls.track("training", "backend.train"):` around the awaited call."""
+        since = self._clock()
+        stack = self._calls.setdefault(stage, [])
+        stack.append((call, since))
+        try:
+            yield
+        finally:
+            stack.remove((call, since))
+            if not phase:
+                self.longest_s = max(self.longest_s, self._clock() - since)
+
+    def in_flight(self, now: float) -> tuple[CallInFlight, ...]:
+        """Every call in flight, each stage's outermost first."""
+        return tuple(
+            CallInFlight(stage, call, now - since)
+            for stage, stack in self._calls.items()
+            for call, since in stack
+        )
+
+    def innermost(self, stage: str) -> tuple[str, float] | None:
+        """What `stage` awaits now (its innermost call) and since when, or None."""
+        stack = self._calls.get(stage)
+        return stack[-1] if stack else None
 
 
 class StepLeases:
@@ -170,6 +212,8 @@ class PipelineRun:
         # up on every call, and the stages read the time several times per rollout.
         self.now = self._clock = loop_clock()
         self.started_at = self._clock()
+        #: The calls and phases each stage awaits now (the stall watchdog reads them).
+        self.calls = CallsInFlight(self._clock)
         self.gate = (admission.gate_class or PolicyGate)(
             start_step=start_step,
             max_steps_off_policy=self.freshness.window,
@@ -215,19 +259,6 @@ class PipelineRun:
     def counters(self) -> RunCounters:
         """The run's counters, as the events folded them so far (read them; never write)."""
         return self.fold.counters
-
-    @contextmanager
-    def calling(self, stage: str, call: str, *, phase: bool = False) -> Iterator[None]:
-        """`with run.calling("training", f"backend.train (step {n})"):` around what a stage
-        awaits beyond its own loop, told as `CallStarted` and `CallEnded` (the stall
-        watchdog folds them into what each stage waits on). Per step or eval, never per
-        rollout."""
-        started = self._clock()
-        self.emit(CallStarted(stage, call, phase))
-        try:
-            yield
-        finally:
-            self.emit(CallEnded(stage, call, self._clock() - started, phase))
 
     # -- stopping ------------------------------------------------------------------------
 

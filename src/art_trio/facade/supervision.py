@@ -56,8 +56,8 @@ async def run_stages(
     control = ControlStage(run.stop, handle_signals=handle_signals)
     view = RunView(
         model=run.model, settings=lambda: run.settings, counters=run.counters,
-        gate=run.gate, stop=run.stop, bridge=run.bridge, status=run.status, clock=run.now,
-        emit=run.emit, observe=run.observers.add, fold=run.observers.add_routes,
+        gate=run.gate, calls=run.calls, stop=run.stop, bridge=run.bridge,
+        status=run.status, clock=run.now, emit=run.emit, observe=run.observers.add,
         statistics=statistics, resize=resize, rollouts_in_flight=rollouts.in_flight,
         workers_running=lambda: len(run.workers), ready=lambda: len(training.ready),
         queue=run.groups.statistics,

@@ -20,7 +20,7 @@ The first error wins: once the run is failing (a stage raised, or an observer di
 observer that raises while the run winds down (scenarios settled as dropped, the channel
 closed) does not replace that error; its own is logged and noted on the first one.
 
-Over 400 lines because it is one vocabulary: twenty-one small event classes, the observer
+Over 400 lines because it is one vocabulary: nineteen small event classes, the observer
 registry and `RunStatistics`, each documented where users read it.
 """
 
@@ -206,29 +206,6 @@ class TrainCallEnded:
 
 @cheap_init
 @dataclass(frozen=True, slots=True)
-class CallStarted:
-    """A stage began to await something beyond its own loop: a backend or callback `call`
-    (`backend.train (step 3)`, `model.log ...`, a checkpoint hook, `eval_fn (step 2)`), or
-    with `phase` a wait of its own (collecting a batch). Once per call, never per rollout."""
-
-    stage: str
-    call: str
-    phase: bool = False
-
-
-@cheap_init
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    """The `call` of `stage` (its `CallStarted`) ended, however, after `seconds`."""
-
-    stage: str
-    call: str
-    seconds: float
-    phase: bool = False
-
-
-@cheap_init
-@dataclass(frozen=True, slots=True)
 class Collapsed:
     """The training stage stopped the run: `held` zero-variance groups in a row."""
 
@@ -294,8 +271,6 @@ RunEvent = (
     | EmptyGroupReceived
     | TrainCallStarted
     | TrainCallEnded
-    | CallStarted
-    | CallEnded
     | Collapsed
     | EvalStarted
     | EvalEnded
@@ -355,13 +330,6 @@ class Observers:
             for kind, handler in table.items():
                 routes.setdefault(kind, []).append(handler)
         self._routes = {kind: tuple(handlers) for kind, handlers in routes.items()}
-
-    def add_routes(self, routes: Routes) -> None:
-        """Fold some event types into an extension's own record for this run, as the run's
-        own observers do: after them, before the user's, each handler called only for its
-        type (an extension watching a few events costs the others nothing)."""
-        for kind, handler in routes.items():
-            self._routes[kind] = (*self._routes.get(kind, ()), handler)
 
     def _rebuild(self) -> None:
         self._users = tuple(self._callbacks)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..config.settings import PipelineSettings
-    from ..messages.events import Observer, Routes, RunEvent, RunStatistics
+    from ..messages.events import Observer, RunEvent, RunStatistics
     from ..messages.values import RolloutInFlight
     from ..observation.fates import RunCounters
     from ..observation.status import StatusReporter
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..plumbing.group_queue import GroupQueueStatistics
     from ..plumbing.stop import StopControl
     from ..policy.gate import PolicyGate
+    from ..run import CallsInFlight
 
 
 class Stage(Protocol):
@@ -44,9 +45,8 @@ class Stage(Protocol):
 class RunView:
     """A running run as an extension's stage sees it: what it may read, and what it may do.
 
-    Reading is free (counters, the gate, the rollouts in flight, events folded with `fold`);
-    acting goes through the same public paths a user has (`resize`, `stop.request`, `emit`
-    for an event of its own).
+    Reading is free (counters, the gate, the calls in flight); acting goes through the same
+    public paths a user has (`resize`, `stop.request`, `emit` for an event of its own).
     """
 
     model: Any
@@ -54,6 +54,7 @@ class RunView:
     settings: Callable[[], PipelineSettings]
     counters: RunCounters
     gate: PolicyGate
+    calls: CallsInFlight
     stop: StopControl
     bridge: Bridge
     status: StatusReporter
@@ -62,10 +63,6 @@ class RunView:
     emit: Callable[[RunEvent], None]
     #: Adds an observer of this run's events; returns the function that removes it.
     observe: Callable[[Observer], Callable[[], None]]
-    #: Folds some event types into the extension's own record for this run (a handler per
-    #: type, heard before the user's observers; the other events cost it nothing), as the
-    #: watchdog folds `CallStarted` and `CallEnded` into what each stage waits on.
-    fold: Callable[[Routes], None]
     statistics: Callable[[], RunStatistics]
     resize: Callable[..., RunStatistics]
     #: The rollouts in flight at a time (for a report of where the run waits).

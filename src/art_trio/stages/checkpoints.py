@@ -95,7 +95,7 @@ async def after_step(run: PipelineRun, result: Any, step: int) -> None:
     prune = backend_hook(run.backend, "prune_model_adapters")
     if prune is not None:
         oldest = max(0, step - run.freshness.retention_window)
-        with run.calling("training", "backend.prune_model_adapters (checkpoint hook)"):
+        with run.calls.track("training", "backend.prune_model_adapters (checkpoint hook)"):
             await run.bridge.call(
                 prune, run.model, retain_steps=set(range(oldest, step + 1))
             )
@@ -201,5 +201,5 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
     ctx = run
-    with run.calling("training", "backend._delete_checkpoint_files (checkpoint hook)"):
+    with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
         await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)

@@ -50,7 +50,7 @@ class EvalStage:
                         with stop.eval_begins():
                             # Held since the step was scheduled (or from now, for the start
                             # step and resumed evals) until the eval has ended.
-                            with self.run.calling("eval", f"the eval lease of step {step}"):
+                            with self.run.calls.track("eval", f"the eval lease of step {step}"):
                                 await eval_leases.take(step)
                             await self.evaluate(step, strict_provenance=strict)
                     finally:
@@ -64,7 +64,7 @@ class EvalStage:
     async def evaluate(self, step: int, *, strict_provenance: bool = False) -> None:
         """Evaluate the policy at `step` and log each split the eval_fn returned (with
         `strict_provenance`, an eval without policy_token_spans is refused, as in ART)."""
-        ctx, state = self.run, self.run.state
+        ctx, calls, state = self.run, self.run.calls, self.run.state
         model = ctx.model
         self.run.emit(EvalStarted(step))
         reward: float | None = None
@@ -73,7 +73,7 @@ class EvalStage:
             token = model.activate_metrics_context("eval")
             started = self.run.now()
             try:
-                with ctx.calling("eval", f"eval_fn (step {step})"):
+                with calls.track("eval", f"eval_fn (step {step})"):
                     result = await self.run.leases.call(
                         step, ctx.eval_fn, model, step, ctx.config, lease=ctx.eval_lease
                     )
@@ -95,7 +95,7 @@ class EvalStage:
                 if groups:
                     # The eval's duration rides on the first split logged.
                     metrics = None if timing_logged else {"time/step_eval_s": elapsed}
-                    with ctx.calling("eval", f"model.log (eval of step {step}, {split})"):
+                    with calls.track("eval", f"model.log (eval of step {step}, {split})"):
                         await ctx.bridge.call(
                             model.log, groups, split=split, step=step, metrics=metrics
                         )

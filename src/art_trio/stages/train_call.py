@@ -100,7 +100,7 @@ async def train_and_log(
     back in its own task, whether the call returned or not).
     """
     # ART's opt-in step trace, printed as ART prints it (asked for by the environment).
-    ctx, settings, now = run, run.settings, run.now
+    ctx, settings, calls, now = run, run.settings, run.calls, run.now
     step_log = bool(os.getenv("ART_TRAIN_STEP_LOG"))
     if step_log:
         print(f"[train] step {expected} starting (batch={len(groups)})")
@@ -108,7 +108,7 @@ async def train_and_log(
     train_started = now()
     try:
         kwargs = train_kwargs(settings, save_checkpoint=save_checkpoint, current_step=expected - 1)
-        with ctx.calling("training", f"backend.train (step {expected})"):
+        with calls.track("training", f"backend.train (step {expected})"):
             result = await ctx.backend.train(ctx.model, groups, **kwargs)
     finally:
         train_seconds = clock.train_s = now() - train_started
@@ -122,7 +122,7 @@ async def train_and_log(
     # What backend.prepare_pipeline_batch reported: in the row, under the train result's
     # own metrics, as ART orders them.
     row = {**prepared, **row}
-    with ctx.calling("training", f"model.log (train row of step {new_step})"):
+    with calls.track("training", f"model.log (train row of step {new_step})"):
         await ctx.model.log(groups, split="train", step=new_step, metrics=row)
     return result
 

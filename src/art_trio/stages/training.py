@@ -184,7 +184,7 @@ class TrainingStage:
         try:
             with (
                 anyio.CancelScope() as scope,
-                self.run.calling("training", "backend.prepare_pipeline_batch"),
+                self.run.calls.track("training", "backend.prepare_pipeline_batch"),
             ):
                 forget = self.run.stop.on_stop(scope.cancel)
                 try:
@@ -221,7 +221,7 @@ class TrainingStage:
         """Let the backend drop what it prepared for a batch that will not train."""
         discard = self._discard
         if discard is not None:
-            with self.run.calling("training", "backend.discard_pipeline_batch"):
+            with self.run.calls.track("training", "backend.discard_pipeline_batch"):
                 await self.run.bridge.call(discard, groups)
 
     def _ready_capacity(self) -> int:
@@ -247,7 +247,7 @@ class TrainingStage:
             self._discard_stale(item)
         with (
             anyio.CancelScope() as scope,
-            self.run.calling(
+            self.run.calls.track(
                 "training", f"collecting a batch for step {current_step + 1}", phase=True
             ),
         ):
@@ -395,7 +395,7 @@ class TrainingStage:
             raise
         if eval_this_step:
             self.run.state.schedule_eval(new_step)
-            with self.run.calling("training", f"the eval lease of step {new_step}"):
+            with self.run.calls.track("training", f"the eval lease of step {new_step}"):
                 await self.run.eval_leases.take(new_step)
             self.run.eval_send.send_nowait(new_step)
         await after_step(self.run, result, new_step)
@@ -473,7 +473,7 @@ class TrainingStage:
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
         ctx = self.run
-        with self.run.calling("training", "model.log (discarded groups)"):
+        with self.run.calls.track("training", "model.log (discarded groups)"):
             await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
 
     def _stale_for(self, step: int) -> Callable[[Delivered], bool]:

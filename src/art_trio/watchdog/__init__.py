@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..stages import RunView
 from .report import PipelineStalled, StageWait, StallReport, TaskFrame
-from .stage import CallsInFlight, WatchdogStage
+from .stage import WatchdogStage
 
 __all__ = [
     "PipelineStalled", "StageWait", "StallReport", "StallWatchdog", "TaskFrame", "WatchdogStage",
@@ -29,11 +29,9 @@ class StallWatchdog:
     stall_action: str = "log"
 
     def stage(self, run: RunView) -> WatchdogStage:
-        calls = CallsInFlight(run.clock)
-        run.fold(calls.routes)
         return WatchdogStage(
             stall_seconds=self.stall_seconds, stall_action=self.stall_action,
-            counters=run.counters, gate=run.gate, calls=calls, stop=run.stop,
+            counters=run.counters, gate=run.gate, calls=run.calls, stop=run.stop,
             bridge=run.bridge, status=run.status, emit=run.emit, clock=run.clock,
             rollouts_in_flight=run.rollouts_in_flight, workers_running=run.workers_running,
             ready=run.ready, queue=run.queue,

@@ -31,16 +31,15 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import anyio
 import sniffio
 
 from ..config.settings import STALL_FLOOR_SECONDS, STALL_MULTIPLE
-from ..messages.events import CallEnded, CallStarted, RunEvent, Stalled
-from ..messages.values import CallInFlight, RolloutInFlight
+from ..messages.events import RunEvent, Stalled
+from ..messages.values import RolloutInFlight
 from ..observation.fates import RunCounters
 from ..observation.status import StatusReporter
 from ..plumbing.bridge.calls import Bridge
@@ -49,6 +48,7 @@ from ..plumbing.stop import StopControl
 from ..policy.admission import reference_gate_allows
 from ..policy.gate import PolicyGate
 from ..policy.gate_snapshot import GateSnapshot
+from ..run import CallsInFlight
 from .report import PipelineStalled, StageWait, StallReport
 from .tasktree import task_tree, thread_stack
 
@@ -56,46 +56,6 @@ logger = logging.getLogger("art_trio")
 
 #: The blocked-loop thread pings the loop at most this often (wall seconds).
 PING_INTERVAL_S = 1.0
-
-
-class CallsInFlight:
-    """What each stage awaits beyond its own loop now, with when it began, folded from the
-    run's `CallStarted` and `CallEnded`; and the longest call (not phase) that ended so far,
-    which feeds `stall_seconds="auto"`."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._calls: dict[str, list[tuple[str, float]]] = {}
-        self.longest_s = 0.0
-        #: The events folded, and how (`RunView.fold`).
-        self.routes: Mapping[type, Callable[[Any], None]] = {
-            CallStarted: self._started, CallEnded: self._ended,
-        }
-
-    def _started(self, event: CallStarted) -> None:
-        self._calls.setdefault(event.stage, []).append((event.call, self._clock()))
-
-    def _ended(self, event: CallEnded) -> None:
-        stack = self._calls.get(event.stage, [])
-        for i in reversed(range(len(stack))):
-            if stack[i][0] == event.call:
-                del stack[i]
-                break
-        if not event.phase:
-            self.longest_s = max(self.longest_s, event.seconds)
-
-    def in_flight(self, now: float) -> tuple[CallInFlight, ...]:
-        """Every call in flight, each stage's outermost first."""
-        return tuple(
-            CallInFlight(stage, call, now - since)
-            for stage, stack in self._calls.items()
-            for call, since in stack
-        )
-
-    def innermost(self, stage: str) -> tuple[str, float] | None:
-        """What `stage` awaits now (its innermost call) and since when, or None."""
-        stack = self._calls.get(stage)
-        return stack[-1] if stack else None
 
 
 @dataclass(kw_only=True, eq=False)
