@@ -2,8 +2,8 @@
 
 `stage.py` is the watchdog (its docstring: what counts as moving, the two watchers, what a
 report does); `report.py` the report and `PipelineStalled`; `tasktree.py` reads the run's task
-tree for the report. The trainer composes it
-when `stall_seconds` is not None (the default is "auto").
+tree for the report. The trainer composes it when `stall_seconds` is not None (the default is
+"auto").
 """
 
 from __future__ import annotations
