@@ -61,6 +61,11 @@ class RecordingBackend(BackendDouble):
             work_in_task=True,
         )
 
+    @property
+    def trained_ids(self) -> list[int]:
+        """The scenario indices of every train call, in order."""
+        return [i for call in self.calls for i in call.scenario_ids]
+
     def train_seconds_for(self, index: int) -> float:
         return self.train_seconds
 

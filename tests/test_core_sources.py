@@ -9,16 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from art_trio import PipelineTrainer
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios
+from tests.doubles import asyncio_rollout, scenarios
 
 
 def pipeline_state(model: Any) -> dict[str, Any]:
     state = json.loads((Path(model._get_output_dir()) / "state.json").read_text())
     return state["_pipeline_trainer"]
-
-
-def trained_ids(backend: RecordingBackend) -> list[int]:
-    return [i for call in backend.calls for i in call.scenario_ids]
 
 
 async def test_sync_iterable_source_trains_every_scenario_and_counts_them(model, backend):
@@ -27,7 +23,7 @@ async def test_sync_iterable_source_trains_every_scenario_and_counts_them(model,
         num_rollout_workers=3, min_batch_size=2, max_batch_size=2,
     )
     await trainer.train(handle_signals=False)
-    assert sorted(trained_ids(backend)) == list(range(10))
+    assert sorted(backend.trained_ids) == list(range(10))
     state = pipeline_state(model)
     assert state["scenario_offset"] == 10
     assert state["total_scenarios_consumed"] == 10
@@ -45,7 +41,7 @@ async def test_async_iterator_source_is_pulled_as_asyncio_code(model, backend):
         num_rollout_workers=2, min_batch_size=3, max_batch_size=3,
     )
     await trainer.train(handle_signals=False)
-    assert sorted(trained_ids(backend)) == list(range(6))
+    assert sorted(backend.trained_ids) == list(range(6))
     assert pipeline_state(model)["total_scenarios_consumed"] == 6
 
 
@@ -70,7 +66,7 @@ async def test_max_steps_counts_steps_of_this_run(model, backend):
     await make().train(handle_signals=False)
     assert backend.step == 4
     # Resumed: the second run trained scenarios the first had not.
-    ids = trained_ids(backend)
+    ids = backend.trained_ids
     assert len(ids) == len(set(ids)) == 8
 
 
@@ -105,7 +101,7 @@ async def test_resume_false_starts_from_the_first_scenario(model, backend):
             model, backend, asyncio_rollout, scenarios(4), None,
             num_rollout_workers=1, min_batch_size=2, max_batch_size=2, resume=False,
         ).train(handle_signals=False)
-    assert sorted(trained_ids(backend)) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert sorted(backend.trained_ids) == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 async def test_state_keeps_the_references_four_fields(model, backend):

@@ -199,7 +199,7 @@ async def test_stop_then_resume_repeatedly_trains_each_scenario_once(
             await nursery.start(functools.partial(trainer.train, handle_signals=False))
             await trio.sleep(rng.uniform(0.0, 0.005))
             trainer.request_stop()
-    trained = [i for call in backend.calls for i in call.scenario_ids]
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained))
     state = StateStore(model._get_output_dir()).read()
     assert state is not None and state.ledger.pending is None
@@ -225,6 +225,14 @@ async def _stop_at_random_moments(trainer: PipelineTrainer[Any, None], times: in
             trainer.request_stop()
 
 
+async def _stop_once(pulling: trio.Event, trainer: PipelineTrainer[Any, None]) -> None:
+    """Train until the source is `pulling`, then stop."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(trainer.train, handle_signals=False))
+        await pulling.wait()
+        trainer.request_stop()
+
+
 async def _async_generator(source: list[dict[str, Any]]) -> Any:
     for scenario in source:
         yield scenario
@@ -247,7 +255,7 @@ async def test_the_same_trainer_trains_again_from_a_one_shot_source_exactly_once
         trainer = _one_shot_trainer(model, backend, one_shot, resume="False" not in kind)
         await _stop_at_random_moments(trainer, 5)
         await trainer.train(handle_signals=False)  # to the source's end
-    trained = [i for call in backend.calls for i in call.scenario_ids]
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained))
     if "False" in kind:
         assert 39 in trained and len(trained) < 40  # to the end; the stops' in flight lost
@@ -279,16 +287,13 @@ async def test_a_stop_during_an_async_pull_neither_closes_nor_skips_the_source(
     async with trio_asyncio.open_loop():  # the host's loop: it outlives both train() calls
         one_shot = slow()
         trainer = _one_shot_trainer(model, backend, one_shot)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(functools.partial(trainer.train, handle_signals=False))
-            await pulling.wait()
-            trainer.request_stop()
+        await _stop_once(pulling, trainer)
         release.set()
         with trio.fail_after(60):  # (virtual seconds) a closed generator pulls nothing
             if resolved:
                 await pulled.wait()
             await trainer.train(handle_signals=False)
-    trained = [i for call in backend.calls for i in call.scenario_ids]
+    trained = backend.trained_ids
     assert sorted(trained) == list(range(12))
 
 
@@ -319,14 +324,11 @@ async def test_a_pull_cancelled_with_the_last_calls_loop_is_made_again(
 
     slow = Slow()
     trainer = _one_shot_trainer(model, backend, slow)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(trainer.train, handle_signals=False))
-        await pulling.wait()
-        trainer.request_stop()
+    await _stop_once(pulling, trainer)
     slow.released = True
     with trio.fail_after(60):
         await trainer.train(handle_signals=False)
-    trained = [i for call in backend.calls for i in call.scenario_ids]
+    trained = backend.trained_ids
     assert sorted(trained) == list(range(12))
 
 
@@ -346,7 +348,7 @@ async def test_an_async_generator_closed_with_the_last_calls_loop_is_refused(
     await _one_shot_trainer(model, backend, _async_generator(scenarios(40))).train(
         handle_signals=False
     )
-    trained = [i for call in backend.calls for i in call.scenario_ids]
+    trained = backend.trained_ids
     assert sorted(trained) == list(range(40))
 
 
