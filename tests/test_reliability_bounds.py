@@ -88,10 +88,6 @@ def _train(trainer: PipelineTrainer[Any, None]) -> Callable[[], Awaitable[None]]
     return functools.partial(trainer.train, handle_signals=False)
 
 
-def _trained_ids(backend: RecordingBackend) -> list[int]:
-    return [i for call in backend.calls for i in call.scenario_ids]
-
-
 def _fates_add_up(stats: RunStatistics) -> bool:
     return stats.taken == (
         stats.trained + stats.stale + stats.zero_variance + stats.errored
@@ -166,7 +162,7 @@ def test_a_trajectory_from_a_future_policy_stops_the_run_and_is_never_trained(
     index = int(found[1])
     assert index % 5 == 2
     assert any("rollout stage" in note for note in notes)
-    assert not [i for i in _trained_ids(backend) if i % 5 == 2]
+    assert not [i for i in backend.trained_ids if i % 5 == 2]
     stats = trainer.statistics()
     watch.check_against(stats)
     assert [e.fate for e in watch.settled if e.scenario_index == index] == [
@@ -212,7 +208,7 @@ async def test_a_policy_version_that_is_not_an_int_errors_its_group(
     trainer = _trainer(model, backend, rollout, max_steps=8)
     trainer.add_observer(watch)
     await trainer.train(handle_signals=False)
-    assert backend.step == 8 and 4 not in _trained_ids(backend)
+    assert backend.step == 8 and 4 not in backend.trained_ids
     assert [e.fate for e in watch.settled if e.scenario_index == 4] == [Fate.ERRORED]
     lines = [r.getMessage() for r in caplog.records if "scenario_id=4" in r.getMessage()]
     assert len(lines) == 1 and f"initial_policy_version={bad!r}" in lines[0], lines
@@ -274,7 +270,7 @@ async def test_a_group_with_a_bad_token_count_is_errored_not_trained(
     trainer.add_observer(watch)
     await trainer.train(handle_signals=False)
     assert reached and max(reached.values()) >= 5, reached  # the groups really were old
-    assert not set(reached) & set(_trained_ids(backend))
+    assert not set(reached) & set(backend.trained_ids)
     fates = {e.scenario_index: e.fate for e in watch.settled if e.scenario_index in reached}
     # Errored; one that returns after the last step is dropped with the run's end instead.
     assert Fate.ERRORED in fates.values(), fates
@@ -441,7 +437,7 @@ def test_a_forced_stop_inside_backend_train_gives_the_batch_a_fate_and_resume_tr
     backend.hold_from_step, backend.hold_train = None, False
     resumed = _trainer(model, backend, max_steps=4)
     assert run_with_deadline(how, _train(resumed), DEADLINE_S) is None
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     assert {e.scenario_index for e in in_batch} <= set(trained)
 
@@ -517,7 +513,7 @@ def test_a_batch_trained_but_not_logged_is_counted_once_on_resume(
     object.__setattr__(model, "log", original_log)
     resumed = _trainer(model, backend, max_steps=3)
     assert run_with_deadline(how, _train(resumed), DEADLINE_S) is None
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     state = StateStore(Path(model._get_output_dir())).read()
     assert state is not None and all(state.ledger.is_resolved(e.scenario_index) for e in in_batch)
@@ -720,7 +716,7 @@ def test_an_observer_may_stop_the_run_from_inside_its_callback(
     trainer.add_observer(observe)
     assert run_with_deadline(how, _train(trainer), DEADLINE_S) is None
     watch.check_against(trainer.statistics())
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained))
 
 

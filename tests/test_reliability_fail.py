@@ -71,10 +71,6 @@ def _resolved(state: dict[str, Any]) -> set[int]:
     return set(range(state["scenario_offset"])) | set(state["resolved_scenarios"])
 
 
-def _trained_ids(backend: RecordingBackend) -> list[int]:
-    return [i for call in backend.calls for i in call.scenario_ids]
-
-
 def _live_tasks() -> set[trio.lowlevel.Task]:
     """Every task of the running trio program (walks the task tree from the root)."""
     found: set[trio.lowlevel.Task] = set()
@@ -148,13 +144,13 @@ async def test_backend_train_failure_is_retrained_on_resume_none_skipped(
     state = sidecar(model)
     failed_batch = state["pending_batch"]
     assert failed_batch is not None and failed_batch["step"] == 3
-    first_run = _trained_ids(backend)
+    first_run = backend.trained_ids
     assert backend.step == 2
     assert _resolved(state) == set(first_run)
 
     backend.fail_on_step = None
     await _trainer(model, backend, asyncio_rollout, max_steps=3).train(handle_signals=False)
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     assert set(failed_batch["scenario_indices"]) <= set(trained[len(first_run):])
     final = sidecar(model)
@@ -196,7 +192,7 @@ async def test_a_scenario_iterator_that_raises_stops_the_run_with_its_error(
     # Persisted: once resume settles the pending batch against the backend's step (the
     # failure may have cancelled backend.train, or model.log after it), exactly what was
     # trained is resolved.
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert trained, "the test needs steps trained before the failure"
     state = StateStore(model._get_output_dir()).read()
     assert state is not None
@@ -296,7 +292,7 @@ async def test_a_rollout_that_raises_is_counted_as_errored_and_the_run_goes_on(
     await trainer.train(handle_signals=False)
     assert backend.step == 3
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
-    assert 3 not in _trained_ids(backend)
+    assert 3 not in backend.trained_ids
     lines = [line for line in caplog.text.splitlines() if "KeyError" in line]
     assert len(lines) == 1, lines
     assert "scenario_id=3" in lines[0]
@@ -321,7 +317,7 @@ async def test_a_rollout_returning_a_non_group_is_counted_as_errored(
     await trainer.train(handle_signals=False)
     assert backend.step == 3
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
-    assert 5 not in _trained_ids(backend)
+    assert 5 not in backend.trained_ids
     lines = [line for line in caplog.text.splitlines() if "scenario_id=5" in line]
     assert len(lines) == 1, lines
     assert type(returned).__name__ in lines[0] and "TrajectoryGroup" in lines[0]
@@ -346,7 +342,7 @@ async def test_a_group_with_a_non_finite_reward_is_errored_and_never_trained(
     assert trainer.last_counters is not None and trainer.last_counters.errored == 2
     trained_rewards = [r for call in backend.calls for group in call.rewards for r in group]
     assert all(abs(r) < float("inf") for r in trained_rewards)  # no NaN/inf reached train()
-    assert not {2, 7} & set(_trained_ids(backend))
+    assert not {2, 7} & set(backend.trained_ids)
     out = caplog.text
     for scenario_id in (2, 7):
         lines = [line for line in out.splitlines() if f"scenario_id={scenario_id}" in line]

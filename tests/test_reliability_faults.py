@@ -96,14 +96,10 @@ def _out(model: art.TrainableModel) -> Path:
     return Path(model._get_output_dir())
 
 
-def _trained_ids(backend: RecordingBackend) -> list[int]:
-    return [i for call in backend.calls for i in call.scenario_ids]
-
-
 def _assert_exactly_once(model: art.TrainableModel, backend: RecordingBackend) -> None:
     """Nothing trained twice, and every scenario under the watermark trained (no discards in
     these runs: asyncio_rollout's rewards always differ)."""
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     state = StateStore(_out(model)).read()
     assert state is not None
@@ -470,7 +466,7 @@ def test_a_rollout_raising_cancelled_error_is_that_rollouts_error(
         anyio.run(train, backend="asyncio")
     assert backend.step == 20
     assert trainer.last_counters is not None and trainer.last_counters.errored == 1
-    assert 3 not in _trained_ids(backend)
+    assert 3 not in backend.trained_ids
     lines = [line for line in caplog.text.splitlines() if "scenario_id=3" in line]
     assert len(lines) == 1 and AsyncioTaskCancelled.__name__ in lines[0], lines
 

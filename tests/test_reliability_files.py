@@ -89,12 +89,8 @@ def _out(model: art.TrainableModel) -> Path:
     return Path(model._get_output_dir())
 
 
-def _trained_ids(backend: RecordingBackend) -> list[Any]:
-    return [i for call in backend.calls for i in call.scenario_ids]
-
-
 def _assert_exactly_once(model: art.TrainableModel, backend: RecordingBackend) -> None:
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert len(trained) == len(set(trained)), "a scenario was trained twice"
     state = StateStore(_out(model)).read()
     assert state is not None
@@ -471,7 +467,7 @@ async def test_a_state_directory_of_the_previous_format_resumes_exactly(
     )
     # Step 4's interrupted eval first; 0-3 are not evaluated again; then every new step.
     assert evaluated == [4, 5, 6, 7]
-    trained = _trained_ids(backend)
+    trained = backend.trained_ids
     assert sorted(trained) == list(range(10, 16))  # 0-9 not again, 10-11 (step 5's) again
     state = StateStore(_out(model)).read()
     assert state is not None

@@ -43,12 +43,8 @@ class Concurrency:
         return rollout
 
 
-def _trained_ids(backend: RecordingBackend) -> list[Any]:
-    return [sid for call in backend.calls for sid in call.scenario_ids]
-
-
 def _check_accounting(trainer: PipelineTrainer[Any, Any], backend: RecordingBackend) -> None:
-    ids = _trained_ids(backend)
+    ids = backend.trained_ids
     assert len(ids) == len(set(ids)), "a scenario was trained twice"
     c = trainer.last_counters
     assert c is not None
@@ -197,7 +193,7 @@ async def test_resize_before_train_changes_the_next_run(model, backend, autojump
     assert stats.num_rollout_workers == 3 and trainer.num_rollout_workers == 3
     await trainer.train(handle_signals=False)
     assert roll.peak == 3
-    assert Counter(_trained_ids(backend)) == Counter(range(12))
+    assert Counter(backend.trained_ids) == Counter(range(12))
 
 
 async def test_a_resize_during_a_run_is_the_trainers_settings_and_the_next_runs(
