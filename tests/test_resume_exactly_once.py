@@ -297,6 +297,37 @@ async def test_a_stop_during_an_async_pull_neither_closes_nor_skips_the_source(
     assert sorted(trained) == list(range(12))
 
 
+async def test_a_source_that_fails_in_a_pull_a_stop_left_running_fails_the_next_call(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """The pull a stop left running ends in the source's own error: the next `train()`
+    raises it (in the stages' group, as a source failing during a run does), and trains
+    nothing twice."""
+    source = scenarios(12)
+    pulling = trio.Event()
+    release = asyncio.Event()
+
+    async def failing() -> Any:
+        for i, scenario in enumerate(source):
+            if i == 6:
+                pulling.set()
+                await release.wait()
+                raise LookupError("the scenario queue went away")
+            yield scenario
+
+    async with trio_asyncio.open_loop():
+        trainer = _one_shot_trainer(model, backend, failing())
+        await _stop_once(pulling, trainer)
+        first = list(backend.trained_ids)
+        release.set()
+        with trio.fail_after(60), pytest.RaisesGroup(
+            pytest.RaisesExc(LookupError, match="queue went away")
+        ):
+            await trainer.train(handle_signals=False)
+    trained = backend.trained_ids
+    assert len(trained) == len(set(trained)) and set(first) <= set(trained) <= set(range(6))
+
+
 async def test_a_pull_cancelled_with_the_last_calls_loop_is_made_again(
     model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
 ) -> None:
