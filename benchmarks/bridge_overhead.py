@@ -1,10 +1,18 @@
 """Per-call overhead of art_trio's bridge, in microseconds.
 
     python benchmarks/bridge_overhead.py [--calls 20000]
+    python benchmarks/bridge_overhead.py --floor     # the overhead row's floor
 
 Times `Bridge.call` on an asyncio coroutine function that returns at once (so only the
 crossing is measured) under trio (through trio-asyncio) and under asyncio (a plain await),
 and `Bridge.callback` on a `trio_native` function for comparison.
+
+`--floor`: what the README's overhead-b32 row could reach with a scheduler that cost nothing.
+The workload's rollout double alone, called by 64 concurrent callers with no trainer (asyncio
+tasks awaiting it; trio tasks crossing the bridge to it), beside ART's trainer on the same
+workload in the same process: microseconds per group, median of the repeats. ART's
+scheduler costs its figure minus the double's; art_trio's bridged row can reach 1.0x ART only
+if its scheduler costs no more than ART's figure minus the bridged floor.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ import time
 import anyio
 
 from art_trio.plumbing.bridge.calls import open_bridge, trio_native
+
+#: Groups each floor run makes (the overhead-b32 workload's 2,000 steps of 32).
+FLOOR_GROUPS = 64_000
 
 
 async def asyncio_noop() -> int:
@@ -39,11 +50,65 @@ async def measure(calls: int, native: bool) -> float:
         return (time.perf_counter() - started) / calls * 1e6
 
 
+async def double_alone(workers: int) -> float:
+    """Microseconds per group of overhead-b32's rollout double, `workers` callers at once,
+    through the bridge under trio and awaited in place under asyncio."""
+    from art_trio.sim.doubles import make_rollout_fn
+    from art_trio.sim.recorder import Recorder
+    from art_trio.sim.workloads import PRESETS
+
+    rollout = make_rollout_fn(PRESETS["overhead-b32"], Recorder(), flavor="asyncio")
+    indices = iter(range(FLOOR_GROUPS))
+    async with open_bridge() as bridge:
+
+        async def caller() -> None:
+            for i in indices:
+                await bridge.callback(rollout, None, {"id": i}, None)
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for _ in range(workers):
+                group.start_soon(caller)
+        return (time.perf_counter() - started) / FLOOR_GROUPS * 1e6
+
+
+def floor(repeats: int) -> None:
+    from art_trio.bench.trainers import run_one
+    from art_trio.sim.workloads import PRESETS
+
+    workload = PRESETS["overhead-b32"]
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for kind in ("art", "trio", "asyncio"):
+            per_s = run_one(kind, workload).to_dict()["groups_per_s"]
+            samples.setdefault(kind, []).append(1e6 / per_s)
+        for backend in ("trio", "asyncio"):
+            us = anyio.run(double_alone, workload.workers, backend=backend)
+            samples.setdefault(f"double {backend}", []).append(us)
+    us = {name: statistics.median(values) for name, values in samples.items()}
+    alone, bridged = us["double asyncio"], us["double trio"]
+    print(f"| overhead-b32 (median of {repeats}) | us per group | scheduler's share |")
+    print("|---|---|---|")
+    print(f"| the rollout double alone, asyncio | {alone:.0f} | |")
+    print(f"| the rollout double alone, bridged under trio | {bridged:.0f} | |")
+    print(f"| ART's trainer | {us['art']:.0f} | {us['art'] - alone:.0f} |")
+    print(f"| art_trio, asyncio | {us['asyncio']:.0f} | {us['asyncio'] - alone:.0f} |")
+    print(f"| art_trio, bridged | {us['trio']:.0f} | {us['trio'] - bridged:.0f} |")
+    print(
+        f"For 1.0x ART's groups/s bridged, art_trio's scheduler may cost "
+        f"{us['art'] - bridged:.0f} us a group (ART's costs {us['art'] - alone:.0f})."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--floor", action="store_true", help="the overhead row's floor")
     args = parser.parse_args()
+    if args.floor:
+        floor(args.repeats)
+        return
     rows = [
         ("trio, asyncio callback via trio-asyncio", "trio", False),
         ("trio, trio_native callback (no bridge)", "trio", True),
