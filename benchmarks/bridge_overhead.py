@@ -9,15 +9,18 @@ and `Bridge.callback` on a `trio_native` function for comparison.
 
 `--floor`: what the README's overhead-b32 row could reach with a scheduler that cost nothing.
 The workload's rollout double alone, called by 64 concurrent callers with no trainer (asyncio
-tasks awaiting it; trio tasks crossing the bridge to it), beside ART's trainer on the same
-workload in the same process: microseconds per group, median of the repeats. ART's
-scheduler costs its figure minus the double's; art_trio's bridged row can reach 1.0x ART only
-if its scheduler costs no more than ART's figure minus the bridged floor.
+tasks awaiting it; trio tasks crossing the bridge to it), beside ART's trainer and art_trio's
+on the same workload in the same process: microseconds per group, median of the repeats.
+Each trainer's scheduler costs its figure minus the double's under the same conditions: for
+art_trio with the collector frozen, as `train()` runs (`facade/supervision.py`; full
+collections otherwise walk every object the imports made, ~30 us a group here under trio),
+for ART as it runs, without.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -27,6 +30,12 @@ from art_trio.plumbing.bridge.calls import open_bridge, trio_native
 
 #: Groups each floor run makes (the overhead-b32 workload's 2,000 steps of 32).
 FLOOR_GROUPS = 64_000
+#: The floor's runs: name, loop, collector frozen.
+FLOOR_RUNS = (
+    ("the double alone, asyncio", "asyncio", False),
+    ("the double alone, asyncio, collector frozen", "asyncio", True),
+    ("the double alone, bridged, collector frozen", "trio", True),
+)
 
 
 async def asyncio_noop() -> int:
@@ -50,9 +59,10 @@ async def measure(calls: int, native: bool) -> float:
         return (time.perf_counter() - started) / calls * 1e6
 
 
-async def double_alone(workers: int) -> float:
+async def double_alone(workers: int, frozen: bool) -> float:
     """Microseconds per group of overhead-b32's rollout double, `workers` callers at once,
-    through the bridge under trio and awaited in place under asyncio."""
+    through the bridge under trio and awaited in place under asyncio; `frozen`: with the
+    objects made before it kept from the collector."""
     from art_trio.sim.doubles import make_rollout_fn
     from art_trio.sim.recorder import Recorder
     from art_trio.sim.workloads import PRESETS
@@ -65,11 +75,16 @@ async def double_alone(workers: int) -> float:
             for i in indices:
                 await bridge.callback(rollout, None, {"id": i}, None)
 
-        started = time.perf_counter()
-        async with anyio.create_task_group() as group:
-            for _ in range(workers):
-                group.start_soon(caller)
-        return (time.perf_counter() - started) / FLOOR_GROUPS * 1e6
+        if frozen:
+            gc.freeze()
+        try:
+            started = time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for _ in range(workers):
+                    group.start_soon(caller)
+            return (time.perf_counter() - started) / FLOOR_GROUPS * 1e6
+        finally:
+            gc.unfreeze()
 
 
 def floor(repeats: int) -> None:
@@ -82,21 +97,26 @@ def floor(repeats: int) -> None:
         for kind in ("art", "trio", "asyncio"):
             per_s = run_one(kind, workload).to_dict()["groups_per_s"]
             samples.setdefault(kind, []).append(1e6 / per_s)
-        for backend in ("trio", "asyncio"):
-            us = anyio.run(double_alone, workload.workers, backend=backend)
-            samples.setdefault(f"double {backend}", []).append(us)
+        for name, backend, frozen in FLOOR_RUNS:
+            samples.setdefault(name, []).append(
+                anyio.run(double_alone, workload.workers, frozen, backend=backend)
+            )
     us = {name: statistics.median(values) for name, values in samples.items()}
-    alone, bridged = us["double asyncio"], us["double trio"]
-    print(f"| overhead-b32 (median of {repeats}) | us per group | scheduler's share |")
+    print(f"| overhead-b32 (median of {repeats}) | us per group | its scheduler's share |")
     print("|---|---|---|")
-    print(f"| the rollout double alone, asyncio | {alone:.0f} | |")
-    print(f"| the rollout double alone, bridged under trio | {bridged:.0f} | |")
-    print(f"| ART's trainer | {us['art']:.0f} | {us['art'] - alone:.0f} |")
-    print(f"| art_trio, asyncio | {us['asyncio']:.0f} | {us['asyncio'] - alone:.0f} |")
-    print(f"| art_trio, bridged | {us['trio']:.0f} | {us['trio'] - bridged:.0f} |")
+    for name, _, _ in FLOOR_RUNS:
+        print(f"| {name} | {us[name]:.0f} | |")
+    art = us["art"]
+    for label, kind, floor_name in (
+        ("ART's trainer", "art", "the double alone, asyncio"),
+        ("art_trio, asyncio", "asyncio", "the double alone, asyncio, collector frozen"),
+        ("art_trio, bridged", "trio", "the double alone, bridged, collector frozen"),
+    ):
+        print(f"| {label} | {us[kind]:.0f} | {us[kind] - us[floor_name]:.0f} |")
+    budget = art - us["the double alone, bridged, collector frozen"]
     print(
-        f"For 1.0x ART's groups/s bridged, art_trio's scheduler may cost "
-        f"{us['art'] - bridged:.0f} us a group (ART's costs {us['art'] - alone:.0f})."
+        f"For 1.0x ART's groups/s bridged, art_trio's scheduler may cost {budget:.0f} us a "
+        f"group (ART's costs {art - us['the double alone, asyncio']:.0f})."
     )
 
 
