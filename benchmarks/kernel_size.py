@@ -10,7 +10,8 @@ under ``trio.run``, an eval every 2 steps, checkpoints, the status line, ``resum
     python benchmarks/kernel_size.py            # the figure, and each module's lines
     python benchmarks/kernel_size.py --json     # the same as JSON
 
-The run happens in a child process so that nothing this script imports is counted.
+The run happens in a child process so that nothing this script imports is counted. Each
+extension's size (every module of its subpackage, by the same count) is printed after it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from radon.raw import analyze
 
 #: Tool packages: they use the public API and are not what a run of the trainer needs.
 TOOLS = ("sim", "bench", "demo", "cpu", "local_backend", "testing", "prometheus", "cli")
+#: The extensions: what ART's trainer has no counterpart for, each a subpackage (the layers
+#: contract in pyproject.toml names the same five).
+EXTENSIONS = ("admission", "autotune", "executors", "resume", "watchdog")
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "art_trio"
 
 #: The plain run, executed in a child; it prints the module files of art_trio it loaded.
 PLAIN_RUN = r'''
@@ -136,18 +141,31 @@ def kernel_modules(files: list[Path]) -> dict[str, int]:
     return sizes
 
 
+def extension_sizes() -> dict[str, int]:
+    """Each extension's code lines: every module of its subpackage."""
+    return {
+        name: sum(code_lines(path) for path in sorted((PACKAGE / name).rglob("*.py")))
+        for name in EXTENSIONS
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     sizes = kernel_modules(loaded_modules())
     total = sum(sizes.values())
+    extensions = extension_sizes()
     if args.json:
-        print(json.dumps({"kernel_lines": total, "modules": sizes}, indent=2))
+        print(json.dumps(
+            {"kernel_lines": total, "modules": sizes, "extensions": extensions}, indent=2
+        ))
         return
     for name, lines in sorted(sizes.items(), key=lambda item: -item[1]):
         print(f"{lines:6d}  {name}")
     print(f"{total:6d}  code lines in {len(sizes)} modules a plain run loads")
+    for name, lines in extensions.items():
+        print(f"{lines:6d}  the {name} extension (art_trio.{name})")
 
 
 if __name__ == "__main__":

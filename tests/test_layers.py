@@ -158,6 +158,23 @@ def test_the_kernel_size_in_the_docs_is_the_measured_one(plain_run: tuple[Any, l
     )
 
 
+def test_each_extensions_size_in_the_docs_is_the_measured_one(
+    plain_run: tuple[Any, list[Path]],
+) -> None:
+    """docs/architecture.md's extension table gives each extension's code lines as
+    `benchmarks/kernel_size.py` measures them, for the same five extensions."""
+    kernel_size, _ = plain_run
+    assert set(kernel_size.EXTENSIONS) == set(EXTENSIONS)
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    stated = {
+        name: int(lines.replace(",", ""))
+        for name, lines in re.findall(r"^\| `(\w+)/` \|.*\| ([\d,]+) \|$", text, re.MULTILINE)
+    }
+    assert stated == kernel_size.extension_sizes(), (
+        "docs/architecture.md's extension sizes differ from python benchmarks/kernel_size.py's"
+    )
+
+
 def test_the_contracts_hold_on_this_tree(tree: Path) -> None:
     result = lint_imports(tree)
     assert result.returncode == 0, result.stdout + result.stderr
