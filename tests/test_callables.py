@@ -69,20 +69,23 @@ def _resolved(model: Any) -> dict[str, Any]:
     return record
 
 
+@pytest.mark.parametrize("workers", [1, 4])
 @pytest.mark.parametrize(
     "rollout_fn",
     [_not_awaitable, make_group_rollout_fn(lambda *a: trajectory(1.0), n=2)],
     ids=["rollout_fn", "single rollout of a group"],
 )
 async def test_a_non_awaitable_result_ends_the_run_naming_the_function(
-    model: Any, backend: Any, rollout_fn: Any
+    model: Any, backend: Any, rollout_fn: Any, workers: int
 ) -> None:
+    """Said once, however many workers met it at once."""
     trainer = PipelineTrainer(
-        model, backend, rollout_fn, scenarios(6), None, num_rollout_workers=1,
+        model, backend, rollout_fn, scenarios(6), None, num_rollout_workers=workers,
         min_batch_size=2, max_batch_size=2,
     )
     with pytest.raises(ExceptionGroup) as caught:
         await trainer.train(handle_signals=False)
+    assert len(caught.value.exceptions) == 1
     error = caught.value.exceptions[0]
     assert isinstance(error, CallbackNotAwaitable)
     assert "cannot be awaited" in str(error) and "async def" in str(error)

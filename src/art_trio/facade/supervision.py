@@ -15,7 +15,7 @@ import gc
 import logging
 import sys
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
@@ -131,15 +131,17 @@ async def run_stage(
 
     A stage's own task group (the rollout workers) wraps a worker's exception in a group; a
     group holding one exception is unwrapped, so the caller gets one group, not two nested.
+    Workers that failed alike (a rollout_fn that can never work fails in every one of them
+    at once) are told once: the first of each same error is kept.
     """
     try:
         try:
             await fn(*args, **kwargs)
         except ExceptionGroup as group:
-            found = list(leaves(group))
-            if len(found) != 1:
-                raise
-            raise found[0] from None
+            found = _distinct(leaves(group))
+            if len(found) == 1:
+                raise found[0] from None
+            raise group.derive(found) from None
     except Exception as exc:
         run.observers.note_failure(exc)
         exc.add_note(f"raised in art_trio's {name} stage")
@@ -194,6 +196,16 @@ def unwrap_escaped(group: BaseExceptionGroup[Any]) -> NoReturn:
     if len(found) == 1 and isinstance(found[0], (KeyboardInterrupt, SystemExit)):
         raise found[0] from None
     raise group
+
+
+def _distinct(errors: Iterable[BaseException]) -> list[Exception]:
+    """The errors of an `ExceptionGroup` (Exceptions all), each kind and message once (the
+    first kept)."""
+    seen: dict[tuple[type, str], Exception] = {}
+    for error in errors:
+        assert isinstance(error, Exception)
+        seen.setdefault((type(error), str(error)), error)
+    return list(seen.values())
 
 
 def leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
