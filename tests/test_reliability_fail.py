@@ -33,7 +33,7 @@ import trio
 import trio.testing
 import trio_asyncio
 
-from art_trio import PipelineTrainer
+from art_trio import EvalEnded, PipelineTrainer
 from art_trio.messages.types import EvalResult
 from art_trio.resume.store import StateStore
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
@@ -373,6 +373,36 @@ async def test_an_eval_fn_that_raises_warns_and_training_goes_on(
     warnings = [r for r in caplog.records if "ConnectionError" in r.getMessage()]
     assert len(warnings) == len(calls), warnings
     assert all(r.levelno == logging.WARNING for r in warnings), warnings
+
+
+@pytest.mark.parametrize("returned", [None, 7], ids=["None", "an int"])
+async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
+    model: art.TrainableModel,
+    backend: RecordingBackend,
+    autojump_clock: trio.abc.Clock,
+    caplog: pytest.LogCaptureFixture,
+    returned: Any,
+) -> None:
+    """None is an empty eval, as in ART (an eval_fn that logs on its own): completed, no
+    warning. Anything else that is no list fails that eval with a warning saying what an
+    eval_fn returns; training goes on either way."""
+
+    async def eval_fn(model: Any, step: int, config: Any) -> Any:
+        return returned
+
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, scenarios(200), None, eval_fn,
+        num_rollout_workers=4, min_batch_size=2, max_batch_size=4, max_steps=2,
+        eval_every_n_steps=1, eval_step_0=False,
+    )
+    ended: list[EvalEnded] = []
+    trainer.add_observer(lambda e: ended.append(e) if isinstance(e, EvalEnded) else None)
+    await trainer.train(handle_signals=False)
+    assert backend.step == 2
+    assert [(e.step, e.completed) for e in ended] == [(1, returned is None), (2, returned is None)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    told = [w for w in warnings if "eval_fn returned int; return a list of" in w]
+    assert len(told) == (0 if returned is None else 2), warnings
 
 
 async def test_a_trainer_whose_run_failed_can_train_again(

@@ -333,7 +333,15 @@ def split_eval_items(
 
 
 def eval_splits(result: Any) -> dict[str, list[Trajectory | TrajectoryGroup]]:
-    """An eval_fn's result as {split: items}: a bare list is the "val" split."""
+    """An eval_fn's result as {split: items}: a bare list is the "val" split; None, as in
+    ART, an empty one (an eval_fn that logs on its own and returns nothing)."""
     if isinstance(result, Mapping):
         return {str(k): list(v) for k, v in result.items()}
+    if result is None:
+        return {"val": []}
+    if not isinstance(result, Iterable):
+        raise TypeError(
+            f"eval_fn returned {type(result).__name__}; return a list of art.Trajectory or "
+            "art.TrajectoryGroup, or a dict of split name to such a list"
+        )
     return {"val": list(result)}
