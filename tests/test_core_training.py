@@ -69,10 +69,11 @@ async def test_zero_variance_groups_are_held_then_logged_as_discarded(model, bac
             return art.TrajectoryGroup([trajectory(1.0)])  # one trajectory: no variance
         return await asyncio_rollout(model, scenario, config)
 
-    await PipelineTrainer(
-        model, backend, rollout, scenarios(6), None,
-        num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
-    ).train(handle_signals=False)
+    with pytest.warns(RuntimeWarning, match="of one trajectory"):
+        await PipelineTrainer(
+            model, backend, rollout, scenarios(6), None,
+            num_rollout_workers=1, min_batch_size=2, max_batch_size=2,
+        ).train(handle_signals=False)
     assert sorted(i for c in backend.calls for i in c.scenario_ids) == [0, 3, 4, 5]
     discarded = Path(model._get_output_dir()) / "trajectories" / "discarded"
     assert [p.name for p in discarded.iterdir()] == ["0001.parquet"]
@@ -93,6 +94,29 @@ async def test_collapse_stops_training_exactly_at_the_limit(model, backend, capl
     out = caplog.text
     assert "MODEL COLLAPSE DETECTED - Training stopped" in out
     assert "discard_queue_multiplier" in out
+
+
+async def test_groups_of_one_trajectory_are_said_to_be_too_small_not_a_collapse(
+    model, backend, caplog
+):
+    """A rollout_fn returning one trajectory per group (a single rollout, ported as is)
+    trains nothing; the first such group is warned about, once, and the stop says the groups
+    are too small rather than that the policy collapsed."""
+
+    async def rollout(model: Any, scenario: Any, config: Any) -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([trajectory(float(scenario["i"] % 2))])
+
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(100), None, num_rollout_workers=2,
+        min_batch_size=2, max_batch_size=2, discard_queue_multiplier=3,
+    )
+    with pytest.warns(RuntimeWarning) as record:
+        await trainer.train(handle_signals=False)
+    lone = [str(w.message) for w in record if "of one trajectory" in str(w.message)]
+    assert len(lone) == 1 and "make_group_rollout_fn" in lone[0], lone
+    assert backend.calls == []
+    assert "the policy has not collapsed" in caplog.text
+    assert "MODEL COLLAPSE" not in caplog.text
 
 
 async def test_backend_train_receives_the_references_kwargs(model, backend):

@@ -65,6 +65,16 @@ To let the run continue regardless, raise `discard_queue_multiplier` (now
 """
 
 
+LONE_TRAJECTORIES_MESSAGE = """
+Training stopped: {limit} trajectory groups in a row had no reward spread, and every one
+held a single trajectory (or none). A group's advantages are its rewards measured against
+each other, so a group of one has nothing to learn from: the policy has not collapsed, the
+groups are too small. Return several rollouts of each scenario per group:
+`art_trio.make_group_rollout_fn(single_rollout_fn, n=8)` builds such a rollout_fn (ART's
+examples build each art.TrajectoryGroup from several rollouts of one scenario).
+"""
+
+
 @dataclass(eq=False)
 class TrainingStage:
     """Collects batches, trains them, publishes each new policy version.
@@ -88,6 +98,7 @@ class TrainingStage:
         self._metrics = TrainMetrics(run, ready=self.ready, ready_capacity=self._ready_capacity)
         self._preparation = batch_preparation(run.backend, run.model)
         self._discard = backend_hook(run.backend, "discard_pipeline_batch")
+        self._lone_said = False
 
     async def __call__(self) -> None:
         try:
@@ -328,6 +339,8 @@ class TrainingStage:
             return True
         if not group.trajectories:
             self._note_empty_group(item)
+        elif len(group.trajectories) == 1:
+            self._note_lone_trajectory(item)
         self.run.fates.settle(
             Fate.ZERO_VARIANCE, item.scenario_index, rollout_s=item.rollout_wall_s, queued=True
         )
@@ -336,8 +349,9 @@ class TrainingStage:
         if len(self.held_zero_variance) < limit:
             return True
         self._emit(Collapsed(len(self.held_zero_variance)))
+        lone = all(len(held.trajectories) <= 1 for held in self.held_zero_variance)
         logger.error(
-            COLLAPSE_MESSAGE.format(
+            (LONE_TRAJECTORIES_MESSAGE if lone else COLLAPSE_MESSAGE).format(
                 limit=limit, multiplier=self.run.settings.shutdown.discard_queue_multiplier
             )
         )
@@ -498,6 +512,20 @@ class TrainingStage:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def _note_lone_trajectory(self, item: Delivered) -> None:
+        """A group of one trajectory: zero variance, as in ART, but said once a run."""
+        if self._lone_said:
+            return
+        self._lone_said = True
+        warnings.warn(
+            f"rollout_fn returned an art.TrajectoryGroup of one trajectory for scenario "
+            f"index {item.scenario_index}: a group's advantages compare its rewards with each "
+            "other, so a group of one is discarded as zero variance. Return several rollouts "
+            "per scenario (art_trio.make_group_rollout_fn(single_rollout_fn, n=8)).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _should_eval(self, step: int) -> bool:
         every = self.run.settings.evaluation.eval_every_n_steps
