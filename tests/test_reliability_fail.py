@@ -375,7 +375,9 @@ async def test_an_eval_fn_that_raises_warns_and_training_goes_on(
     assert all(r.levelno == logging.WARNING for r in warnings), warnings
 
 
-@pytest.mark.parametrize("returned", [None, 7], ids=["None", "an int"])
+@pytest.mark.parametrize(
+    "returned", [None, 7, trajectory(1.0)], ids=["None", "an int", "one trajectory"]
+)
 async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
     model: art.TrainableModel,
     backend: RecordingBackend,
@@ -383,9 +385,9 @@ async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
     caplog: pytest.LogCaptureFixture,
     returned: Any,
 ) -> None:
-    """None is an empty eval, as in ART (an eval_fn that logs on its own): completed, no
-    warning. Anything else that is no list fails that eval with a warning saying what an
-    eval_fn returns; training goes on either way."""
+    """None is an empty eval, as in ART (an eval_fn that logs on its own), and one
+    trajectory is a list of one: completed, no warning. Anything else that is no list fails
+    that eval with a warning saying what an eval_fn returns; training goes on either way."""
 
     async def eval_fn(model: Any, step: int, config: Any) -> Any:
         return returned
@@ -399,10 +401,13 @@ async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
     trainer.add_observer(lambda e: ended.append(e) if isinstance(e, EvalEnded) else None)
     await trainer.train(handle_signals=False)
     assert backend.step == 2
-    assert [(e.step, e.completed) for e in ended] == [(1, returned is None), (2, returned is None)]
+    fine = not isinstance(returned, int)
+    assert [(e.step, e.completed) for e in ended] == [(1, fine), (2, fine)]
+    assert [e.reward for e in ended] == ([1.0, 1.0] if isinstance(returned, art.Trajectory)
+                                         else [None, None])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     told = [w for w in warnings if "eval_fn returned int; return a list of" in w]
-    assert len(told) == (0 if returned is None else 2), warnings
+    assert len(told) == (0 if fine else 2), warnings
 
 
 async def test_a_trainer_whose_run_failed_can_train_again(

@@ -339,6 +339,8 @@ def eval_splits(result: Any) -> dict[str, list[Trajectory | TrajectoryGroup]]:
         return {str(k): list(v) for k, v in result.items()}
     if result is None:
         return {"val": []}
+    if isinstance(result, (Trajectory, TrajectoryGroup)):  # (pydantic models iterate fields)
+        return {"val": [result]}
     if not isinstance(result, Iterable):
         raise TypeError(
             f"eval_fn returned {type(result).__name__}; return a list of art.Trajectory or "
