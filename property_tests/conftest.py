@@ -60,6 +60,8 @@ EXPECTED_WARNINGS = re.compile(
     r"|no step was trained: all \d+ groups rollout_fn returned had no trajectories"
     # Drawn on purpose too (the token faults): a trajectory without a token count.
     r"|a trajectory has no positive `completion_tokens` metric"
+    # And a planned reward list of one: a zero-variance group of a single trajectory.
+    r"|rollout_fn returned an art\.TrajectoryGroup of one trajectory for scenario index \d+"
 )
 
 
