@@ -376,7 +376,10 @@ async def test_an_eval_fn_that_raises_warns_and_training_goes_on(
 
 
 @pytest.mark.parametrize(
-    "returned", [None, 7, trajectory(1.0)], ids=["None", "an int", "one trajectory"]
+    "returned",
+    [None, {"val": None}, 7, {"val": 7}, trajectory(1.0), {"val": trajectory(1.0)}],
+    ids=["None", "a split of None", "an int", "a split of an int", "one trajectory",
+         "a split of one trajectory"],
 )
 async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
     model: art.TrainableModel,
@@ -401,9 +404,10 @@ async def test_an_eval_fn_returning_no_list_is_empty_or_told_what_to_return(
     trainer.add_observer(lambda e: ended.append(e) if isinstance(e, EvalEnded) else None)
     await trainer.train(handle_signals=False)
     assert backend.step == 2
-    fine = not isinstance(returned, int)
+    value = returned["val"] if isinstance(returned, dict) else returned
+    fine = not isinstance(value, int)
     assert [(e.step, e.completed) for e in ended] == [(1, fine), (2, fine)]
-    assert [e.reward for e in ended] == ([1.0, 1.0] if isinstance(returned, art.Trajectory)
+    assert [e.reward for e in ended] == ([1.0, 1.0] if isinstance(value, art.Trajectory)
                                          else [None, None])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     told = [w for w in warnings if "eval_fn returned int; return a list of" in w]

@@ -333,17 +333,22 @@ def split_eval_items(
 
 
 def eval_splits(result: Any) -> dict[str, list[Trajectory | TrajectoryGroup]]:
-    """An eval_fn's result as {split: items}: a bare list is the "val" split; None, as in
-    ART, an empty one (an eval_fn that logs on its own and returns nothing)."""
+    """An eval_fn's result as {split: items}: a bare list is the "val" split."""
     if isinstance(result, Mapping):
-        return {str(k): list(v) for k, v in result.items()}
-    if result is None:
-        return {"val": []}
-    if isinstance(result, (Trajectory, TrajectoryGroup)):  # (pydantic models iterate fields)
-        return {"val": [result]}
-    if not isinstance(result, Iterable):
+        return {str(k): _eval_items(v) for k, v in result.items()}
+    return {"val": _eval_items(result)}
+
+
+def _eval_items(items: Any) -> list[Trajectory | TrajectoryGroup]:
+    """One split's items: None, as in ART, none (an eval_fn that logs on its own and returns
+    nothing); one trajectory or group given bare, a list of one."""
+    if items is None:
+        return []
+    if isinstance(items, (Trajectory, TrajectoryGroup)):  # (pydantic models iterate fields)
+        return [items]
+    if not isinstance(items, Iterable):
         raise TypeError(
-            f"eval_fn returned {type(result).__name__}; return a list of art.Trajectory or "
+            f"eval_fn returned {type(items).__name__}; return a list of art.Trajectory or "
             "art.TrajectoryGroup, or a dict of split name to such a list"
         )
-    return {"val": list(result)}
+    return list(items)
