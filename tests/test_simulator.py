@@ -81,6 +81,13 @@ def test_parse_distribution_rejects(text: str) -> None:
         parse_distribution(text)
 
 
+@pytest.mark.parametrize("text", ["exp(30)", "abc", "30 seconds"])
+def test_a_value_that_is_neither_form_lists_the_distribution_forms(text: str) -> None:
+    """`exp(30)` is no duration; the error must not suggest only durations."""
+    with pytest.raises(ValueError, match=r"exp:30, lognormal:30:1\.5"):
+        parse_distribution(text)
+
+
 def test_read_seconds_rejects_empty_file(tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("# nothing measured yet\n")

@@ -228,9 +228,16 @@ def parse_distribution(text: str) -> LatencyDist:
     - ``file:PATH`` (or ``empirical:PATH``): resample the durations listed in PATH
       (see :func:`read_seconds`).
     """
+    forms = "forms: 30, const:30, exp:30, lognormal:30:1.5, file:latencies.txt"
     kind, sep, rest = text.partition(":")
     if not sep:
-        return Constant(parse_seconds(text))
+        try:
+            return Constant(parse_seconds(text))
+        except ValueError:
+            raise ValueError(
+                f"not a duration or a distribution: {text!r} ({forms}; durations as 30, "
+                "500ms, 2m)"
+            ) from None
     kind = kind.strip().lower()
     if kind in ("file", "empirical"):
         return Empirical(read_seconds(rest))
@@ -241,10 +248,7 @@ def parse_distribution(text: str) -> LatencyDist:
         return Exponential(parse_seconds(args[0]))
     if kind in ("lognormal", "lognorm") and len(args) == 2:
         return LogNormal(parse_seconds(args[0]), float(args[1]))
-    raise ValueError(
-        f"not a distribution: {text!r} (forms: 30, const:30, exp:30, lognormal:30:1.5, "
-        "file:latencies.txt)"
-    )
+    raise ValueError(f"not a distribution: {text!r} ({forms})")
 
 
 def describe_distribution(dist: LatencyDist) -> str:
