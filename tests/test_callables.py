@@ -112,3 +112,16 @@ async def test_a_non_awaitable_eval_fn_ends_the_run_too(model: Any, backend: Any
     assert "eval_fn" in str(caught.value.exceptions[0]) or "returned list" in str(
         caught.value.exceptions[0]
     )
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True, "4"])
+def test_make_group_rollout_fn_refuses_a_group_size_that_is_no_count(n: Any) -> None:
+    """ART's helper makes empty groups of n <= 0 (every one discarded, nothing trained) and
+    fails at the first rollout on a float; refused here, when the helper is made."""
+    with pytest.raises(ValueError, match="n must be a whole number >= 1"):
+        make_group_rollout_fn(_single, n=n)
+
+
+def test_make_group_rollout_fn_refuses_what_cannot_be_called() -> None:
+    with pytest.raises(TypeError, match="single_rollout_fn must be an async function"):
+        make_group_rollout_fn("rollout")  # type: ignore[arg-type]

@@ -25,13 +25,21 @@ def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> Rol
     `single_rollout_fn` is marked `trio_native`; then it runs the `n` rollouts in an anyio
     task group and is itself native.
     """
+    if not callable(single_rollout_fn):
+        raise TypeError(
+            "single_rollout_fn must be an async function of (model, scenario, config) "
+            f"returning an art.Trajectory, got {type(single_rollout_fn).__name__}"
+        )
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"n must be a whole number >= 1, the trajectories of each group, got {n!r} (a "
+            "group's advantages compare its trajectories' rewards: use 4 to 16)"
+        )
     if is_native(single_rollout_fn):
 
         async def native_group_rollout(
             model: art.TrainableModel, scenario: Any, config: Any
         ) -> TrajectoryGroup:
-            if n <= 0:
-                return TrajectoryGroup([])
             results: list[Trajectory | BaseException] = []
 
             async def one() -> None:
@@ -53,8 +61,6 @@ def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> Rol
     async def group_rollout(
         model: art.TrainableModel, scenario: Any, config: Any
     ) -> TrajectoryGroup:
-        if n <= 0:
-            return TrajectoryGroup([])
         results = await asyncio.gather(
             *(await_callback(single_rollout_fn, model, scenario, config) for _ in range(n)),
             return_exceptions=True,
