@@ -16,7 +16,8 @@ from .compat import FATAL_ROLLOUT_ERRORS
 
 
 def make_group_rollout_fn(single_rollout_fn: SingleRolloutFn, n: int = 4) -> RolloutFn:
-    """A rollout_fn that runs `single_rollout_fn` `n` times concurrently for each scenario.
+    """A rollout_fn that runs `single_rollout_fn` `n` times concurrently for each scenario
+    (`n`, the group's size: a whole number >= 1, several for a group to have a reward spread).
 
     Rollouts that raise become the group's `exceptions`; the others its trajectories. As in
     ART 0.5.20+, a rollout raising `LocalServingUnavailableError` (the local inference server
