@@ -18,6 +18,7 @@ import json
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,20 @@ async def _async_generator(source: list[dict[str, Any]]) -> Any:
         yield scenario
 
 
+async def _held_at_6(
+    source: list[dict[str, Any]], pulling: trio.Event, release: asyncio.Event,
+    then: Callable[[], None],
+) -> Any:
+    """`source`, its pull of scenario 6 held until `release`: `pulling` set meanwhile, then
+    `then()` (which may raise, as a source failing in that pull)."""
+    for i, scenario in enumerate(source):
+        if i == 6:
+            pulling.set()
+            await release.wait()
+            then()
+        yield scenario
+
+
 @pytest.mark.parametrize(
     "kind", ["generator", "generator, resume=False", "async generator in the host's loop"]
 )
@@ -272,20 +287,11 @@ async def test_a_stop_during_an_async_pull_neither_closes_nor_skips_the_source(
     database) leaves the pull running: the generator is not cancelled at its await (which
     closes it for good), and the next `train()` takes the scenario it pulls first. "pulled":
     the scenario was ready before that `train()`, as when the stop cut its way back."""
-    source = scenarios(12)
     pulling, pulled = trio.Event(), trio.Event()
     release = asyncio.Event()
 
-    async def slow() -> Any:
-        for i, scenario in enumerate(source):
-            if i == 6:
-                pulling.set()
-                await release.wait()
-                pulled.set()
-            yield scenario
-
     async with trio_asyncio.open_loop():  # the host's loop: it outlives both train() calls
-        one_shot = slow()
+        one_shot = _held_at_6(scenarios(12), pulling, release, pulled.set)
         trainer = _one_shot_trainer(model, backend, one_shot)
         await _stop_once(pulling, trainer)
         release.set()
@@ -303,20 +309,15 @@ async def test_a_source_that_fails_in_a_pull_a_stop_left_running_fails_the_next_
     """The pull a stop left running ends in the source's own error: the next `train()`
     raises it (in the stages' group, as a source failing during a run does), and trains
     nothing twice."""
-    source = scenarios(12)
     pulling = trio.Event()
     release = asyncio.Event()
 
-    async def failing() -> Any:
-        for i, scenario in enumerate(source):
-            if i == 6:
-                pulling.set()
-                await release.wait()
-                raise LookupError("the scenario queue went away")
-            yield scenario
+    def fail() -> None:
+        raise LookupError("the scenario queue went away")
 
     async with trio_asyncio.open_loop():
-        trainer = _one_shot_trainer(model, backend, failing())
+        source = _held_at_6(scenarios(12), pulling, release, fail)
+        trainer = _one_shot_trainer(model, backend, source)
         await _stop_once(pulling, trainer)
         first = list(backend.trained_ids)
         release.set()
