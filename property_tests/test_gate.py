@@ -169,9 +169,10 @@ class GateMachine(RuleBasedStateMachine):
     # -- the training side -----------------------------------------------------------------
 
     @precondition(lambda self: self.queued > 0)
-    @rule()
-    def group_discarded(self) -> None:
-        self.gate.group_discarded()
+    @rule(scored_alike=st.booleans())
+    def group_discarded(self, scored_alike: bool) -> None:
+        # Stale, or zero variance (which the measuring gate's trainable share counts).
+        self.gate.group_discarded(scored_alike=scored_alike)
         self.queued -= 1
 
     @precondition(lambda self: self.queued > 0 and self.next == self.policy)
@@ -286,7 +287,7 @@ TestGateMachine = GateMachine.TestCase
 def _snapshot(
     policy: int, training: bool, m: int, b: int, queued: int, fresh: int,
     latency: float | None, period: float | None, times: list[float], stale: int | None,
-    load: dict[int, tuple[float, float]],
+    load: dict[int, tuple[float, float]], share: float,
 ) -> MeasuredSnapshot:
     return MeasuredSnapshot(
         policy_version=policy,
@@ -300,6 +301,7 @@ def _snapshot(
         recent_rollout_times=tuple(sorted(times)),
         in_flight=None if stale is None else fresh + stale,
         load_latency=tuple((n, lat, w) for n, (lat, w) in sorted(load.items())),
+        trainable_share=share,
     )
 
 
@@ -336,6 +338,8 @@ snapshots = st.builds(
             st.floats(0.0, 0.2),
         ),
     ),
+    # Share of groups found trainable (the rest scored alike): none yet (1.0), none at all.
+    st.one_of(st.just(1.0), st.just(0.0), st.floats(0.0, 1.0)),
 )
 
 #: Minimized counterexample, kept after the fix: rollouts measured at 0 s made
@@ -394,6 +398,17 @@ def test_headroom_is_single_admissions_counted(s: MeasuredSnapshot, beyond: int,
             in_flight=None if s.in_flight is None else s.in_flight + k,
         )
         assert (policy.headroom(later) > 0) == (k < headroom), (mode, headroom, later)
+
+
+@given(snapshots, st.integers(0, 4), st.floats(0.0, 1.0))
+def test_fewer_trainable_groups_never_admit_fewer_rollouts(
+    s: MeasuredSnapshot, beyond: int, share: float
+) -> None:
+    """Where fewer of the groups are trainable (more score alike), a rollout in flight is
+    less likely to fill a batch's slot: staleness-aware admission never admits fewer."""
+    policy = admission_policy("staleness_aware", beyond)
+    lower = min(share, s.trainable_share)
+    assert policy.headroom(replace(s, trainable_share=lower)) >= policy.headroom(s)
 
 
 def _saturated_throughput(s: MeasuredSnapshot) -> float | None:

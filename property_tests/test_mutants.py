@@ -562,9 +562,9 @@ def test_gate_machine_catches_hand_over_leaking_in_flight(
 def test_gate_machine_catches_discard_counted_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     real = PolicyGate.group_discarded
 
-    def twice(self: PolicyGate) -> None:
+    def twice(self: PolicyGate, *, scored_alike: bool = False) -> None:
         self._queued -= 1
-        real(self)
+        real(self, scored_alike=scored_alike)
 
     monkeypatch.setattr(PolicyGate, "group_discarded", twice)
     from .test_gate import QUEUED

@@ -74,7 +74,9 @@ def test_snapshot_fields_are_the_gates_own() -> None:
     gate = _gate(clock, m=3)
     _run_batch(gate, clock, 2, 5.0)
     _run_batch(gate, clock, 4, 5.0)
-    held = [trio.run(gate.admit) for _ in range(3)]
+    held = [trio.run(gate.admit) for _ in range(4)]
+    gate.hand_over(held.pop())
+    gate.group_discarded(scored_alike=True)
     gate.hand_over(held.pop())
     gate.begin_training(1, batch_size=0)
     clock.now += 7.0
@@ -95,6 +97,7 @@ def test_snapshot_fields_are_the_gates_own() -> None:
         "load_latency": gate._load_latency,
         "cohort_lateness": gate._cohort_lateness,
         "latency_tail": gate._latency_tail,
+        "trainable_share": pytest.approx(0.99 / 1.99),  # one trainable (the prior), one alike
     }
     assert snap.load_latency and snap.recent_rollout_times and snap.rollout_latency
 

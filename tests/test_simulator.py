@@ -497,15 +497,11 @@ def test_sweep_result_round_trips_as_json() -> None:
     assert data["best"] is None and data["reports"][0]["steps_per_hour"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 53: staleness-aware admission counts every group as one a batch takes, so "
-    "where most groups score alike it starves the trainer (docs/agent-task.md); not fixed yet",
-)
 def test_where_most_groups_score_alike_the_default_admission_keeps_up_with_the_reference() -> None:
     """The lookup agent's regime in virtual time: nine groups in ten score alike. The default
-    admission should train about as fast as the reference's gate (it pays about the same per
-    trained group either way); today it takes 3x as long (5.2 h against 1.7 h for 40 steps)."""
+    admission trains about as fast as the reference's gate (it pays about the same per trained
+    group either way): counting every rollout in flight as a group a batch takes, it took 3x
+    as long (5.2 h against 1.7 h for 40 steps)."""
 
     def run(admission: str) -> float:
         spec = SimSpec(

@@ -3,7 +3,8 @@
 Besides the kernel's counts and mean latency it keeps: the load model (rollout latency filed
 under the mean number in flight while each ran: a shared server's queueing, see
 snapshot.py), cohorts (rollouts that started together and how much later than their cohort's
-median each ended), the Kaplan-Meier slow tail of latency (`latency_tail`), and, where a race
+median each ended), the Kaplan-Meier slow tail of latency (`latency_tail`), the share of
+groups the trainer finds trainable (`trainable_share`), and, where a race
 cancels most rollouts so that the tail cannot be read, one doomed racer per batch let run to
 its end, whose lateness stands in for it.
 """
@@ -105,6 +106,10 @@ class MeasuringGate(PolicyGate):
         self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
         self._load_samples = 0
         self._load_latency: tuple[tuple[int, float, float], ...] = ()
+        # Groups judged trainable, of all judged (decayed per group), counting one trainable
+        # group before any is judged: the share is 1.0 exactly while none scores alike.
+        self._trainable = 1.0
+        self._judged = 1.0
 
     def snapshot(self) -> MeasuredSnapshot:
         return MeasuredSnapshot(
@@ -112,6 +117,7 @@ class MeasuringGate(PolicyGate):
             load_latency=self._load_latency,
             cohort_lateness=self._cohort_lateness,
             latency_tail=self._latency_tail,
+            trainable_share=self._trainable / self._judged,
         )
 
     @property
@@ -139,6 +145,12 @@ class MeasuringGate(PolicyGate):
 
     def _load_changing(self) -> None:
         self._mark_load(self._clock())
+
+    def _groups_judged(self, trainable: int, scored_alike: int) -> None:
+        # The same operations on both sums while none scores alike keep their ratio 1.0.
+        decay = LATENCY_DECAY ** (trainable + scored_alike)
+        self._trainable = self._trainable * decay + trainable
+        self._judged = self._judged * decay + (trainable + scored_alike)
 
     def _cancel_doomed(self, doomed: list[dict[anyio.CancelScope, float]], now: float) -> None:
         # Where the completed rollouts look alike but the slow tail of latency is not

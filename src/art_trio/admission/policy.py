@@ -16,6 +16,16 @@ from ..policy.gate_snapshot import GateSnapshot
 from .gate import MeasuringGate
 from .snapshot import MeasuredSnapshot
 
+#: Floor of the trainable share admission divides by, so that a run whose groups all score
+#: alike (it collapses soon after) still asks for a finite number of rollouts.
+MIN_TRAINABLE_SHARE = 0.01
+
+
+def _rollouts_for(groups: float, s: MeasuredSnapshot) -> int:
+    """Rollouts in flight that bring `groups` trainable groups, where only
+    `trainable_share` of groups do (the rest score alike and are discarded)."""
+    return math.ceil(groups / max(MIN_TRAINABLE_SHARE, s.trainable_share))
+
 
 class StalenessAwareAdmission:
     """Start a rollout only if a batch still to be taken can train it (plus `beyond_bound`);
@@ -45,6 +55,11 @@ class StalenessAwareAdmission:
     run at once than the server, at its measured throughput, can finish inside the window
     (`MeasuredSnapshot.load_cap`), so a rollout admitted is one that can finish in time, and a
     race at `max_steps_off_policy == 0` stops where more runners only slow the winners.
+
+    Every slot above counts trainable groups. Where some groups score alike (no learning
+    signal: the trainer discards them), a rollout in flight brings one only with the measured
+    `trainable_share`, so the rollouts each slot admits are divided by it: counting every
+    rollout as a group a batch takes would starve the trainer where most score alike.
 
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
     other is the same as asking `headroom() > 0` `n` times; the gate asks this once.
@@ -77,7 +92,7 @@ class StalenessAwareAdmission:
             if need <= 0:
                 return 0
             if s.racers_end_together:
-                return max(0, need + self.beyond_bound - s.fresh_in_flight)
+                return max(0, _rollouts_for(need + self.beyond_bound, s) - s.fresh_in_flight)
             return math.inf
         slots = s.window_slots
         target = s.pipeline_target
@@ -85,15 +100,14 @@ class StalenessAwareAdmission:
             slots = min(slots, target)
         if s.racers_end_together:
             # On time or late together (see the class docstring): the free slots only.
-            return max(0, slots - s.queued - s.fresh_in_flight)
+            return max(0, _rollouts_for(slots - s.queued, s) - s.fresh_in_flight)
         budget = slots + s.straggler_slack(self.beyond_bound) - s.queued
         if budget <= 0:
             return 0
         # Queued groups are sure to be trained; a rollout in flight makes its window only
         # with `on_time_probability` (the gate cancels it when the window closes). So
         # rollouts may start while the expected trainable groups leave a slot free.
-        expected_room = budget / s.on_time_probability
-        return max(0, math.ceil(expected_room) - s.fresh_in_flight)
+        return max(0, _rollouts_for(budget / s.on_time_probability, s) - s.fresh_in_flight)
 
     def lookahead(self, max_batch_size: int, queue_capacity: int) -> int:
         # A channel's worth, bounded, so backpressure on the rollout workers still works.

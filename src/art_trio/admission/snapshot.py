@@ -150,6 +150,9 @@ class MeasuredSnapshot(GateSnapshot):
     #: The slow decile of rollout latency over its median, with cancelled rollouts counted as
     #: censored (`latency_tail`); None: not measured.
     latency_tail: float | None = None
+    #: Share of recent groups the trainer found trainable: the rest scored alike (zero
+    #: variance) and were discarded. 1.0 until one is.
+    trainable_share: float = 1.0
 
     @property
     def pipeline_target(self) -> int | None:

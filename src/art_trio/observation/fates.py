@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 class _Discards(Protocol):
     """Whoever keeps the queue a discarded group leaves (the policy gate)."""
 
-    def group_discarded(self) -> None: ...
+    def group_discarded(self, *, scored_alike: bool = False) -> None: ...
 
 
 @dataclass(slots=True)
@@ -250,7 +250,7 @@ class FateRecord:
         if fate in RESOLVED_AT_ONCE:
             self._ledger.resolve(index)
         if queued and fate is not Fate.TRAINED:
-            self._gate.group_discarded()
+            self._gate.group_discarded(scored_alike=fate is Fate.ZERO_VARIANCE)
         self._observers.emit(ScenarioSettled(index, fate, rollout_s, queued))
 
     def settle_many(

@@ -15,8 +15,9 @@ function of the `GateSnapshot` (gate_snapshot.py) the gate takes; the gate keeps
 it is made from. A policy that decides from more than these counts brings a subclass of this
 gate that measures it (`AdmissionPolicy.gate_class`; `art_trio.admission`'s measures rollout
 latency under load, cohorts and the slow tail): the subclass hooks in where a rollout ends
-(`_rollout_measured`), where the in-flight count changes (`_load_changing`) and where doomed
-rollouts are cancelled (`_cancel_doomed`).
+(`_rollout_measured`), where the in-flight count changes (`_load_changing`), where the trainer
+judges groups trainable or not (`_groups_judged`) and where doomed rollouts are cancelled
+(`_cancel_doomed`).
 """
 
 from __future__ import annotations
@@ -349,10 +350,13 @@ class PolicyGate:
 
     # -- the training side ---------------------------------------------------------------
 
-    def group_discarded(self) -> None:
-        """A handed-over group left the queue untrained: discarded by the trainer (stale, zero
-        variance), or dropped at stop (a cancelled hand-over, or left in the channel)."""
+    def group_discarded(self, *, scored_alike: bool = False) -> None:
+        """A handed-over group left the queue untrained: discarded by the trainer (stale, or
+        `scored_alike`: zero variance, no learning signal), or dropped at stop (a cancelled
+        hand-over, or left in the channel)."""
         self._queued -= 1
+        if scored_alike:
+            self._groups_judged(0, 1)
         self._pump()
 
     def begin_training(self, step: int, batch_size: int) -> None:
@@ -362,6 +366,7 @@ class PolicyGate:
         groups gone while the window still counts the batch being collected.
         """
         self._queued -= batch_size
+        self._groups_judged(batch_size, 0)
         now = self._clock()
         if self._last_step_began is not None:
             self._step_period_ewa = _ewa(self._step_period_ewa, now - self._last_step_began)
@@ -431,6 +436,10 @@ class PolicyGate:
 
     def _load_changing(self) -> None:
         """A measuring gate's hook: the in-flight count is about to change."""
+
+    def _groups_judged(self, trainable: int, scored_alike: int) -> None:
+        """A measuring gate's hook: groups the trainer took into a batch, or discarded because
+        their rollouts all scored alike."""
 
     def _take_slot(self) -> int:
         self._load_changing()
