@@ -616,7 +616,7 @@ def simulate(
         log = None if timeline is None else Path(timeline)
         drive = functools.partial(_drive, spec, tmp, on_step, limit, log)
         try:
-            with contextlib.redirect_stdout(sink):
+            with contextlib.redirect_stdout(sink), _repeatable_scheduling(spec.seed):
                 outcome = trio.run(drive, clock=clock)
         except BaseException:
             if quiet.lines:
@@ -625,6 +625,28 @@ def simulate(
                     print(f"  {line}", file=sys.stderr)
             raise
     return _report(spec, outcome, real_s=time.perf_counter() - started, virtual=not real_time)
+
+
+@contextlib.contextmanager
+def _repeatable_scheduling(seed: int) -> Iterator[None]:
+    """Trio runs the tasks that became ready together in an order it draws at random (so that
+    no code comes to depend on one); in virtual time many rollouts end in the same instant,
+    and the draws would make a seeded run differ from one repeat to the next. Seed them, as
+    pytest-trio does for Hypothesis (trio's own switch for it; the run is as it was where the
+    switch is gone)."""
+    core = getattr(getattr(trio, "_core", None), "_run", None)
+    rng = getattr(core, "_r", None)
+    if core is None or not hasattr(core, "_ALLOW_DETERMINISTIC_SCHEDULING") or rng is None:
+        yield
+        return
+    allowed, state = core._ALLOW_DETERMINISTIC_SCHEDULING, rng.getstate()
+    core._ALLOW_DETERMINISTIC_SCHEDULING = True
+    rng.seed(seed)
+    try:
+        yield
+    finally:
+        core._ALLOW_DETERMINISTIC_SCHEDULING = allowed
+        rng.setstate(state)
 
 
 # --------------------------------------------------------------------------------------------
