@@ -23,7 +23,10 @@ MIN_TRAINABLE_SHARE = 0.01
 
 def _rollouts_for(groups: float, s: MeasuredSnapshot) -> int:
     """Rollouts in flight that bring `groups` trainable groups, where only
-    `trainable_share` of groups do (the rest score alike and are discarded)."""
+    `trainable_share` of groups do (the rest score alike and are discarded), and where more
+    rollouts in flight bring more groups (`MeasuredSnapshot.load_independent`)."""
+    if s.trainable_share >= 1.0 or not s.load_independent:
+        return math.ceil(groups)
     return math.ceil(groups / max(MIN_TRAINABLE_SHARE, s.trainable_share))
 
 
@@ -59,7 +62,9 @@ class StalenessAwareAdmission:
     Every slot above counts trainable groups. Where some groups score alike (no learning
     signal: the trainer discards them), a rollout in flight brings one only with the measured
     `trainable_share`, so the rollouts each slot admits are divided by it: counting every
-    rollout as a group a batch takes would starve the trainer where most score alike.
+    rollout as a group a batch takes would starve the trainer where most score alike. Only
+    once latency is measured not to grow with the number in flight: at a shared server more
+    rollouts bring no more groups per second, only older ones, and the cancelled ones cost it.
 
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
     other is the same as asking `headroom() > 0` `n` times; the gate asks this once.
