@@ -43,9 +43,9 @@ Measured per run, with the benchmark's own definitions (``art_trio.sim.measures`
   only), and among them those where only the rollouts started together showed it
   (``GateSnapshot.cohort_lateness``), the run's times having spread apart;
 - **trainable share counted / last**: art_trio's admission decisions where some groups had
-  scored alike and latency was measured flat with load, so a rollout in flight counted as
-  the share of groups that train (``MeasuredSnapshot.trainable_share``), and the share at the
-  run's last decision.
+  scored alike past ``max_steps_off_policy=0``, so a rollout in flight counted as the share of
+  groups that train (``MeasuredSnapshot.trainable_share``), and the share at the run's last
+  decision.
 
 With ``--timeline DIR``, each run's timeline is recorded and drawn there (docs/timeline.md):
 art_trio's from its own events, ART's from the same wrappers (its trainer has no events).
@@ -171,7 +171,7 @@ class AdmissionProbe:
         self.race_capped = 0  # max_steps_off_policy=0: racers seen to end together
         self.together = 0  # at any max_steps_off_policy
         self.by_cohort = 0  # ... where the run's times alone would not have shown it
-        self.share_counted = 0  # some groups scored alike, and latency was flat with load
+        self.share_counted = 0  # some groups scored alike, past max_steps_off_policy=0
         self.shares: list[float] = []
         self.caps: list[int] = []
         self.throughputs: list[float] = []
@@ -185,7 +185,7 @@ class AdmissionProbe:
             probe.decisions += 1
             if s.trainable_share < 1.0:
                 probe.shares.append(s.trainable_share)
-                probe.share_counted += s.load_independent
+                probe.share_counted += s.max_steps_off_policy > 0
             if s.racers_end_together:
                 probe.together += 1
                 probe.race_capped += s.max_steps_off_policy == 0

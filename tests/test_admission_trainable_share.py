@@ -1,6 +1,6 @@
 """Admission where some groups score alike: the measuring gate learns the share of groups
 the trainer finds trainable, and staleness-aware admission counts a rollout in flight as that
-share of a batch's slot where latency does not grow with load (`StalenessAwareAdmission`)."""
+share of a batch's slot past max_steps_off_policy=0 (`StalenessAwareAdmission`)."""
 
 from __future__ import annotations
 
@@ -52,11 +52,6 @@ def test_the_share_follows_the_groups_judged() -> None:
     assert gate.snapshot().trainable_share == before
 
 
-#: The load model (in-flight count, mean latency there, completions): latency measured flat
-#: across loads (rollouts that do not wait for each other), and growing with load as a
-#: saturated shared server's does.
-FLAT = ((2, 30.0, 5.0), (8, 31.0, 5.0))
-QUEUEING = ((2, 30.0, 5.0), (8, 120.0, 5.0))
 EMPTY_WINDOW = MeasuredSnapshot(
     policy_version=0,
     next_training_step=0,
@@ -71,15 +66,14 @@ def test_where_most_groups_score_alike_more_rollouts_are_admitted() -> None:
     """The window owes two batches of two trainable groups; at one group in ten trainable,
     four rollouts in flight would bring less than one."""
     policy = StalenessAwareAdmission()
-    assert policy.headroom(replace(EMPTY_WINDOW, load_latency=FLAT)) == 4
-    alike = replace(EMPTY_WINDOW, load_latency=FLAT, trainable_share=0.1)
-    assert policy.headroom(alike) == 40
+    assert policy.headroom(EMPTY_WINDOW) == 4
+    assert policy.headroom(replace(EMPTY_WINDOW, trainable_share=0.1)) == 40
 
 
-def test_at_a_shared_server_or_unmeasured_the_share_admits_no_more() -> None:
-    """Where latency grows with load (or nothing says it does not), more rollouts in flight
-    bring no more groups per second, only older ones: the window's own count stands."""
+def test_an_on_policy_race_of_rollouts_that_end_together_stays_the_batch() -> None:
+    """At max_steps_off_policy=0 with racers seen to end together, the rollouts beyond the
+    batch's missing groups would be cancelled the moment it fills: the share adds none."""
     policy = StalenessAwareAdmission()
-    for load_latency in (QUEUEING, (), FLAT[:1]):
-        alike = replace(EMPTY_WINDOW, load_latency=load_latency, trainable_share=0.1)
-        assert policy.headroom(alike) == 4, load_latency
+    race = replace(EMPTY_WINDOW, max_steps_off_policy=0, latency_tail=1.2)
+    assert race.racers_end_together
+    assert policy.headroom(race) == policy.headroom(replace(race, trainable_share=0.1)) == 2

@@ -23,10 +23,7 @@ MIN_TRAINABLE_SHARE = 0.01
 
 def _rollouts_for(groups: float, s: MeasuredSnapshot) -> int:
     """Rollouts in flight that bring `groups` trainable groups, where only
-    `trainable_share` of groups do (the rest score alike and are discarded), and where more
-    rollouts in flight bring more groups (`MeasuredSnapshot.load_independent`)."""
-    if s.trainable_share >= 1.0 or not s.load_independent:
-        return math.ceil(groups)
+    `trainable_share` of groups do (the rest score alike and are discarded)."""
     return math.ceil(groups / max(MIN_TRAINABLE_SHARE, s.trainable_share))
 
 
@@ -59,12 +56,14 @@ class StalenessAwareAdmission:
     (`MeasuredSnapshot.load_cap`), so a rollout admitted is one that can finish in time, and a
     race at `max_steps_off_policy == 0` stops where more runners only slow the winners.
 
-    Every slot above counts trainable groups. Where some groups score alike (no learning
-    signal: the trainer discards them), a rollout in flight brings one only with the measured
-    `trainable_share`, so the rollouts each slot admits are divided by it: counting every
-    rollout as a group a batch takes would starve the trainer where most score alike. Only
-    once latency is measured not to grow with the number in flight: at a shared server more
-    rollouts bring no more groups per second, only older ones, and the cancelled ones cost it.
+    Past `max_steps_off_policy == 0` every slot counts trainable groups. Where some groups
+    score alike (no learning signal: the trainer discards them), a rollout in flight brings one
+    only with the measured `trainable_share`, so the rollouts each slot admits are divided by
+    it: counting every rollout as a group a batch takes would starve the trainer where most
+    score alike. A trainable group beyond the batch being collected is the next batch's. Not
+    at `max_steps_off_policy == 0`, where racers that end together end for one batch: the
+    ones beyond its missing groups are cancelled the moment it fills, and at a shared server
+    they slow the rest, so the race stays the batch's missing groups plus `beyond_bound`.
 
     Each admission takes one fresh in-flight slot, so admitting `n` waiters one after the
     other is the same as asking `headroom() > 0` `n` times; the gate asks this once.
@@ -97,7 +96,7 @@ class StalenessAwareAdmission:
             if need <= 0:
                 return 0
             if s.racers_end_together:
-                return max(0, _rollouts_for(need + self.beyond_bound, s) - s.fresh_in_flight)
+                return max(0, need + self.beyond_bound - s.fresh_in_flight)
             return math.inf
         slots = s.window_slots
         target = s.pipeline_target

@@ -109,16 +109,6 @@ def latency_grows_with_load(load_latency: tuple[tuple[int, float, float], ...]) 
     return high[1] >= low[1] * (1 + MIN_QUEUEING_SHARE * (spread - 1))
 
 
-def latency_flat_with_load(load_latency: tuple[tuple[int, float, float], ...]) -> bool:
-    """The load model shows latency measured at counts `MIN_LOAD_SPREAD` apart, not growing
-    with load as a shared server's does: rollouts that do not wait for each other."""
-    if len(load_latency) < 2 or load_latency[0][0] <= 0:
-        return False
-    if load_latency[-1][0] / load_latency[0][0] < MIN_LOAD_SPREAD:
-        return False
-    return not latency_grows_with_load(load_latency)
-
-
 def _server_throughput(load_latency: tuple[tuple[int, float, float], ...]) -> float | None:
     rates = [n / latency for n, latency, _ in load_latency if latency > 0]
     if not rates or len(rates) < len(load_latency):
@@ -268,12 +258,6 @@ class MeasuredSnapshot(GateSnapshot):
     def queueing(self) -> bool:
         """Latency measured to grow with the number in flight (see the module's docstring)."""
         return _read_load_model(self.load_latency)[1]
-
-    @property
-    def load_independent(self) -> bool:
-        """Latency measured at loads apart and not seen to grow with the number in flight
-        (`latency_flat_with_load`): one more rollout in flight brings groups sooner."""
-        return latency_flat_with_load(self.load_latency)
 
     @property
     def uncontended_latency(self) -> float | None:
