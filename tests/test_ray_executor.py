@@ -102,6 +102,9 @@ def executor(cluster: RayCluster) -> Iterator[RayRolloutExecutor]:
     try:
         places = asyncio.run(asyncio.wait_for(executor.where(), 120))
         assert len(places) == 4
+        # The executor marks an actor placed when its own probe answers, which can come after
+        # the calls above on a loaded machine: until then its workers' rollouts go elsewhere.
+        assert asyncio.run(asyncio.wait_for(executor.placed(), 120)) == [0, 1, 2, 3]
         yield executor
     finally:
         executor.shutdown()
