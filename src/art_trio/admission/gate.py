@@ -1,12 +1,11 @@
 """`MeasuringGate`: the kernel's gate, measuring what staleness-aware admission decides from.
 
 Besides the kernel's counts and mean latency it keeps: the load model (rollout latency filed
-under the mean number in flight while each ran: a shared server's queueing, see
-snapshot.py), cohorts (rollouts that started together and how much later than their cohort's
-median each ended), the Kaplan-Meier slow tail of latency (`latency_tail`), the share of
-groups the trainer finds trainable (`trainable_share`), and, where a race
-cancels most rollouts so that the tail cannot be read, one doomed racer per batch let run to
-its end, whose lateness stands in for it.
+under the mean number in flight while each ran: a shared server's queueing, see snapshot.py),
+cohorts (rollouts that started together and how much later than their cohort's median each
+ended), the Kaplan-Meier slow tail of latency (`latency_tail`), the share of groups the trainer
+finds trainable (`trainable_share`), and, where a race cancels most rollouts so that the tail
+cannot be read, one doomed racer per batch let run to its end, whose lateness stands in for it.
 """
 
 from __future__ import annotations
