@@ -524,6 +524,22 @@ def test_sweep_result_round_trips_as_json() -> None:
     assert data["best"] is None and data["reports"][0]["steps_per_hour"] is None
 
 
+def _eight_workers_batch_two(admission: str, m: int, **workload: Any) -> SimReport:
+    """40 steps of the lookup agent's shape (8 workers, batches of 2 groups) on `workload`."""
+    spec = SimSpec(
+        steps=40,
+        trainer={
+            "num_rollout_workers": 8,
+            "min_batch_size": 2,
+            "max_batch_size": 2,
+            "max_steps_off_policy": m,
+            "admission": admission,
+        },
+        **workload,
+    )
+    return simulate(spec)
+
+
 def test_where_most_groups_score_alike_the_default_admission_keeps_up_with_the_reference() -> None:
     """The lookup agent's regime in virtual time: nine groups in ten score alike. The default
     admission trains about as fast as the reference's gate (it pays about the same per trained
@@ -531,20 +547,13 @@ def test_where_most_groups_score_alike_the_default_admission_keeps_up_with_the_r
     as long (5.2 h against 1.7 h for 40 steps)."""
 
     def run(admission: str) -> float:
-        spec = SimSpec(
+        return _eight_workers_batch_two(
+            admission,
+            1,
             rollout_latency=Exponential(60.0),
             train_time=Constant(13.0),
-            steps=40,
             zero_variance_prob=0.9,
-            trainer={
-                "num_rollout_workers": 8,
-                "min_batch_size": 2,
-                "max_batch_size": 2,
-                "max_steps_off_policy": 1,
-                "admission": admission,
-            },
-        )
-        return simulate(spec).sim_wall_s
+        ).sim_wall_s
 
     assert run("staleness_aware") <= 1.25 * run("eager")
 
@@ -557,20 +566,13 @@ def test_at_a_saturated_shared_server_groups_scoring_alike_do_not_widen_the_race
     the share here too paid 2.5 min against the reference's 3.5; it pays 52 s)."""
 
     def run(admission: str) -> float:
-        spec = SimSpec(
+        return _eight_workers_batch_two(
+            admission,
+            0,
             rollout_latency=LogNormal(8.0, 0.3),
             train_time=Constant(10.0),
-            steps=40,
             zero_variance_prob=0.67,
             inference_capacity=2,
-            trainer={
-                "num_rollout_workers": 8,
-                "min_batch_size": 2,
-                "max_batch_size": 2,
-                "max_steps_off_policy": 0,
-                "admission": admission,
-            },
-        )
-        return simulate(spec).rollout_s_per_trained_group
+        ).rollout_s_per_trained_group
 
     assert run("staleness_aware") <= 0.5 * run("eager")
