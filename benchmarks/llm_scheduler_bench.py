@@ -172,7 +172,7 @@ class AdmissionProbe:
         self.together = 0  # at any max_steps_off_policy
         self.by_cohort = 0  # ... where the run's times alone would not have shown it
         self.share_counted = 0  # some groups scored alike, past max_steps_off_policy=0
-        self.shares: list[float] = []
+        self.last_share: float | None = None
         self.caps: list[int] = []
         self.throughputs: list[float] = []
 
@@ -184,7 +184,7 @@ class AdmissionProbe:
             result = real(policy, s)
             probe.decisions += 1
             if s.trainable_share < 1.0:
-                probe.shares.append(s.trainable_share)
+                probe.last_share = s.trainable_share
                 probe.share_counted += s.max_steps_off_policy > 0
             if s.racers_end_together:
                 probe.together += 1
@@ -220,7 +220,7 @@ class AdmissionProbe:
             if self.throughputs
             else None,
             "trainable_share_counted": self.share_counted,
-            "trainable_share_last": round(self.shares[-1], 3) if self.shares else None,
+            "trainable_share_last": None if self.last_share is None else round(self.last_share, 3),
         }
 
 
