@@ -473,6 +473,71 @@ def test_rollouts_ending_fast_enough_to_lift_the_load_cap_admit_the_waiting_work
     trio.run(main)
 
 
+class _DecidesAtEveryHandOver(MeasuringGate):
+    """What the gate did before: a decision at every hand-over once latency is seen to grow
+    with load, whatever held the last one."""
+
+    decisions = 0
+
+    def _headroom(self) -> float:
+        self.decisions += 1
+        headroom = super()._headroom()
+        self._hand_over_frees = self._queueing
+        return headroom
+
+
+class _CountsDecisions(MeasuringGate):
+    decisions = 0
+
+    def _headroom(self) -> float:
+        self.decisions += 1
+        return super()._headroom()
+
+
+def test_hand_overs_decide_only_where_the_load_cap_held_the_last_decision() -> None:
+    """At a shared server a hand-over lets a waiter in only where the load cap held the
+    waiters: once the window's rules hold them (groups queued fill it), hand-overs make no
+    decision, and admit exactly whom a decision at every hand-over admits."""
+
+    def admitted_after_each_hand_over(gate_class: type[MeasuringGate]) -> tuple[list[int], int]:
+        """Workers admitted after each of the 4 rollouts in flight hands over (6 wait), and
+        the decisions those hand-overs made."""
+        clock = Clock()
+        gate = _capped_gate(clock)
+        gate.__class__ = gate_class  # the same measured state, another decision rule
+        admitted_counts: list[int] = []
+        decisions = 0
+
+        async def main() -> None:
+            nonlocal decisions
+            async with trio.open_nursery() as nursery:
+                running, admitted = await _hold_at_the_load_cap(gate, nursery)
+                for _ in range(4):
+                    nursery.start_soon(_admit_into, gate, admitted)
+                await trio.testing.wait_all_tasks_blocked()
+                before = gate.decisions
+                for version in running:
+                    gate.hand_over(version)
+                    await trio.testing.wait_all_tasks_blocked()
+                    admitted_counts.append(len(admitted))
+                decisions = gate.decisions - before
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+        return admitted_counts, decisions
+
+    optimized, decided = admitted_after_each_hand_over(_CountsDecisions)
+    reference, decided_always = admitted_after_each_hand_over(_DecidesAtEveryHandOver)
+    assert optimized == reference
+    assert optimized[0] == 1  # the cap held the first: a waiter took the slot left
+    assert optimized[-1] < 6  # the window held the rest: the last waiters still wait
+    assert decided < decided_always
+
+
+async def _admit_into(gate: MeasuringGate, admitted: list[int]) -> None:
+    admitted.append(await gate.admit())
+
+
 #: Shared-server runs the issue found sitting at one step for good (every worker waiting at
 #: the gate, nothing in flight, fewer groups queued than a batch): a resize of the batch to 8
 #: past what the server finishes in a window, and batches of 2 with a long-tailed latency.

@@ -105,6 +105,7 @@ class MeasuringGate(PolicyGate):
         self._by_load: dict[int, list[float]] = {}  # count -> [time, completions, sample no.]
         self._load_samples = 0
         self._load_latency: tuple[tuple[int, float, float], ...] = ()
+        self._queueing = False
         # Groups judged trainable, of all judged (decayed per group), counting one trainable
         # group before any is judged: the share is 1.0 exactly while none scores alike.
         self._trainable = 1.0
@@ -144,6 +145,18 @@ class MeasuringGate(PolicyGate):
 
     def _load_changing(self) -> None:
         self._mark_load(self._clock())
+
+    def _headroom(self) -> float:
+        s = self.snapshot()
+        headroom = self._policy.headroom(s)
+        if self._queueing:
+            # A group handed over leaves the shared server (load - 1) for the queue, which no
+            # window rule counts in its favour: it can let a waiter in only where the load
+            # cap held this decision. Elsewhere a decision per hand-over admits nothing and
+            # costs the scheduler a tenth of its time per group.
+            cap = s.load_cap
+            self._hand_over_frees = cap is not None and headroom >= cap - s.load
+        return headroom
 
     def _groups_judged(self, trainable: int, scored_alike: int) -> None:
         # The same operations on both sums while none scores alike keep their ratio 1.0.
@@ -200,8 +213,10 @@ class MeasuringGate(PolicyGate):
         entry[2] = self._load_samples
         if refresh:
             self._load_latency = self._load_model()
-            # At a shared server a group handed over frees a slot there: decide again.
-            self._hand_over_frees = latency_grows_with_load(self._load_latency)
+            self._queueing = latency_grows_with_load(self._load_latency)
+            # At a shared server a group handed over frees a slot there: decide again (until
+            # a decision shows the load cap is not what holds the waiters, `_headroom`).
+            self._hand_over_frees = self._queueing
 
     def _count_after(self, i: int) -> float:
         """The in-flight count between mark `i` and the next (from their areas)."""

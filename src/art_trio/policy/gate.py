@@ -282,7 +282,7 @@ class PolicyGate:
         return self._max_steps_off_policy
 
     def may_start(self) -> bool:
-        return not self._closed and self._policy.headroom(self.snapshot()) > 0
+        return not self._closed and self._headroom() > 0
 
     @property
     def in_flight(self) -> int:
@@ -342,9 +342,8 @@ class PolicyGate:
         self._queued += 1
         # Under the window rules the group only moves from in flight to queued, which never
         # raises the headroom; under a load cap (art_trio.admission) it leaves the shared
-        # server, which does. Counted queued first, so no waiter is let into the slot the
-        # window still owes this group. (Only there: a decision per hand-over costs the
-        # scheduler a tenth of its time per group where no cap can hold.)
+        # server, which may: a measuring gate says when. Counted queued first, so no waiter
+        # is let into the slot the window still owes this group.
         if self._hand_over_frees:
             self._pump()
 
@@ -441,6 +440,10 @@ class PolicyGate:
         """A measuring gate's hook: groups the trainer took into a batch, or discarded because
         their rollouts all scored alike."""
 
+    def _headroom(self) -> float:
+        """The policy's decision now (a measuring gate also notes what bound it)."""
+        return self._policy.headroom(self.snapshot())
+
     def _take_slot(self) -> int:
         self._load_changing()
         self._load += 1
@@ -451,7 +454,7 @@ class PolicyGate:
         if not self._waiters or self._closed:
             return
         # One decision for the whole wake-up, not one per waiter (each needs a snapshot).
-        headroom = self._policy.headroom(self.snapshot())
+        headroom = self._headroom()
         while self._waiters and headroom >= 1:
             headroom -= 1
             waiter = self._waiters.popleft()
