@@ -210,9 +210,10 @@ def _per_seed(rows: list[dict[str, Any]], kind: str, key: str, m: int, spec: str
     return " / ".join(_fmt(r.get(key), spec) for r in runs)
 
 
-def summary(results: dict[str, Any]) -> str:
+def summary(results: dict[str, Any], measured: str | None = None) -> str:
     """The README's table of one saved run (``--json``): per M and arm, means over seeds and
-    the per-seed figures, then the issues' ratios, then what it was measured with."""
+    the per-seed figures, then the issues' ratios, then what it was measured with
+    (`measured`, where the rows come from several runs: `summary_of_runs`)."""
     rows, meta = results["rows"], results["meta"]
     seeds = sorted({r["seed"] for r in rows})
     # Rows switch policy mid-decode only with in-flight updates: no column without that arm.
@@ -245,11 +246,30 @@ def summary(results: dict[str, Any]) -> str:
     lines += ["", *_ratio_sentences(rows)]
     lines += [
         "",
-        f"Means over seeds {', '.join(map(str, seeds))}, one run per seed and arm. Measured at "
-        f"art_trio {meta['art_trio_revision']} on {meta['date'][:10]}, Python {meta['python']}"
-        f" / ART {meta['openpipe-art']}, {meta['cpus']} cores (`{meta['command']}`).",
+        f"Means over seeds {', '.join(map(str, seeds))}, one run per seed and arm. "
+        + (measured or f"Measured at {_provenance(meta)}."),
     ]
     return "\n".join(lines)
+
+
+def _provenance(meta: dict[str, Any]) -> str:
+    return (
+        f"art_trio {meta['art_trio_revision']} on {meta['date'][:10]}, Python {meta['python']}"
+        f" / ART {meta['openpipe-art']}, {meta['cpus']} cores (`{meta['command']}`)"
+    )
+
+
+def summary_of_runs(parts: list[dict[str, Any]]) -> str:
+    """One table over saved runs of one command at different seeds (each run at its own
+    commit), each run's provenance named with its seeds."""
+    parts = sorted(parts, key=lambda part: min(r["seed"] for r in part["rows"]))
+    rows = [row for part in parts for row in part["rows"]]
+    measured = "; ".join(
+        f"seed {', '.join(str(s) for s in sorted({r['seed'] for r in part['rows']}))} at "
+        + _provenance(part["meta"])
+        for part in parts
+    )
+    return summary({"rows": rows, "meta": parts[0]["meta"]}, measured=f"Measured: {measured}.")
 
 
 def _ratio_sentences(rows: list[dict[str, Any]]) -> list[str]:

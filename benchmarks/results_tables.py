@@ -8,7 +8,9 @@ every later run to (`python benchmarks/perf_gate.py --write-baseline` makes it).
 table comes from a saved run of `llm_scheduler_bench.py --json benchmarks/results/llm-NAME.json`
 and is named `llm-NAME`. Each table names the commit, the versions and the command it was
 measured with, and sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in one
-or more of the documents below.
+or more of the documents below. Runs of one command at further seeds, saved as
+`llm-NAME-seedK.json`, also make the table `llm-NAME-seeds`: every seed's rows, each run's
+commit named.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_tables import summary  # noqa: E402
+from llm_tables import summary, summary_of_runs  # noqa: E402
 from perf_gate import BASELINE, OVERHEAD, SCHEDULING, Figures, medians  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
@@ -90,8 +92,13 @@ def doubles_table(results: dict[str, Any]) -> str:
 def tables() -> dict[str, str]:
     """Every table, by name, from the committed results."""
     out = {"doubles": doubles_table(json.loads(BASELINE.read_text()))}
+    runs: dict[str, list[Path]] = {}
     for path in sorted(LLM_RESULTS.glob("llm-*.json")):
         out[path.stem] = summary(json.loads(path.read_text()))
+        runs.setdefault(re.sub(r"-seed\d+$", "", path.stem), []).append(path)
+    for base, paths in runs.items():
+        if len(paths) > 1:
+            out[f"{base}-seeds"] = summary_of_runs([json.loads(p.read_text()) for p in paths])
     return out
 
 

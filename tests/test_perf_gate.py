@@ -136,6 +136,33 @@ def test_a_real_model_table_is_rendered_from_its_rows() -> None:
     assert "art_trio abc1234 on 2026-12-06" in text and "--task lookup" in text
 
 
+def test_runs_at_further_seeds_make_one_table_that_names_each_runs_commit() -> None:
+    """A command run one seed at a time (`llm-NAME.json`, `llm-NAME-seedK.json`): one table
+    of every seed's rows, each run's commit and command named with its seed, in seed order."""
+    import llm_tables
+
+    def run(seed: int, revision: str, art: float, trio: float) -> dict[str, Any]:
+        meta = {
+            "art_trio_revision": revision,
+            "date": "2026-12-07T01:00:00Z",
+            "python": "3.11.7",
+            "openpipe-art": "0.5.18",
+            "cpus": 2,
+            "command": f"bench --seeds {seed}",
+        }
+        rows = [
+            _llm_row("art", seed, 1, art, 1.0, None),
+            _llm_row("art_trio", seed, 1, trio, 1.0, None),
+        ]
+        return {"meta": meta, "rows": rows}
+
+    text = llm_tables.summary_of_runs([run(1, "bbb2222", 20.0, 10.0), run(0, "aaa1111", 10.0, 4.0)])
+    assert "| 1 | ART | 15.00 |" in text and "| 1 | art_trio | 7.00 |" in text
+    assert "Means over seeds 0, 1," in text
+    assert text.index("seed 0 at art_trio aaa1111") < text.index("seed 1 at art_trio bbb2222")
+    assert "`bench --seeds 0`" in text and "`bench --seeds 1`" in text
+
+
 # -- the autotuner's settling (issue 50): judged on counts, run in virtual time by the gate --
 
 
