@@ -216,7 +216,10 @@ class SlowStartBackend(RecordingBackend):
         """From any thread: let the waiting `_get_step` return."""
         assert self._wake is not None
         loop, event = self._wake
-        loop.call_soon_threadsafe(event.set)
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:
+            pass  # a stop ended the run and closed its loop first: nothing waits any more
 
 
 def _during_start_up(
