@@ -473,19 +473,6 @@ def test_rollouts_ending_fast_enough_to_lift_the_load_cap_admit_the_waiting_work
     trio.run(main)
 
 
-class _DecidesAtEveryHandOver(MeasuringGate):
-    """What the gate did before: a decision at every hand-over once latency is seen to grow
-    with load, whatever held the last one."""
-
-    decisions = 0
-
-    def _headroom(self) -> float:
-        self.decisions += 1
-        headroom = super()._headroom()
-        self._hand_over_frees = self._queueing
-        return headroom
-
-
 class _CountsDecisions(MeasuringGate):
     decisions = 0
 
@@ -494,12 +481,22 @@ class _CountsDecisions(MeasuringGate):
         return super()._headroom()
 
 
+class _DecidesAtEveryHandOver(_CountsDecisions):
+    """What the gate did before: a decision at every hand-over once latency is seen to grow
+    with load, whatever held the last one."""
+
+    def _headroom(self) -> float:
+        headroom = super()._headroom()
+        self._hand_over_frees = self._queueing
+        return headroom
+
+
 def test_hand_overs_decide_only_where_the_load_cap_held_the_last_decision() -> None:
     """At a shared server a hand-over lets a waiter in only where the load cap held the
     waiters: once the window's rules hold them (groups queued fill it), hand-overs make no
     decision, and admit exactly whom a decision at every hand-over admits."""
 
-    def admitted_after_each_hand_over(gate_class: type[MeasuringGate]) -> tuple[list[int], int]:
+    def admitted_after_each_hand_over(gate_class: type[_CountsDecisions]) -> tuple[list[int], int]:
         """Workers admitted after each of the 4 rollouts in flight hands over (6 wait), and
         the decisions those hand-overs made."""
         clock = Clock()
