@@ -17,8 +17,31 @@ import art
 import trio
 from openai.types.chat.chat_completion import Choice
 
+from art_trio.plumbing.compat import TRAIN_METRIC_NAMES
 from art_trio.testing.doubles import BackendDouble, TrainBatch, group_initial_version
 from art_trio.testing.doubles import trajectory as shared_trajectory
+
+#: Where the quantities both lines log land in `history.jsonl` on the installed line (after
+#: `model.log` prefixed them), for the tests that read a run's history.
+HISTORY_KEYS: dict[str, str] = (
+    {
+        "stale_groups": "discarded/cum/stale_groups",
+        "step_wall_s": "time/step_wall_s",
+        "trainer_idle_s": "time/step_trainer_idle_s",
+        "backend_train_s": "time/step_backend_train_s",
+        "rollout_s": "time/step_rollout_s",
+        "rollout_idle_s": "time/step_rollout_idle_s",
+    }
+    if TRAIN_METRIC_NAMES == "0.5.23"
+    else {
+        "stale_groups": "train/discarded_stale_groups",
+        "step_wall_s": "time/step_wall_s",
+        "trainer_idle_s": "throughput/step_trainer_idle_s",
+        "backend_train_s": "time/step_trainer_s",
+        "rollout_s": "time/step_actor_s",
+        "rollout_idle_s": "throughput/step_actor_idle_s",
+    }
+)
 
 
 def _require_asyncio() -> asyncio.AbstractEventLoop:

@@ -20,8 +20,8 @@ import pytest
 import art_trio.policy.freshness
 from art_trio import PipelineTrainer
 from art_trio.plumbing.compat import CHECKPOINT_ROW_WALL_CLOCK, TRAIN_METRIC_NAMES
-from art_trio.stages.metrics import HISTORY_KEYS, batch_factor, weighted_percentile
-from tests.doubles import RecordingBackend, scenarios, trajectory
+from art_trio.stages.metrics import batch_factor, weighted_percentile
+from tests.doubles import HISTORY_KEYS, RecordingBackend, scenarios, trajectory
 
 ON_0523 = pytest.mark.skipif(
     TRAIN_METRIC_NAMES != "0.5.23",

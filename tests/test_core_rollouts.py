@@ -13,8 +13,7 @@ import pytest
 import trio
 
 from art_trio import PipelineTrainer, trio_native
-from art_trio.stages.metrics import HISTORY_KEYS
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.doubles import HISTORY_KEYS, RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
 async def test_num_rollout_workers_run_concurrently(model, backend, autojump_clock):

@@ -13,8 +13,7 @@ import trio
 
 from art_trio import PipelineTrainer
 from art_trio.plumbing.compat import TRAIN_METRIC_NAMES, line_train_kwargs
-from art_trio.stages.metrics import HISTORY_KEYS
-from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
+from tests.doubles import HISTORY_KEYS, RecordingBackend, asyncio_rollout, scenarios, trajectory
 
 
 def history(model: Any) -> list[dict[str, Any]]:

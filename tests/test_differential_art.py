@@ -32,8 +32,7 @@ from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
 import art_trio
 from art_trio.plumbing.compat import ART_0520, art_trainer_kwargs
 from art_trio.resume.state import TALLY_FIELDS
-from art_trio.stages.metrics import HISTORY_KEYS
-from tests.doubles import served_trajectory, trajectory
+from tests.doubles import HISTORY_KEYS, served_trajectory, trajectory
 from tests.test_parity_0518 import LeasingBackend, eval_completed_steps, new_model
 
 N_SCENARIOS = 30

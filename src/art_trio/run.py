@@ -10,7 +10,6 @@ object in force (the trainer's `trainer.settings`: a resize replaces both).
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
@@ -18,7 +17,6 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 import anyio
-import sniffio
 
 from .config.settings import PipelineSettings
 from .messages.events import Observers, Resized, RunStatistics
@@ -29,38 +27,14 @@ from .plumbing.bridge.calls import Bridge
 from .plumbing.compat import eval_lease, in_flight_updates, rollout_lease
 from .plumbing.eval_leases import EvalRetentionLeases
 from .plumbing.executor import RolloutExecutor
-from .plumbing.group_queue import GroupQueue
+from .plumbing.group_queue import GroupQueue, loop_primitives
 from .plumbing.progress import ProgressKeeper, RunProgress
 from .plumbing.source import ScenarioSource
 from .plumbing.stop import StopControl
 from .policy.admission import AdmissionPolicy
-from .policy.gate import LoopEvent, PolicyGate
+from .policy.gate import PolicyGate
 
 R = TypeVar("R")
-
-
-def loop_clock() -> Callable[[], float]:
-    """The running loop's clock function (trio's, virtual under MockClock; or asyncio's)."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        # What `trio.current_time()` returns, without its lookup of the running trio.run
-        # on every call (the stages read the time ten times per rollout).
-        return trio.lowlevel.current_clock().current_time
-    return asyncio.get_running_loop().time
-
-
-def loop_event_factory() -> Callable[[], LoopEvent]:
-    """The running loop's own event class (trio's or asyncio's).
-
-    The gate parks a waiting worker on a fresh event about once per rollout; anyio.Event()
-    looks the backend up and wraps the native event, which costs ~1 us more per rollout.
-    """
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.Event
-    return asyncio.Event
 
 
 class CallsInFlight:
@@ -210,7 +184,8 @@ class PipelineRun:
         self.in_flight_updates = in_flight_updates(backend, model)
         # The loop's own clock (the stages' `clock`): anyio.current_time() looks the backend
         # up on every call, and the stages read the time several times per rollout.
-        self.now = self._clock = loop_clock()
+        clock, new_event = loop_primitives()
+        self.now = self._clock = clock
         self.started_at = self._clock()
         #: The calls and phases each stage awaits now (the stall watchdog reads them).
         self.calls = CallsInFlight(self._clock)
@@ -221,7 +196,7 @@ class PipelineRun:
             max_batch_size=settings.sizes.max_batch_size,
             policy=admission,
             clock=self._clock,
-            new_event=loop_event_factory(),
+            new_event=new_event,
         )
         # A user observer that raises ends the run as a forced stop would (see Observers).
         self.stop = StopControl(settings.shutdown.shutdown_grace_seconds)
@@ -266,7 +241,7 @@ class PipelineRun:
         """The run ended on its own: admit nothing more and cancel rollouts in flight."""
         self.gate.close()
         self.source.close()
-        self.stop.end_rollouts_now()
+        self.stop.rollout_scope.cancel()
 
     # -- views ---------------------------------------------------------------------------
 

@@ -40,14 +40,9 @@ from .settings import (
 #: `pipeline=` says, else ART's defaults below) and `eval_at_start` (as `eval_step_0` says).
 RESOLVED_LATER: tuple[str, ...] = (*RUNTIME_FIELDS, "eval_at_start")
 
-#: The runtime settings' defaults when neither `pipeline=` nor a keyword sets them (ART's;
-#: max_batch_size None: 10 x min_batch_size).
-RUNTIME_DEFAULTS: dict[str, int | None] = {
-    "num_rollout_workers": 16,
-    "min_batch_size": 4,
-    "max_batch_size": None,
-    "queue_maxsize": None,
-}
+#: The runtime settings' defaults when neither `pipeline=` nor a keyword sets them (ART's,
+#: as `Sizes` declares them; max_batch_size None: 10 x min_batch_size).
+RUNTIME_DEFAULTS: dict[str, int | None] = {n: DECLARATIONS[n].default for n in RUNTIME_FIELDS}
 
 
 def keyword_default(name: str) -> Any:
@@ -153,7 +148,6 @@ def _flat(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Sizes | None]:
 def resolve_settings(
     keywords: Mapping[str, Any],
     *,
-    model: Any,
     pipeline: PipelineRuntimeConfig | None,
     autotune: PipelineAutotuneConfig | None,
     rollout_executor: RolloutExecutor | None,

@@ -83,7 +83,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         #: The `autotune=` config (None or mode "off": the sizes stay as set).
         self.autotune = autotune
         self.settings = keywords.resolve_settings(
-            settings, model=model, pipeline=pipeline, autotune=autotune,
+            settings, pipeline=pipeline, autotune=autotune,
             rollout_executor=rollout_executor, eval_step_0=eval_step_0,
             tuned_start=tuned_start(autotune, model),
         )

@@ -47,7 +47,9 @@ from anyio.lowlevel import checkpoint
 T = TypeVar("T")
 
 
-class _Event(Protocol):
+class LoopEvent(Protocol):
+    """What the queue and the gate need of an event: anyio's, trio's and asyncio's have it."""
+
     def set(self) -> object: ...
 
     async def wait(self) -> object: ...
@@ -105,7 +107,7 @@ class _Sender(Generic[T]):
 
     __slots__ = ("at", "event", "item", "state")
 
-    def __init__(self, item: T, at: float, event: _Event) -> None:
+    def __init__(self, item: T, at: float, event: LoopEvent) -> None:
         self.event = event
         self.item = item
         self.at = at  # when it was offered: its age counts from here once it is queued
@@ -117,15 +119,16 @@ class _Receiver(Generic[T]):
 
     __slots__ = ("entry", "event")
 
-    def __init__(self, event: _Event) -> None:
+    def __init__(self, event: LoopEvent) -> None:
         self.event = event
         self.entry: tuple[T, float, _Sender[T] | None] | None = None
 
 
-def _loop_primitives() -> tuple[Callable[[], float], Callable[[], _Event]]:
+def loop_primitives() -> tuple[Callable[[], float], Callable[[], LoopEvent]]:
     """The running loop's clock and event class: the native ones (anyio's wrappers cost a
-    backend lookup per call, and the queue takes the time once per item; trio's clock
-    object itself, virtual under MockClock, skips `trio.current_time`'s run lookup)."""
+    backend lookup per call, and the queue and the stages read the time several times per
+    rollout; trio's clock object itself, virtual under MockClock, skips
+    `trio.current_time`'s run lookup)."""
     if sniffio.current_async_library() == "trio":
         import trio
 
@@ -162,7 +165,7 @@ class GroupQueue(Generic[T]):
         #: The loop's clock and event class, found on first use (the queue may be built
         #: before the loop runs); `clock` replaces the loop's clock (tests).
         self._now: Callable[[], float] = clock or self._first_now
-        self._event: Callable[[], _Event] = self._first_event
+        self._event: Callable[[], LoopEvent] = self._first_event
         self.send_end: GroupSendEnd[T] = GroupSendEnd(self)
         self.receive_end: GroupReceiveEnd[T] = GroupReceiveEnd(self)
 
@@ -199,11 +202,11 @@ class GroupQueue(Generic[T]):
     # -- the ends' operations ------------------------------------------------------------
 
     def _first_now(self) -> float:
-        self._now = _loop_primitives()[0]
+        self._now = loop_primitives()[0]
         return self._now()
 
-    def _first_event(self) -> _Event:
-        self._event = _loop_primitives()[1]
+    def _first_event(self) -> LoopEvent:
+        self._event = loop_primitives()[1]
         return self._event()
 
     def _admit(self) -> None:
@@ -354,7 +357,6 @@ class GroupSendEnd(_End[T], ObjectSendStream[T]):
             queue._no_senders_left()
 
 
-
 class GroupReceiveEnd(_End[T], ObjectReceiveStream[T]):
     """A receive end: `receive`, `receive_nowait`, `clone`, `close`, `async for`, as
     anyio's memory receive stream."""
@@ -429,4 +431,3 @@ class GroupReceiveEnd(_End[T], ObjectReceiveStream[T]):
         queue._open_receive -= 1
         if not queue._open_receive:
             queue._no_receivers_left()
-

@@ -65,10 +65,6 @@ class StopControl:
         for callback in callbacks:
             callback()
 
-    def end_rollouts_now(self) -> None:
-        """The run ended on its own: rollouts still in flight can no longer be trained."""
-        self.rollout_scope.cancel()
-
     def cancel_everything(self) -> None:
         """The second signal: cancel every stage now (state is still persisted)."""
         self.request(graceful=False)

@@ -25,14 +25,6 @@ ZERO_VARIANCE_TOLERANCE = 1e-12
 FAILURE_CONTEXT_KEYS = ("scenario_id", "epoch", "scenario_index")
 
 
-def group_initial_version(group: TrajectoryGroup) -> int | None:
-    """The oldest policy version any trajectory of the group started from."""
-    versions = [
-        t.initial_policy_version for t in group.trajectories if t.initial_policy_version is not None
-    ]
-    return min(versions) if versions else None
-
-
 #: The window that stands for "no bound on staleness" (both bounds off): no run trains this
 #: many steps, and the gate's arithmetic stays in integers.
 UNBOUNDED_STEPS = 1_000_000
@@ -124,11 +116,10 @@ def newest_version(versions: Iterable[int | None]) -> int | None:
 
 
 def future_policy_error(
-    newest: int | None, trainer_version: int, *, scenario_index: int, context: str = ""
-) -> FuturePolicyError | None:
-    """The error for a group whose newest token version is ahead of the trainer's policy."""
-    if newest is None or newest <= trainer_version:
-        return None
+    newest: int, trainer_version: int, *, scenario_index: int, context: str = ""
+) -> FuturePolicyError:
+    """The error for a group whose newest token version (`newest`) is ahead of the trainer's
+    policy."""
     return FuturePolicyError(
         f"Trajectory tokens came from a future policy: policy={newest}, "
         f"trainer={trainer_version} (scenario index {scenario_index}{context}). A trajectory's "
@@ -246,8 +237,8 @@ _PLAIN_FIELD_WRITES = _plain_field_writes(
 def stamp_policy_versions(group: TrajectoryGroup, *, initial: int, final: int) -> int | None:
     """Record which policy versions a rollout spanned, keeping versions it set itself.
 
-    Returns the group's initial version afterwards (`group_initial_version`), found in the
-    same pass: None only for a group without trajectories.
+    Returns the group's initial version afterwards (the oldest any trajectory started from),
+    found in the same pass: None only for a group without trajectories.
     """
     oldest: int | None = None
     for trajectory in group.trajectories:

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 
 from ..messages.errors import _GateClosed
+from ..plumbing.group_queue import LoopEvent
 from .admission import AdmissionPolicy, EagerAdmission
 from .gate_snapshot import GateSnapshot, completed_count
 
@@ -51,14 +51,6 @@ _SnapshotFields = tuple[
 
 def _ewa(previous: float | None, value: float) -> float:
     return value if previous is None else EWA_ALPHA * value + (1 - EWA_ALPHA) * previous
-
-
-class LoopEvent(Protocol):
-    """What the gate needs of an event: anyio's, trio's and asyncio's all have it."""
-
-    def set(self) -> None: ...
-
-    async def wait(self) -> Any: ...
 
 
 class _Waiter:

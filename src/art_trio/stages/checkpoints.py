@@ -200,6 +200,5 @@ async def apply_retention(run: PipelineRun, step: int) -> None:
     if not delete:
         return
     steps_to_keep = sorted({info.step for info in infos} - delete)
-    ctx = run
     with run.calls.track("training", "backend._delete_checkpoint_files (checkpoint hook)"):
-        await ctx.bridge.call(ctx.backend._delete_checkpoint_files, ctx.model, steps_to_keep)
+        await run.bridge.call(run.backend._delete_checkpoint_files, run.model, steps_to_keep)

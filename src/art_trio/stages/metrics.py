@@ -73,27 +73,6 @@ from ..run import PipelineRun
 FRESHNESS_TAU_STEPS = 8.0
 CRITICAL_ROLLOUT_BATCH_SIZE = 300.0
 
-#: Where the quantities both lines log land in `history.jsonl` on the installed line (after
-#: `model.log` prefixed them), for tests and tools that read a run's history.
-HISTORY_KEYS: dict[str, str] = (
-    {
-        "stale_groups": "discarded/cum/stale_groups",
-        "step_wall_s": "time/step_wall_s",
-        "trainer_idle_s": "time/step_trainer_idle_s",
-        "backend_train_s": "time/step_backend_train_s",
-        "rollout_s": "time/step_rollout_s",
-        "rollout_idle_s": "time/step_rollout_idle_s",
-    }
-    if TRAIN_METRIC_NAMES == "0.5.23"
-    else {
-        "stale_groups": "train/discarded_stale_groups",
-        "step_wall_s": "time/step_wall_s",
-        "trainer_idle_s": "throughput/step_trainer_idle_s",
-        "backend_train_s": "time/step_trainer_s",
-        "rollout_s": "time/step_actor_s",
-        "rollout_idle_s": "throughput/step_actor_idle_s",
-    }
-)
 
 @dataclass(slots=True)
 class StepTimes:
@@ -189,7 +168,7 @@ class TrainMetrics:
         step = totals.minus(self._seen)
         self._seen = totals
         if TRAIN_METRIC_NAMES == "0.5.23":
-            metrics = self._art_0523(batch, new_step, times, totals, step)
+            metrics = self._art_0523(batch, times, totals, step)
             metrics.update(result_metrics)
             metrics.update(self._score(batch, new_step, times, metrics))
             metrics.update(self._queue(new_step))
@@ -205,7 +184,6 @@ class TrainMetrics:
     def _art_0523(
         self,
         batch: Sequence[Delivered],
-        new_step: int,
         times: StepTimes,
         totals: _Totals,
         step: _Totals,
@@ -277,7 +255,8 @@ class TrainMetrics:
         ages = [
             float(new_step - version)
             for version in (
-                item.mean_version if mean_bound is not None and item.mean_version is not None
+                item.mean_version
+                if mean_bound is not None and item.mean_version is not None
                 else item.version
                 for item in waiting
             )

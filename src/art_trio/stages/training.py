@@ -142,7 +142,6 @@ class TrainingStage:
     async def _train_until_done(self) -> None:
         max_steps = self.run.settings.shutdown.max_steps
         step = self.run.start_step
-        metrics = self._metrics
         # Counted by the trainer itself, not read off the backend's step (which is checked
         # too, see `checked_step`): max_steps bounds the number of train calls whatever the
         # backend reports.
@@ -154,7 +153,7 @@ class TrainingStage:
                 return
             prepared = await self._prepare(batch)
             if prepared is not None:
-                step = await self._train_step(batch, step, step_started, metrics, prepared)
+                step = await self._train_step(batch, step, step_started, prepared)
                 steps_done += 1
             if batch.source_ended and not self.ready:
                 return
@@ -362,7 +361,6 @@ class TrainingStage:
         batch: CollectedBatch,
         current_step: int,
         step_started: float,
-        metrics: TrainMetrics,
         prepared: dict[str, float],
     ) -> int:
         expected = current_step + 1
@@ -386,7 +384,7 @@ class TrainingStage:
             try:
                 result = await self.run.bridge.call(
                     train_and_log, self.run, batch, groups, expected, eval_this_step,
-                    step_started, metrics, prepared, clock,
+                    step_started, self._metrics, prepared, clock,
                 )
             except BaseException as exc:
                 # Noted first: an observer raising on the event must not replace this error.
@@ -486,9 +484,8 @@ class TrainingStage:
             return
         held = self.held_zero_variance[:MAX_DISCARDED_GROUPS_LOGGED]
         self.held_zero_variance.clear()
-        ctx = self.run
         with self.run.calls.track("training", "model.log (discarded groups)"):
-            await ctx.bridge.call(ctx.model.log, held, split="discarded", step=step)
+            await self.run.bridge.call(self.run.model.log, held, split="discarded", step=step)
 
     def _stale_for(self, step: int) -> Callable[[Delivered], bool]:
         """Whether a group is too old for the batch trained from `step`."""

@@ -244,7 +244,7 @@ def _resolved(settings: Mapping[str, Any], group_of: Mapping[str, str]) -> Pipel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the trainer warns itself
         return resolve_settings(
-            spelled, model=None, pipeline=settings.get("pipeline"), autotune=None,
+            spelled, pipeline=settings.get("pipeline"), autotune=None,
             rollout_executor=None, eval_step_0=bool(settings.get("eval_step_0", True)),
         )
 
