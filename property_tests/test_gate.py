@@ -27,14 +27,10 @@ from hypothesis.stateful import (
 
 from art_trio.admission import MeasuredSnapshot, StalenessAwareAdmission
 from art_trio.policy.admission import AdmissionPolicy, EagerAdmission
-from art_trio.policy.batching import (
-    Freshness,
-    group_initial_version,
-    is_zero_variance,
-    stamp_policy_versions,
-)
+from art_trio.policy.batching import Freshness, is_zero_variance, stamp_policy_versions
 from art_trio.policy.gate import PolicyGate
 from art_trio.testing.checks import expect
+from art_trio.testing.doubles import group_initial_version
 
 #: The `admission=` modes by name.
 ADMISSION_MODES = ("staleness_aware", "eager")

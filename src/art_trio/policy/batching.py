@@ -116,10 +116,11 @@ def newest_version(versions: Iterable[int | None]) -> int | None:
 
 
 def future_policy_error(
-    newest: int, trainer_version: int, *, scenario_index: int, context: str = ""
-) -> FuturePolicyError:
-    """The error for a group whose newest token version (`newest`) is ahead of the trainer's
-    policy."""
+    newest: int | None, trainer_version: int, *, scenario_index: int, context: str = ""
+) -> FuturePolicyError | None:
+    """The error for a group whose newest token version is ahead of the trainer's policy."""
+    if newest is None or newest <= trainer_version:
+        return None
     return FuturePolicyError(
         f"Trajectory tokens came from a future policy: policy={newest}, "
         f"trainer={trainer_version} (scenario index {scenario_index}{context}). A trajectory's "

@@ -401,10 +401,10 @@ class RolloutStage:
         trainer_version = run.gate.next_training_step if run.in_flight_updates else (
             run.gate.policy_version
         )
-        if newest is not None and newest > trainer_version:
-            future = future_policy_error(
-                newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
-            )
+        future = None if newest is None or newest <= trainer_version else future_policy_error(
+            newest, trainer_version, scenario_index=index, context=scenario_context(scenario)
+        )
+        if future is not None:
             # The run stops; the scenario is neither trained nor resolved.
             run.observers.note_failure(future)
             run.fates.settle(Fate.DROPPED_AT_STOP, index, rollout_s=wall)
