@@ -218,8 +218,11 @@ class SlowStartBackend(RecordingBackend):
         loop, event = self._wake
         try:
             loop.call_soon_threadsafe(event.set)
-        except RuntimeError:
-            pass  # a stop ended the run and closed its loop first: nothing waits any more
+        except (RuntimeError, AttributeError):
+            # A stop ended the run and closed its loop first: nothing waits any more. asyncio's
+            # closed loop raises RuntimeError; trio-asyncio's, whose trio token is gone by
+            # then, AttributeError.
+            pass
 
 
 def _during_start_up(
