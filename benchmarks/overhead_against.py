@@ -36,7 +36,7 @@ def run_child(tree: Path, kind: str, workload: str, seed: int) -> dict[str, floa
         spec_path, out_path = Path(scratch, "spec.json"), Path(scratch, "out.json")
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-        env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+        env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # as the bench runner's children
         child = tree / "src" / "art_trio" / "bench" / "child.py"
         done = subprocess.run(
             [sys.executable, str(child), str(spec_path), str(out_path)],

@@ -255,8 +255,7 @@ class TrainMetrics:
         ages = [
             float(new_step - version)
             for version in (
-                item.mean_version
-                if mean_bound is not None and item.mean_version is not None
+                item.mean_version if mean_bound is not None and item.mean_version is not None
                 else item.version
                 for item in waiting
             )
