@@ -29,8 +29,9 @@ HERE = Path(__file__).resolve().parents[1]
 PATHS = ("trio", "asyncio")
 
 
-def run_child(tree: Path, kind: str, workload: str, seed: int) -> dict[str, float]:
-    """One run of `workload` at `seed` by `tree`'s benchmark child, in a fresh process."""
+def run_child(label: str, tree: Path, kind: str, workload: str, seed: int) -> dict[str, float]:
+    """One run of `workload` at `seed` by `tree`'s benchmark child, in a fresh process; the arm
+    is named `label` if it fails."""
     spec = {"kind": kind, "workload": workload, "overrides": {"seed": seed}, "points": [{}]}
     with tempfile.TemporaryDirectory() as scratch:
         spec_path, out_path = Path(scratch, "spec.json"), Path(scratch, "out.json")
@@ -43,10 +44,10 @@ def run_child(tree: Path, kind: str, workload: str, seed: int) -> dict[str, floa
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         if done.returncode != 0 or not out_path.exists():
-            sys.exit(f"{tree.name} {kind} {workload} seed {seed} failed:\n{done.stderr[-2000:]}")
+            sys.exit(f"{label}, {workload} seed {seed} failed:\n{done.stderr[-2000:]}")
         result = json.loads(out_path.read_text())[0]
     if "error" in result:
-        sys.exit(f"{tree.name} {kind} {workload} seed {seed}: {result['error']}")
+        sys.exit(f"{label}, {workload} seed {seed}: {result['error']}")
     report = result.get("report", result)
     return {"groups_per_s": report["groups_per_s"], "cpu_us": report["cpu_us_per_group"]}
 
@@ -60,10 +61,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         older = Path(scratch, "older")
-        subprocess.run(
+        added = subprocess.run(
             ["git", "-C", str(HERE), "worktree", "add", "--detach", str(older), args.revision],
-            check=True, capture_output=True,
+            capture_output=True, text=True, check=False,
         )  # fmt: skip
+        if added.returncode != 0:
+            sys.exit(f"no worktree of {args.revision!r}: {added.stderr.strip()}")
         try:
             arms = [("ART", HERE, "art")] + [
                 (f"{name} {path}", tree, path)
@@ -74,7 +77,7 @@ def main() -> None:
                 figures: dict[str, list[dict[str, float]]] = defaultdict(list)
                 for seed in range(args.seeds):
                     for label, tree, kind in arms:
-                        figures[label].append(run_child(tree, kind, workload, seed))
+                        figures[label].append(run_child(label, tree, kind, workload, seed))
                 report(workload, args.seeds, figures)
         finally:
             subprocess.run(
