@@ -29,7 +29,10 @@ from perf_gate import BASELINE, OVERHEAD, SCHEDULING, Figures, medians  # noqa: 
 
 ROOT = Path(__file__).parent.parent
 #: The documents the tables are written into.
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "agent-task.md", ROOT / "docs" / "real-model.md")
+DOCUMENTS = (
+    ROOT / "README.md", ROOT / "docs" / "agent-task.md", ROOT / "docs" / "real-model.md",
+    ROOT / "docs" / "results.md",
+)
 #: Saved real-model runs, one table each.
 LLM_RESULTS = Path(__file__).parent / "results"
 
