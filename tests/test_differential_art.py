@@ -348,3 +348,22 @@ def test_arts_trainer_resumes_a_run_that_art_trio_started(tmp_path: Path) -> Non
     assert everything - set(trained) == set()
     # ART evaluates the step it resumes at (3) and restarts its schedule there.
     assert theirs.eval_steps[:3] == [0, 2, 3]
+
+
+def test_art_trio_then_art_then_art_trio_trains_nothing_twice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """art_trio's own snapshot is older than ART's record after ART trained in between: the
+    third run resumes from ART's record, not from the snapshot (which would train again what
+    ART trained)."""
+    backend = DifferentialBackend()
+    run_art_trio(tmp_path, "trio", backend, max_steps=2)
+    theirs = run_art(tmp_path, backend, max_steps=4)
+    arts = trained_scenarios(backend)[4:]
+    assert arts and theirs.steps[-1] > 2
+    with caplog.at_level("WARNING", logger="art_trio"):
+        ours = run_art_trio(tmp_path, "trio", backend)
+    assert ours.steps[-1] > theirs.steps[-1]
+    trained = trained_scenarios(backend)
+    assert sorted(sid for sid in set(trained) if trained.count(sid) > 1) == []
+    assert "another trainer (ART's) ran on this directory since" in caplog.text

@@ -29,9 +29,15 @@ from ..plumbing.progress import PIPELINE_STATE_KEY
 from . import files
 from .files import JOURNAL_ADVICE, JOURNAL_FILE, SIDECAR_FILE
 from .lock import RunLock
-from .state import PipelineState, _count
+from .state import TALLY_FIELDS, PipelineState, _count
 
 logger = logging.getLogger("art_trio")
+
+#: The fields ART's trainer writes into state.json's record (0.5.20+ adds the tallies).
+ART_FIELDS = (
+    "scenario_offset", "total_scenarios_consumed", "training_step", "last_eval_step",
+    "completed_eval_steps", *TALLY_FIELDS,
+)
 
 SNAPSHOT_EVERY = 200
 """Journal records between two snapshots: bounds the journal's size and the replay on resume."""
@@ -94,8 +100,9 @@ class StateStore:
         """The last persisted state, or None for a fresh run.
 
         Prefers art_trio's own snapshot and journal; falls back to `state.json`'s
-        `_pipeline_trainer` (a run started by ART's trainer). A torn `state.json` is rebuilt
-        so ART can read it again. Raises StateFileError naming the file if a file is
+        `_pipeline_trainer` (a run started by ART's trainer), and takes ART's fields from it
+        where it is at a later training step (ART's trainer ran since). A torn `state.json`
+        is rebuilt so ART can read it again. Raises StateFileError naming the file if a file is
         malformed, and ForeignStateError if it was written by another run.
         """
         self._remove_torn_temporaries()
@@ -164,7 +171,37 @@ class StateStore:
             except StateFileError as exc:
                 raise StateFileError(f"{exc}. {JOURNAL_ADVICE}") from None
             self._seq = record["seq"]
-        return state
+        return self._newest(state, mirror)
+
+    def _newest(self, state: PipelineState | None, mirror: Any) -> PipelineState | None:
+        """`state` (this store's snapshot and journal), or, where state.json's record is at a
+        later training step, that record's run.
+
+        Every art_trio run snapshots at its start and end, mirror included, and its steps only
+        move forward from there: a later record was written by another trainer since (ART's,
+        which merges its fields into the key), from the scenarios it drew on. ART's fields are
+        taken from it; this store's own (resolved scenarios, a pending or unsaved batch, all
+        from before ART's steps) still hold. Evals left pending here were ART's to run: its
+        record says which it completed.
+        """
+        if not self._has_sidecar or state is None or not _later_step(mirror, state):
+            return state
+        logger.warning(
+            "%s records training step %s, past step %s of %s: another trainer (ART's) ran on "
+            "this directory since; resuming from its record",
+            self.art_state_path, mirror["training_step"], state.training_step,
+            self.sidecar_path.name,
+        )
+        where = f"{self.art_state_path} key {PIPELINE_STATE_KEY!r}"
+        ours = state.to_json()
+        newer = {**ours, **{k: mirror[k] for k in ART_FIELDS if k in mirror}}
+        newer["pending_eval_steps"] = []
+        try:
+            for key in TALLY_FIELDS:  # ART 0.5.18 leaves them as this store last wrote them
+                newer[key] = max(_count(newer, key, where, 0), ours[key])
+            return PipelineState.from_json(newer, where=where)
+        except StateFileError as exc:
+            raise StateFileError(f"{exc}. {_MIRROR_ADVICE}") from None
 
     def _belongs(self, record: dict[str, Any], epoch: str | None, has_snapshot: bool) -> bool:
         """Whether a journal record follows the snapshot read (and is newer than it)."""
@@ -453,6 +490,14 @@ class StateStore:
                 f"{self.sidecar_path} is not a valid UTF-8 JSON object ({exc}). "
                 + _SIDECAR_ADVICE
             ) from exc
+
+
+def _later_step(mirror: Any, state: PipelineState) -> bool:
+    """Whether `mirror` (state.json's record) is at a later training step than `state`."""
+    step = mirror.get("training_step") if isinstance(mirror, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        return False
+    return state.training_step is None or step > state.training_step
 
 
 _SIDECAR_ADVICE = (
