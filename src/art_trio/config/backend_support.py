@@ -34,8 +34,6 @@ def check_backend_support(backend: Any, model: Any, settings: PipelineSettings) 
         (training.loss_fn not in {"cispo", "ppo"},
          "only supports loss_fn='cispo' or loss_fn='ppo'."),
         (training.loss_fn_config is not None, "requires loss_fn_config=None."),
-        # The reference (0.5.17) refuses this; ART 0.5.18 dropped the check.
-        (not training.normalize_advantages, "requires normalize_advantages=True."),
         (training.adam_params is not None, "requires adam_params=None."),
     ]
     for refused, requirement in refusals:
