@@ -163,3 +163,74 @@ async def test_a_one_shot_source_remembers_what_it_skipped_when_a_stop_cut_its_p
             await trio.testing.wait_all_tasks_blocked()
             taking.close()
     assert cursor.read == 2  # "a" and the skipped "b": the iterator stands at index 2
+
+
+def test_a_stop_landing_as_a_pull_completes_keeps_its_scenario_for_the_next_call() -> None:
+    """The stop's cancellation reaches the taker in the step that completes its pull: the
+    scenario pulled is the next take's (the next `train()` call's), neither dropped nor its
+    index given to the scenario after it."""
+    import anyio
+
+    from art_trio.plumbing.bridge.calls import open_bridge
+    from art_trio.plumbing.progress import RunProgress
+    from art_trio.plumbing.source import ScenarioCursor, ScenarioSource
+    from art_trio.resume.scenarios import ScenarioLedger
+
+    async def main() -> None:
+        taker: asyncio.Future[Any] | None = None
+
+        async def source() -> AsyncIterator[int]:
+            for i in range(4):
+                if i == 2:
+                    assert taker is not None
+                    taker.cancel()  # as the stop does, while this pull completes
+                yield i
+
+        cursor = ScenarioCursor(source())
+        state = RunProgress(ledger=ScenarioLedger())
+        async with open_bridge() as bridge:
+            first = ScenarioSource(cursor, state, bridge)
+            assert [await first.take(), await first.take()] == [(0, 0), (1, 1)]
+            taker = asyncio.ensure_future(first.take())
+            try:
+                await taker
+            except asyncio.CancelledError:
+                pass
+            assert cursor.pull is not None and cursor.pull.done()
+            again = ScenarioSource(cursor, state, bridge)  # the next train() call's
+            # What the first call took and did not resolve first, then the pulled one.
+            taken = [await again.take() for _ in range(5)]
+            assert taken == [(0, 0), (1, 1), (2, 2), (3, 3), None]
+
+    anyio.run(main, backend="asyncio")
+
+
+def test_a_generator_closed_after_a_pull_completed_is_refused_not_taken_for_its_end() -> None:
+    """Under trio with no loop of the host's, a pull can complete as the stop comes, and then
+    the call's closing loop finalizes the generator: the next call must refuse it, not hand
+    out the one pulled scenario and take the closed generator for the source's end."""
+    import anyio
+    import pytest
+
+    from art_trio import ScenarioSourceClosed
+    from art_trio.plumbing.source import ScenarioCursor
+    from art_trio.resume.scenarios import ScenarioLedger
+
+    async def main() -> None:
+        async def source() -> AsyncIterator[int]:
+            for i in range(4):
+                yield i
+
+        generator = source()
+
+        async def pull() -> int:
+            return await generator.__anext__()
+
+        cursor = ScenarioCursor(generator)
+        cursor.pull = asyncio.ensure_future(pull())
+        await cursor.pull
+        await generator.aclose()  # as the closing loop finalizes it
+        with pytest.raises(ScenarioSourceClosed, match="closed after 0 scenarios"):
+            cursor.start(ScenarioLedger())
+
+    anyio.run(main, backend="asyncio")

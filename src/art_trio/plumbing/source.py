@@ -87,8 +87,12 @@ class ScenarioCursor(Generic[T]):
         look exhausted, and the run would end early with the rest of its scenarios unread."""
         source = self.scenarios
         pull = self.pull
-        if pull is not None and pull.done() and not pull.cancelled():
-            return  # what it pulled (a scenario, the end, an error) is the next take's
+        if pull is not None and pull.done() and not pull.cancelled() and (
+            pull.exception() is not None or pull.result() is _END
+        ):
+            return  # the source's end or error, pulled before it closed: the next take's
+        # (A scenario pulled before it closed is not enough to go on from: after it the
+        # closed generator would look exhausted.)
         if inspect.isasyncgen(source) and source.ag_frame is None and not self.exhausted:
             raise ScenarioSourceClosed(
                 f"train() was called again on this trainer, but its scenarios' async "
@@ -162,7 +166,9 @@ class ScenarioSource(Generic[T]):
             try:
                 item = await asyncio.shield(pulling)
             except BaseException:
-                if pulling.done():  # the source raised, or its loop closed: pull afresh
+                # The source raised, or its loop closed: pull afresh. A pull that completed
+                # as the stop came stays the next take's.
+                if pulling.done() and (pulling.cancelled() or pulling.exception()):
                     cursor.pull = None
                 raise
             cursor.pull = None
