@@ -10,13 +10,15 @@ exception raised at the emit site, as it used to be) is caught by the same check
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, get_args
 
+import anyio
 import art
 import pytest
 
 import art_trio.messages.events
-from art_trio import PipelineTrainer, RunEvent, ScenarioSettled
+from art_trio import PipelineTrainer, RunEvent, ScenarioSettled, StepTrained
 from art_trio.messages.events import Observers, RolloutStarted
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
@@ -204,3 +206,34 @@ async def test_the_check_catches_an_observer_raising_at_the_emit_site(
     kind = getattr(art_trio.messages.events, name)
     broken = await _run_with_raising_observer(model, backend, kind, 1)
     assert broken is not None, f"the mutant raising on {name} was not caught"
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+def test_keyboard_interrupt_or_system_exit_from_an_observer_is_raised_once_by_train(
+    model: art.TrainableModel, backend: RecordingBackend, loop: str,
+    kind: type[BaseException],
+) -> None:
+    """It ends the run as an observer's error does (state saved, every taken scenario one
+    fate) and `train()` raises it as itself; the program that catches it goes on. Raised on
+    in an asyncio task it would also have ended `anyio.run`'s loop a second time."""
+
+    def observer(event: RunEvent) -> None:
+        if isinstance(event, StepTrained) and event.step == 1:
+            raise kind("from an observer")
+
+    async def main() -> str:
+        trainer = _trainer(model, backend, MAX_STEPS)
+        trainer.add_observer(observer)
+        try:
+            await trainer.train(handle_signals=False)
+        except kind as exc:
+            return str(exc)
+        return "train() returned"
+
+    assert anyio.run(main, backend=loop) == "from an observer"  # and nothing else raised
+    assert len(backend.calls) == 1
+    resumed = _trainer(model, backend, MAX_STEPS)
+    anyio.run(functools.partial(resumed.train, handle_signals=False), backend=loop)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert len(trained) == len(set(trained)) and len(backend.calls) == 1 + MAX_STEPS

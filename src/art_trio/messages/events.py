@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .errors import _BaseExceptionEscaped
 from .values import Fate, cheap_init
 
 logger = logging.getLogger("art_trio")
@@ -363,7 +364,10 @@ class Observers:
         for callback in self._users:
             try:
                 callback(event)
-            except Exception as exc:
+            except (Exception, KeyboardInterrupt, SystemExit) as raised:
+                # Raised on in an asyncio task, KeyboardInterrupt and SystemExit would end the
+                # event loop itself: carried as a callback's are (`train()` raises the original).
+                exc = raised if isinstance(raised, Exception) else _BaseExceptionEscaped(raised)
                 failure = self.failure
                 if failure is None or failure is exc:
                     self._first(callback, event, exc)
