@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from art_trio import PipelineTrainer
 from tests.doubles import asyncio_rollout, scenarios
 
@@ -234,3 +236,29 @@ def test_a_generator_closed_after_a_pull_completed_is_refused_not_taken_for_its_
             cursor.start(ScenarioLedger())
 
     anyio.run(main, backend="asyncio")
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_a_plain_iterator_raising_asyncio_cancelled_error_fails_the_run_naming_it(
+    model: Any, backend: Any, loop: str
+) -> None:
+    """A plain iterator's `next` cannot be cancelled by the trainer: its CancelledError is
+    its own, and under asyncio it ended the run as if cancelled, silently."""
+    import functools
+
+    import anyio
+
+    from art_trio import AsyncioTaskCancelled
+
+    def source() -> Any:
+        yield from scenarios(4)
+        raise asyncio.CancelledError("the queue client gave up")
+
+    trainer = PipelineTrainer(
+        model, backend, asyncio_rollout, source(), None, min_batch_size=2, max_batch_size=2
+    )
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(AsyncioTaskCancelled, match=r"<locals>.source raised asyncio.CancelledError"),
+        flatten_subgroups=True,
+    ):
+        anyio.run(functools.partial(trainer.train, handle_signals=False), backend=loop)

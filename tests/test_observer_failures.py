@@ -9,6 +9,7 @@ exception raised at the emit site, as it used to be) is caught by the same check
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 from typing import Any, get_args
@@ -18,7 +19,7 @@ import art
 import pytest
 
 import art_trio.messages.events
-from art_trio import PipelineTrainer, RunEvent, ScenarioSettled, StepTrained
+from art_trio import AsyncioTaskCancelled, PipelineTrainer, RunEvent, ScenarioSettled, StepTrained
 from art_trio.messages.events import Observers, RolloutStarted
 from tests.doubles import RecordingBackend, asyncio_rollout, scenarios, trajectory
 
@@ -237,3 +238,23 @@ def test_keyboard_interrupt_or_system_exit_from_an_observer_is_raised_once_by_tr
     anyio.run(functools.partial(resumed.train, handle_signals=False), backend=loop)
     trained = [i for call in backend.calls for i in call.scenario_ids]
     assert len(trained) == len(set(trained)) and len(backend.calls) == 1 + MAX_STEPS
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_an_observer_raising_asyncio_cancelled_error_fails_the_run_naming_it(
+    model: art.TrainableModel, backend: RecordingBackend, loop: str
+) -> None:
+    """Nothing cancels a synchronous observer, so its CancelledError is its own: under
+    asyncio it read as the run being cancelled, and `train()` returned as if done."""
+
+    def observer(event: RunEvent) -> None:
+        if isinstance(event, StepTrained) and event.step == 1:
+            raise asyncio.CancelledError("from an observer")
+
+    trainer = _trainer(model, backend, MAX_STEPS)
+    trainer.add_observer(observer)
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(AsyncioTaskCancelled, match=r"<locals>.observer raised asyncio.CancelledError")
+    ):
+        anyio.run(functools.partial(trainer.train, handle_signals=False), backend=loop)
+    assert len(backend.calls) == 1

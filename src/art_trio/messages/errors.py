@@ -22,6 +22,7 @@ This module is the bottom layer: it imports nothing from art_trio. (The stall wa
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 
@@ -158,6 +159,29 @@ class _BaseExceptionEscaped(Exception):
     def __init__(self, original: BaseException) -> None:
         super().__init__(f"{type(original).__name__} raised in a callback: {original}")
         self.original = original
+
+
+def self_cancelled(fn: object) -> AsyncioTaskCancelled:
+    """The error for asyncio code `fn` that raised asyncio.CancelledError of its own."""
+    return AsyncioTaskCancelled(
+        f"{getattr(fn, '__qualname__', fn)!s} raised asyncio.CancelledError while the trainer "
+        "was not cancelling it (the code cancelled itself)"
+    )
+
+
+def sync_callback_error(raised: BaseException, fn: object) -> Exception:
+    """What a synchronous user callback's exception (an observer, a plain iterator's `next`)
+    travels through the stages as. No cancellation of the trainer's reaches code that does
+    not await, so whatever it raises is its own: an Exception as itself; KeyboardInterrupt and
+    SystemExit (and any other BaseException) as `_BaseExceptionEscaped`, since raised on in an
+    asyncio task they would end the event loop (`train()` raises the original); and
+    asyncio.CancelledError as `AsyncioTaskCancelled`, which would otherwise read as the run
+    being cancelled and end it silently."""
+    if isinstance(raised, Exception):
+        return raised
+    if isinstance(raised, asyncio.CancelledError):
+        return self_cancelled(fn)
+    return _BaseExceptionEscaped(raised)
 
 
 class _LoopClosed(RuntimeError):

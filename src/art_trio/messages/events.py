@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import _BaseExceptionEscaped
+from .errors import sync_callback_error
 from .values import Fate, cheap_init
 
 logger = logging.getLogger("art_trio")
@@ -364,10 +364,8 @@ class Observers:
         for callback in self._users:
             try:
                 callback(event)
-            except (Exception, KeyboardInterrupt, SystemExit) as raised:
-                # Raised on in an asyncio task, KeyboardInterrupt and SystemExit would end the
-                # event loop itself: carried as a callback's are (`train()` raises the original).
-                exc = raised if isinstance(raised, Exception) else _BaseExceptionEscaped(raised)
+            except BaseException as raised:  # (a synchronous call: all of it is the observer's)
+                exc = sync_callback_error(raised, callback)
                 failure = self.failure
                 if failure is None or failure is exc:
                     self._first(callback, event, exc)

@@ -11,8 +11,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ..messages.errors import ScenarioSourceClosed, _BaseExceptionEscaped
-from .bridge.calls import Bridge, is_native, trio_native
+from ..messages.errors import ScenarioSourceClosed, sync_callback_error
+from .bridge.calls import Bridge, callable_name, is_native, trio_native
 from .progress import RunProgress, ScenarioBook
 
 T = TypeVar("T")
@@ -174,6 +174,8 @@ class ScenarioSource(Generic[T]):
             cursor.pull = None
             return item
 
+        # What an error about the pull names (asyncio code cancelling itself): the source.
+        pull_through_a_stop.__qualname__ = f"the scenario source {callable_name(iterator)}"
         return await self._bridge.call(pull_through_a_stop)
 
     def give_back(self, index: int, scenario: T) -> None:
@@ -210,9 +212,11 @@ class ScenarioSource(Generic[T]):
         while not (self._cursor.exhausted or self.closed):
             try:
                 item = next(iterator, _END)
-            except (KeyboardInterrupt, SystemExit) as exc:
-                # As from any callback: end the run cleanly, then re-raise (see bridge.py).
-                raise _BaseExceptionEscaped(exc) from exc
+            except BaseException as raised:  # (a synchronous call: all of it is the source's)
+                exc = sync_callback_error(raised, iterator)
+                if exc is raised:
+                    raise
+                raise exc from raised
             taken = self._number(item)
             if taken is not None:
                 return taken

@@ -33,7 +33,12 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-from ...messages.errors import AsyncioTaskCancelled, CallbackNotAwaitable, _BaseExceptionEscaped
+from ...messages.errors import (
+    AsyncioTaskCancelled,
+    CallbackNotAwaitable,
+    _BaseExceptionEscaped,
+    self_cancelled,
+)
 from .blocking import DaemonExecutor, default_executor_of, report_abandoned
 from .loop import (
     can_run_in_batches,
@@ -75,7 +80,8 @@ def is_native(fn: object) -> bool:
         return False
 
 
-def _name(fn: object) -> str:
+def callable_name(fn: object) -> str:
+    """How an error names the user's callable (or iterator)."""
     plain = fn.func if isinstance(fn, functools.partial) else fn
     return str(getattr(plain, "__qualname__", None) or type(plain).__qualname__)
 
@@ -100,7 +106,7 @@ async def await_callback(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
 
 def _not_awaitable(fn: object, result: object) -> CallbackNotAwaitable:
     return CallbackNotAwaitable(
-        f"{_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
+        f"{callable_name(fn)} returned {type(result).__name__}, which cannot be awaited; the "
         "trainer awaits every rollout_fn and eval_fn call, so make it an `async def` "
         "(or have it return a coroutine)"
     )
@@ -116,13 +122,6 @@ def _own_asyncio_cancellation() -> bool:
     except RuntimeError:
         return False
     return task is None or task.cancelling() > 0
-
-
-def _self_cancelled(fn: object, exc: BaseException) -> AsyncioTaskCancelled:
-    return AsyncioTaskCancelled(
-        f"{getattr(fn, '__qualname__', fn)!s} raised asyncio.CancelledError while the trainer "
-        "was not cancelling it (asyncio code cancelled itself)"
-    )
 
 
 class Bridge:
@@ -190,7 +189,7 @@ class Bridge:
     def _replacement(self, fn: object, exc: BaseException) -> BaseException | None:
         """The error to raise instead of `exc` (module docstring), or None to re-raise it."""
         if isinstance(exc, asyncio.CancelledError):
-            return None if self._own_cancellation() else _self_cancelled(fn, exc)
+            return None if self._own_cancellation() else self_cancelled(fn)
         return _BaseExceptionEscaped(exc)
 
     def _own_cancellation(self) -> bool:
