@@ -173,15 +173,16 @@ class BoundedStage:
 def raise_failure(failure: BaseException) -> NoReturn:
     """Raise the stages' failure: KeyboardInterrupt or SystemExit as themselves, else as is.
 
-    A callback's KeyboardInterrupt or SystemExit travelled through the stages as
-    `_BaseExceptionEscaped` (so the run ended cleanly); the caller gets the original, with the
-    stage's note, as if the run had not been in between.
+    A callback's KeyboardInterrupt or SystemExit (or other BaseException) travelled through
+    the stages as `_BaseExceptionEscaped` (so the run ended cleanly); the caller gets the
+    original, with the stage's note, as if the run had not been in between.
     """
     if not isinstance(failure, BaseExceptionGroup):
         raise failure
     for leaf in leaves(failure):
-        original = leaf.original if isinstance(leaf, _BaseExceptionEscaped) else leaf
-        if isinstance(original, (KeyboardInterrupt, SystemExit)):
+        escaped = isinstance(leaf, _BaseExceptionEscaped)
+        original = leaf.original if escaped else leaf
+        if escaped or isinstance(original, (KeyboardInterrupt, SystemExit)):
             for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
                 if note not in getattr(original, "__notes__", []):
                     original.add_note(note)
