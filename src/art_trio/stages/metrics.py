@@ -43,8 +43,8 @@ Tokens carry the version that produced them where the trajectory says so (in-fli
 `policy_token_spans` on served choices, ART 0.5.20+'s `_policy_token_counts`), read by
 `freshness.version_tokens`. Left out: `queue/packed_*`, `time/step_batch_{selection,prepare}_s`
 (ART's packing stage, which art_trio does not have, and which ART logs only when packing);
-`queue/data_plane_*` and `lease_*` (ART's distributed queue); `pipeline_settings/*` (ART logs
-them only under autotuning, which art_trio refuses).
+`queue/data_plane_*` and `lease_*` (ART's distributed queue); `pipeline_settings/*` (ART's
+autotuner's; art_trio's writes its decisions as `autotune/...` rows, see `art_trio.autotune`).
 
 art_trio's own, on both lines (ART's `model.log` files them as `train/art_trio/...`):
 `art_trio/{step,cum}/cancelled_rollouts` (doomed rollouts the gate cancelled),
