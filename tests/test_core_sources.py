@@ -258,7 +258,7 @@ def test_a_plain_iterator_raising_asyncio_cancelled_error_fails_the_run_naming_i
         model, backend, asyncio_rollout, source(), None, min_batch_size=2, max_batch_size=2
     )
     with pytest.RaisesGroup(
-        pytest.RaisesExc(AsyncioTaskCancelled, match=r"<locals>.source raised asyncio.CancelledError"),
+        pytest.RaisesExc(AsyncioTaskCancelled, match=r"source raised asyncio.CancelledError"),
         flatten_subgroups=True,
     ):
         anyio.run(functools.partial(trainer.train, handle_signals=False), backend=loop)

@@ -254,7 +254,7 @@ def test_an_observer_raising_asyncio_cancelled_error_fails_the_run_naming_it(
     trainer = _trainer(model, backend, MAX_STEPS)
     trainer.add_observer(observer)
     with pytest.RaisesGroup(
-        pytest.RaisesExc(AsyncioTaskCancelled, match=r"<locals>.observer raised asyncio.CancelledError")
+        pytest.RaisesExc(AsyncioTaskCancelled, match=r"observer raised asyncio.CancelledError")
     ):
         anyio.run(functools.partial(trainer.train, handle_signals=False), backend=loop)
     assert len(backend.calls) == 1

@@ -721,15 +721,19 @@ async def test_groups_with_no_trajectories_are_not_discarded_without_a_word(
     assert backend.calls == []
 
 
-def test_sigint_during_the_initial_state_load_is_a_clean_stop(
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_initial_state_load_is_a_clean_stop(
     model: art.TrainableModel, backend: RecordingBackend, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, loop: str, signum: signal.Signals,
 ) -> None:
-    """It printed a KeyboardInterrupt nested in two exception groups."""
+    """It printed a KeyboardInterrupt nested in two exception groups under trio; under
+    asyncio a traceback through asyncio.run's own KeyboardInterrupt, and a SIGTERM ended the
+    process: the signals were the trainer's only once its stages ran."""
     real_read = StateStore.read
 
     def read(self: StateStore) -> PipelineState | None:
-        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signum)
         return real_read(self)
 
     monkeypatch.setattr(StateStore, "read", read)
@@ -738,15 +742,19 @@ def test_sigint_during_the_initial_state_load_is_a_clean_stop(
     # one installed (seen once in a full run under load: the SIGINT went to it and the run
     # trained all 3 steps), so it is set here and put back after.
     host = signal.signal(signal.SIGINT, signal.default_int_handler)
+    term = signal.getsignal(signal.SIGTERM)
     try:
         trainer = _trainer(model, backend, max_steps=3)
-        trio.run(functools.partial(trainer.train, handle_signals=True))
+        anyio.run(functools.partial(trainer.train, handle_signals=True), backend=loop)
         assert backend.train_started == 0
         assert "during start-up" in caplog.text
+        assert trainer.stop_signal == signum
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        # Without signal handling the host gets the KeyboardInterrupt itself, not a group.
-        with pytest.raises(KeyboardInterrupt):
-            trio.run(functools.partial(trainer.train, handle_signals=False))
+        assert signal.getsignal(signal.SIGTERM) is term
+        if signum == signal.SIGINT:
+            # Without signal handling the host gets the KeyboardInterrupt itself, not a group.
+            with pytest.raises(KeyboardInterrupt):
+                anyio.run(functools.partial(trainer.train, handle_signals=False), backend=loop)
     finally:
         signal.signal(signal.SIGINT, host)
 

@@ -14,11 +14,12 @@ cancellation of it) leaves the state on disk as it was.
 from __future__ import annotations
 
 import logging
-import signal
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -30,6 +31,7 @@ from ..plumbing.progress import ProgressKeeper, RunProgress
 from ..plumbing.threads import LoopHandle
 from ..run import PipelineRun, RunConfiguration
 from ..stages import StageExtension
+from ..stages.control import stop_start_up_on_signal
 from .compose import admission_policy, progress_keeper, run_extensions
 from .supervision import (
     bridged,
@@ -170,20 +172,34 @@ class TrainSession:
         assert self.keeper is not None  # acquired by train() before this runs
         with anyio.CancelScope() as prepare_scope:
             self.prepare_scope = prepare_scope
+
+            def stopped_by(signum: int) -> None:
+                self.signal = signum
+                prepare_scope.cancel()
+
             try:
-                run = await open_run(bridge, self.trainer, self.keeper)
-            except KeyboardInterrupt:
-                # SIGINT before the control stage took the signals over (reading the state):
-                # with handle_signals, a first SIGINT is a stop, and nothing has started yet.
-                if not self.handle_signals:
-                    raise
-                logger.warning("Shutdown requested (SIGINT) during start-up: nothing was started.")
-                self.signal = signal.SIGINT
+                async with anyio.create_task_group() as signals:
+                    # The signals are the trainer's from here: a first SIGINT or SIGTERM
+                    # during start-up is a stop, and nothing has started yet.
+                    main = threading.current_thread() is threading.main_thread()
+                    if self.handle_signals and main:
+                        await signals.start(stop_start_up_on_signal, stopped_by)
+                    run = await open_run(bridge, self.trainer, self.keeper)
+                    # A signal that came while code that does not yield opened the run is
+                    # heard before the handlers are given up (then it stops the run below).
+                    # Under asyncio it takes three passes of the loop: the self-pipe read,
+                    # the handler's callback, the receiver's wake-up; trio needs one.
+                    for _ in range(4):
+                        await anyio.lowlevel.checkpoint()
+                    signals.cancel_scope.cancel()
             finally:
                 self.prepare_scope = None
         if run is None:
             return None
         self.run = run
+        if self.signal is not None:
+            run.stop.signal = self.signal
+            run.stop.request()
         if self.trainer.settings is not configured:
             run.resize(self.trainer.settings, self.startup_resize_reason)
         if self.stop_before_start is not None:

@@ -180,9 +180,8 @@ def raise_failure(failure: BaseException) -> NoReturn:
     if not isinstance(failure, BaseExceptionGroup):
         raise failure
     for leaf in leaves(failure):
-        escaped = isinstance(leaf, _BaseExceptionEscaped)
-        original = leaf.original if escaped else leaf
-        if escaped or isinstance(original, (KeyboardInterrupt, SystemExit)):
+        original = leaf.original if isinstance(leaf, _BaseExceptionEscaped) else leaf
+        if original is not leaf or isinstance(original, (KeyboardInterrupt, SystemExit)):
             for note in [*getattr(leaf, "__notes__", []), *getattr(failure, "__notes__", [])]:
                 if note not in getattr(original, "__notes__", []):
                     original.add_note(note)

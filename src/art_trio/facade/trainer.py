@@ -240,10 +240,13 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         )
         session = self._session
         if session is not None and not session.loop.in_loop_thread():
-            return session.loop.call(
-                functools.partial(self.resize, **sizes, reason=reason),
-                timeout=DEFAULT_TIMEOUT_S, what="trainer.resize()",
-            )
+            try:
+                return session.loop.call(
+                    functools.partial(self.resize, **sizes, reason=reason),
+                    timeout=DEFAULT_TIMEOUT_S, what="trainer.resize()",
+                )
+            except _LoopClosed:
+                session = None  # the run ended meanwhile: the next one starts with the change
         # The one settings object: the run's while one goes (the next run starts with them).
         self.settings = keywords.resize_settings(
             self.settings, self.rollout_executor, running=bool(session and session.run), **sizes

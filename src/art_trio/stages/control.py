@@ -18,6 +18,7 @@ import math
 import signal
 import threading
 import warnings
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -69,12 +70,48 @@ async def _enforce_grace(stop: StopControl) -> None:
         stop.eval_scope.cancel()
 
 
+def _taken_over() -> dict[signal.Signals, object]:
+    """The stop signals to take over, with the host's handlers to put back: not one the
+    process ignores (a background job started with SIGINT ignored stays deaf to it)."""
+    return {
+        sig: handler for sig in STOP_SIGNALS
+        if (handler := signal.getsignal(sig)) is not signal.SIG_IGN
+    }
+
+
+def _put_back(previous: dict[signal.Signals, object]) -> None:
+    # Exactly what the host had, not the loop's default handlers.
+    for sig, handler in previous.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+async def stop_start_up_on_signal(
+    stop: Callable[[int], None], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """During start-up (before the control stage runs): the first SIGINT or SIGTERM calls
+    `stop(signum)` (which cancels the start-up), and the host's handlers are put back."""
+    previous = _taken_over()
+    try:
+        with anyio.open_signal_receiver(*previous) as received:
+            task_status.started()
+            async for signum in received:
+                logger.warning(
+                    "Shutdown requested (%s) during start-up: nothing was started.",
+                    signal.Signals(signum).name,
+                )
+                stop(signum)
+                return
+    finally:
+        _put_back(previous)
+
+
 async def _receive_signals(
     stop: StopControl, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    previous = _taken_over()
     try:
-        with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
+        with anyio.open_signal_receiver(*previous) as received:
             task_status.started()
             async for signum in received:
                 name = signal.Signals(signum).name
@@ -95,7 +132,4 @@ async def _receive_signals(
                     stop.cancel_everything()
                     return  # leaving restores the host's handlers (see the docstring)
     finally:
-        # Put back exactly what the host had, not the loop's default handlers.
-        for sig, handler in previous.items():
-            if handler is not None and signal.getsignal(sig) is not handler:
-                signal.signal(sig, handler)
+        _put_back(previous)
