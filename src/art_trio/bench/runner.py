@@ -209,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"smaller run (about 3 min on 2 cores): workloads {','.join(QUICK_WORKLOADS)}, {QUICK_STEPS} "
-        f"steps, sweep {','.join(map(str, QUICK_SWEEP_VALUES))} on "
+        help=f"smaller run (about 3 min on 2 cores): workloads {','.join(QUICK_WORKLOADS)}, "
+        f"{QUICK_STEPS} steps, sweep {','.join(map(str, QUICK_SWEEP_VALUES))} on "
         f"{','.join(QUICK_SWEEP_WORKLOADS)}",
     )
     parser.add_argument(
