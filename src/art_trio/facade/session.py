@@ -36,6 +36,7 @@ from .compose import admission_policy, progress_keeper, run_extensions
 from .supervision import (
     bridged,
     close_run,
+    lone_error_raised,
     long_lived_objects_frozen,
     raise_observer_error,
     run_stages,
@@ -178,20 +179,21 @@ class TrainSession:
                 prepare_scope.cancel()
 
             try:
-                async with anyio.create_task_group() as signals:
-                    # The signals are the trainer's from here: a first SIGINT or SIGTERM
-                    # during start-up is a stop, and nothing has started yet.
-                    main = threading.current_thread() is threading.main_thread()
-                    if self.handle_signals and main:
-                        await signals.start(stop_start_up_on_signal, stopped_by)
-                    run = await open_run(bridge, self.trainer, self.keeper)
-                    # A signal that came while code that does not yield opened the run is
-                    # heard before the handlers are given up (then it stops the run below).
-                    # Under asyncio it takes three passes of the loop: the self-pipe read,
-                    # the handler's callback, the receiver's wake-up; trio needs one.
-                    for _ in range(4):
-                        await anyio.lowlevel.checkpoint()
-                    signals.cancel_scope.cancel()
+                with lone_error_raised():
+                    async with anyio.create_task_group() as signals:
+                        # The signals are the trainer's from here: a first SIGINT or SIGTERM
+                        # during start-up is a stop, and nothing has started yet.
+                        main = threading.current_thread() is threading.main_thread()
+                        if self.handle_signals and main:
+                            await signals.start(stop_start_up_on_signal, stopped_by)
+                        run = await open_run(bridge, self.trainer, self.keeper)
+                        # A signal that came while code that does not yield opened the run is
+                        # heard before the handlers are given up (then it stops the run below).
+                        # Under asyncio it takes three passes of the loop: the self-pipe read,
+                        # the handler's callback, the receiver's wake-up; trio needs one.
+                        for _ in range(4):
+                            await anyio.lowlevel.checkpoint()
+                        signals.cancel_scope.cancel()
             finally:
                 self.prepare_scope = None
         if run is None:

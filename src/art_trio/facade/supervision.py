@@ -208,6 +208,17 @@ def _distinct(errors: Iterable[BaseException]) -> list[Exception]:
     return list(seen.values())
 
 
+@contextmanager
+def lone_error_raised() -> Iterator[None]:
+    """A task group's one exception raised as itself: the group around it says nothing."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
 def leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
     """The exceptions in a (nested) exception group, depth first."""
     for exc in group.exceptions:
