@@ -793,3 +793,22 @@ async def test_after_a_second_signal_the_hosts_handlers_are_back(
         release = True
     assert trainer._session is None
     assert backend.calls == []
+
+
+@pytest.mark.parametrize("loop", ["trio", "asyncio"])
+def test_signals_the_process_ignores_stay_ignored(
+    model: art.TrainableModel, backend: RecordingBackend, loop: str
+) -> None:
+    """A background job started with SIGINT (and here SIGTERM) ignored: the trainer does not
+    take them over (under trio, a receiver of no signal at all is refused), and trains."""
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        trainer = _trainer(model, backend, max_steps=2)
+        anyio.run(functools.partial(trainer.train, handle_signals=True), backend=loop)
+        assert backend.train_started == 2
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is (
+            signal.SIG_IGN
+        )
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -92,6 +92,9 @@ async def stop_start_up_on_signal(
     """During start-up (before the control stage runs): the first SIGINT or SIGTERM calls
     `stop(signum)` (which cancels the start-up), and the host's handlers are put back."""
     previous = _taken_over()
+    if not previous:  # both ignored by the process: nothing to hear (trio refuses none)
+        task_status.started()
+        return
     try:
         with anyio.open_signal_receiver(*previous) as received:
             task_status.started()
@@ -110,6 +113,9 @@ async def _receive_signals(
     stop: StopControl, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     previous = _taken_over()
+    if not previous:
+        task_status.started()
+        return
     try:
         with anyio.open_signal_receiver(*previous) as received:
             task_status.started()
