@@ -184,14 +184,15 @@ class TrainSession:
                         # The signals are the trainer's from here: a first SIGINT or SIGTERM
                         # during start-up is a stop, and nothing has started yet.
                         main = threading.current_thread() is threading.main_thread()
-                        if self.handle_signals and main:
+                        hearing = self.handle_signals and main
+                        if hearing:
                             await signals.start(stop_start_up_on_signal, stopped_by)
                         run = await open_run(bridge, self.trainer, self.keeper)
                         # A signal that came while code that does not yield opened the run is
                         # heard before the handlers are given up (then it stops the run below).
                         # Under asyncio it takes three passes of the loop: the self-pipe read,
                         # the handler's callback, the receiver's wake-up; trio needs one.
-                        for _ in range(4):
+                        for _ in range(4 if hearing else 0):
                             await anyio.lowlevel.checkpoint()
                         signals.cancel_scope.cancel()
             finally:
