@@ -124,6 +124,7 @@ class ScenarioSource(Generic[T]):
         self._async: AsyncIterator[T] | None = None
         if isinstance(scenarios, AsyncIterator):
             self._async = scenarios
+            self._source_name = f"the scenario source {callable_name(scenarios)}"
         else:
             self._sync = iter(scenarios)
         self._state = state
@@ -175,7 +176,7 @@ class ScenarioSource(Generic[T]):
             return item
 
         # What an error about the pull names (asyncio code cancelling itself): the source.
-        pull_through_a_stop.__qualname__ = f"the scenario source {callable_name(iterator)}"
+        pull_through_a_stop.__qualname__ = self._source_name
         return await self._bridge.call(pull_through_a_stop)
 
     def give_back(self, index: int, scenario: T) -> None:

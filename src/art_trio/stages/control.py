@@ -18,7 +18,8 @@ import math
 import signal
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 from anyio.abc import TaskStatus
@@ -70,20 +71,31 @@ async def _enforce_grace(stop: StopControl) -> None:
         stop.eval_scope.cancel()
 
 
-def _taken_over() -> dict[signal.Signals, object]:
-    """The stop signals to take over, with the host's handlers to put back: not one the
-    process ignores (a background job started with SIGINT ignored stays deaf to it)."""
-    return {
+@contextmanager
+def _stop_signals() -> Iterator[AsyncIterator[int]]:
+    """SIGINT and SIGTERM as they arrive, taken over from the host and given back on leaving
+    (exactly the host's handlers, not the loop's defaults). Not one the process ignores: a
+    background job started with SIGINT ignored stays deaf to it (with both ignored, nothing
+    arrives; trio refuses a receiver of no signal)."""
+    previous = {
         sig: handler for sig in STOP_SIGNALS
         if (handler := signal.getsignal(sig)) is not signal.SIG_IGN
     }
+    if not previous:
+        yield _nothing()
+        return
+    try:
+        with anyio.open_signal_receiver(*previous) as received:
+            yield received
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
 
 
-def _put_back(previous: dict[signal.Signals, object]) -> None:
-    # Exactly what the host had, not the loop's default handlers.
-    for sig, handler in previous.items():
-        if handler is not None and signal.getsignal(sig) is not handler:
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+async def _nothing() -> AsyncIterator[int]:
+    return
+    yield
 
 
 async def stop_start_up_on_signal(
@@ -91,51 +103,37 @@ async def stop_start_up_on_signal(
 ) -> None:
     """During start-up (before the control stage runs): the first SIGINT or SIGTERM calls
     `stop(signum)` (which cancels the start-up), and the host's handlers are put back."""
-    previous = _taken_over()
-    if not previous:  # both ignored by the process: nothing to hear (trio refuses none)
+    with _stop_signals() as received:
         task_status.started()
-        return
-    try:
-        with anyio.open_signal_receiver(*previous) as received:
-            task_status.started()
-            async for signum in received:
-                logger.warning(
-                    "Shutdown requested (%s) during start-up: nothing was started.",
-                    signal.Signals(signum).name,
-                )
-                stop(signum)
-                return
-    finally:
-        _put_back(previous)
+        async for signum in received:
+            logger.warning(
+                "Shutdown requested (%s) during start-up: nothing was started.",
+                signal.Signals(signum).name,
+            )
+            stop(signum)
+            return
 
 
 async def _receive_signals(
     stop: StopControl, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    previous = _taken_over()
-    if not previous:
+    with _stop_signals() as received:
         task_status.started()
-        return
-    try:
-        with anyio.open_signal_receiver(*previous) as received:
-            task_status.started()
-            async for signum in received:
-                name = signal.Signals(signum).name
-                if not stop.stopping:
-                    grace = stop.grace_seconds
-                    within = "as long as it takes" if math.isinf(grace) else f"up to {grace:g}s"
-                    logger.warning(
-                        "Shutdown requested (%s): finishing in-flight work (%s); send %s "
-                        "again to stop at once.", name, within, name,
-                    )
-                    stop.signal = signum
-                    stop.request()
-                else:
-                    logger.warning(
-                        "Second %s: cancelling everything now (a third %s gets the program's "
-                        "own handler).", name, name,
-                    )
-                    stop.cancel_everything()
-                    return  # leaving restores the host's handlers (see the docstring)
-    finally:
-        _put_back(previous)
+        async for signum in received:
+            name = signal.Signals(signum).name
+            if not stop.stopping:
+                grace = stop.grace_seconds
+                within = "as long as it takes" if math.isinf(grace) else f"up to {grace:g}s"
+                logger.warning(
+                    "Shutdown requested (%s): finishing in-flight work (%s); send %s "
+                    "again to stop at once.", name, within, name,
+                )
+                stop.signal = signum
+                stop.request()
+            else:
+                logger.warning(
+                    "Second %s: cancelling everything now (a third %s gets the program's "
+                    "own handler).", name, name,
+                )
+                stop.cancel_everything()
+                return  # leaving restores the host's handlers (see the docstring)
