@@ -101,12 +101,36 @@ def test_the_same_demo_runs_under_asyncio(tmp_path: Path) -> None:
     assert "Done: 4 steps (to step 4)" in format_summary(result)
 
 
-def test_bad_flags_exit_with_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--steps", "0"]) == 2
-    assert main(["--group-size", "1"]) == 2
-    assert "--group-size must be >= 2" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--loss-fn", "dpo"])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (["--group-size", "1"], "argument --group-size: must be >= 2, got 1"),
+        (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+        (["--learning-rate", "nan"], "argument --learning-rate: must be a finite number > 0"),
+        (["--learning-rate", "inf"], "argument --learning-rate: must be a finite number > 0"),
+        (["--learning-rate", "0"], "argument --learning-rate: must be a finite number > 0"),
+        (["--workers", "two"], "argument --workers: 'two' is not an integer"),
+        (["--loss-fn", "dpo"], "argument --loss-fn: invalid choice"),
+    ],
+)
+def test_bad_flags_exit_with_usage_error(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(flags)
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_output_dir_that_cannot_be_written_is_said_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    in_a_file = tmp_path / "a-file" / "runs"
+    (tmp_path / "a-file").write_text("not a directory")
+    assert main(["--output-dir", str(in_a_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output-dir '{in_a_file}' cannot be written: Not a directory" in err
 
 
 def test_parser_defaults_match_demo_options() -> None:

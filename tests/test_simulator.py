@@ -463,14 +463,34 @@ def test_cli_sweep_with_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ["--plot", "x.png"],
         ["--rollout-latency", "weibull:3"],
         ["--zero-variance", "2"],
+        ["--failure-rate", "nan"],
+        ["--scenarios", "-1"],
+        ["--scenarios", "0"],
+        ["--steps", "0"],
+        ["--target", "2"],
+        ["--target", "0"],
     ],
 )
-def test_cli_usage_errors(extra: list[str]) -> None:
+def test_cli_usage_errors(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from art_trio.sim.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main([*FAST, *extra])
     assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cli_says_in_a_line_that_the_simulated_run_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every rollout failing is the simulation's answer (the trainer gives up as a real one
+    would), not a traceback out of the command."""
+    from art_trio.sim.cli import main
+
+    assert main([*FAST, "--failure-rate", "1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "art-trio simulate: the simulated run failed: 100 rollouts in a row failed" in err
+    assert "Traceback" not in err
 
 
 def test_cli_bad_setting_value_fails_before_running(capsys: pytest.CaptureFixture[str]) -> None:

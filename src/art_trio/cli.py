@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # ART fetches a model price table when imported unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -25,6 +27,44 @@ SUBCOMMANDS = {
     "bench": ("art_trio.bench.runner", "measure art_trio against ART's asyncio trainer"),
     "timeline": ("art_trio.timeline.cli", "draw a recorded run (PNG) and write its Perfetto trace"),
 }
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than `minimum`, refused at parse time with the
+    bound in the message (a bad count must not surface as a traceback minutes later)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def number_in(
+    low: float, high: float = math.inf, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high] (or (low, high] with `low_open`);
+    nan and inf are refused, as no step size or fraction is either."""
+    if high == math.inf:
+        shown = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        shown = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high) or (low_open and value == low):
+            raise argparse.ArgumentTypeError(f"must be a finite number {shown}, got {text}")
+        return value
+
+    return parse
 
 
 def _usage() -> str:

@@ -16,6 +16,7 @@ import difflib
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +30,7 @@ import art  # noqa: E402
 import trio  # noqa: E402
 
 from art_trio import trainable_model  # noqa: E402
+from art_trio.cli import int_at_least, number_in  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
 from .interrupt import Interrupted  # noqa: E402
@@ -88,29 +90,46 @@ def build_parser() -> argparse.ArgumentParser:
             "PipelineTrainer, on the CPU, through a real OpenAI-compatible server."
         ),
     )
-    parser.add_argument("--steps", type=int, default=d.steps, help="training steps to run")
-    parser.add_argument("--workers", type=int, default=d.workers, help="concurrent rollout workers")
     parser.add_argument(
-        "--seed", type=int, default=d.seed, help="seed of the initial policy and sampling"
+        "--steps", type=int_at_least(1), default=d.steps, help="training steps to run"
     )
     parser.add_argument(
-        "--group-size", type=int, default=d.group_size, help="answers per rollout group"
+        "--workers", type=int_at_least(1), default=d.workers, help="concurrent rollout workers"
     )
     parser.add_argument(
-        "--learning-rate", type=float, default=d.learning_rate, help="Adam step size"
+        "--seed",
+        type=int_at_least(0),
+        default=d.seed,
+        help="seed of the initial policy and sampling",
+    )
+    parser.add_argument(
+        "--group-size",
+        # A group of one has no reward variance, so nothing to learn from.
+        type=int_at_least(2),
+        default=d.group_size,
+        help="answers per rollout group (>= 2)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=number_in(0, low_open=True),
+        default=d.learning_rate,
+        help="Adam step size",
     )
     parser.add_argument("--loss-fn", choices=["cispo", "ppo"], default=d.loss_fn)
     parser.add_argument(
-        "--min-batch-size", type=int, default=d.min_batch_size, help="groups per training step"
+        "--min-batch-size",
+        type=int_at_least(1),
+        default=d.min_batch_size,
+        help="groups per training step",
     )
     parser.add_argument(
         "--max-steps-off-policy",
-        type=int,
+        type=int_at_least(0),
         default=d.max_steps_off_policy,
         help="how stale a rollout may be when it is trained on",
     )
     parser.add_argument(
-        "--eval-every", type=int, default=d.eval_every, help="evaluate every N steps"
+        "--eval-every", type=int_at_least(1), default=d.eval_every, help="evaluate every N steps"
     )
     parser.add_argument(
         "--output-dir",
@@ -161,6 +180,18 @@ def model_choice_problem(value: str) -> str | None:
         + " or ".join(repr(name) for name in MODEL_NAMES)
         + ", a .gguf file or a Hugging Face model directory"
     )
+
+
+def output_dir_problem(path: Path) -> str | None:
+    """Why the run cannot write under `path` (None if it can): said before a model loads or a
+    server starts, not as a traceback from the first write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"--output-dir {str(path)!r} cannot be written: {exc.strerror or exc}"
+    return None
 
 
 def _explicit(argv: list[str] | None) -> dict[str, object]:
@@ -368,20 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``art-trio demo``; returns the process exit status."""
     args = build_parser().parse_args(argv)
     options = options_from_args(args)
-    for flag, value, minimum in (
-        ("--steps", options.steps, 1),
-        ("--workers", options.workers, 1),
-        # A group of one has no reward variance, so nothing to learn from.
-        ("--group-size", options.group_size, 2),
-        ("--min-batch-size", options.min_batch_size, 1),
-        ("--max-steps-off-policy", options.max_steps_off_policy, 0),
-        ("--eval-every", options.eval_every, 1),
-    ):
-        if value < minimum:
-            print(f"art-trio demo: {flag} must be >= {minimum}", file=sys.stderr)
-            return 2
-    if options.learning_rate <= 0:
-        print("art-trio demo: --learning-rate must be > 0", file=sys.stderr)
+    problem = output_dir_problem(options.output_dir)
+    if problem is not None:
+        print(f"art-trio demo: {problem}", file=sys.stderr)
         return 2
     if args.task is not None and args.model is None:
         print("art-trio demo: --task needs --model (the numpy demo has one task)", file=sys.stderr)

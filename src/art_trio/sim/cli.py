@@ -32,6 +32,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from art_trio.cli import int_at_least, number_in
+from art_trio.messages.errors import ArtTrioError
 from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
@@ -62,13 +64,6 @@ _SETTING_FLAGS: tuple[tuple[str, str, type, str], ...] = (
 )
 
 
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a probability in [0, 1]")
-    return value
-
-
 def _distribution(text: str) -> Any:
     try:
         return parse_distribution(text)
@@ -81,16 +76,6 @@ def _seconds(text: str) -> float:
         return parse_seconds(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
 def _latency_shift(text: str) -> LatencyShift:
@@ -147,32 +132,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument(
         "--zero-variance",
-        type=_probability,
+        type=number_in(0, 1),
         default=0.0,
         metavar="P",
         help="probability that a group has zero reward variance (default 0)",
     )
     w.add_argument(
         "--failure-rate",
-        type=_probability,
+        type=number_in(0, 1),
         default=0.0,
         metavar="P",
         help="probability that a rollout raises (default 0)",
     )
     w.add_argument(
         "--steps",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help=f"train steps to simulate, the trainer's max_steps (default {DEFAULT_STEPS}, "
         "or until the scenarios run out if --scenarios is given)",
     )
     w.add_argument(
-        "--scenarios", type=int, default=None, help="size of the scenario source (default: endless)"
+        "--scenarios",
+        type=int_at_least(1),
+        default=None, help="size of the scenario source (default: endless)"
     )
     w.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
     w.add_argument(
         "--inference-capacity",
-        type=_positive_int,
+        type=int_at_least(1),
         default=None,
         metavar="N",
         help="rollouts the inference server serves at full speed; with more in flight they "
@@ -224,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--target",
-        type=float,
+        type=number_in(0, 1, low_open=True),
         default=DEFAULT_TARGET,
         help=f"trainer utilization the cheapest setting must keep (default {DEFAULT_TARGET})",
     )
@@ -333,6 +320,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     total = None if spec.steps is None else runs * spec.steps
+    try:
+        return _simulate(spec, grid, args, total, show_progress, runs)
+    except (ArtTrioError, ExceptionGroup) as failed:
+        # The simulated trainer failed as a real one would (every rollout raised, say): that
+        # is the simulation's answer, said in a line, not a crash of the command.
+        errors = _leaves(failed)
+        if not all(isinstance(error, ArtTrioError) for error in errors):
+            raise
+        said = "; ".join(str(error) for error in errors)
+        print(f"art-trio simulate: the simulated run failed: {said}", file=sys.stderr)
+        return 1
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions in an exception group (train() raises a stage's error in one)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _simulate(
+    spec: SimSpec,
+    grid: dict[str, list[Any]],
+    args: argparse.Namespace,
+    total: int | None,
+    show_progress: bool,
+    runs: int,
+) -> int:
     with tqdm(
         total=total,
         unit="step",

@@ -490,12 +490,19 @@ async def _drive(
     started = recorder.train_called_at
     # The event log on the run's own clock: virtual seconds, as a real run's are real ones.
     recording = contextlib.nullcontext() if timeline is None else record_timeline(trainer, timeline)
+    failed: Exception | None = None
     async with anyio.create_task_group() as resizing:
         if spec.resizes:
             resizing.start_soon(_resize_on_schedule, trainer, spec.resizes, started)
         with anyio.move_on_after(limit) as limit_scope, recording:
-            await trainer.train(handle_signals=False)
+            try:
+                await trainer.train(handle_signals=False)
+            except Exception as exc:
+                # Raised below as train() raised it, not grouped by the resizer's task group.
+                failed = exc
         resizing.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
     recorder.train_returned_at = anyio.current_time()
     meter.close(recorder.train_returned_at)
     counters = trainer.last_counters
