@@ -25,7 +25,7 @@ import art
 import pytest
 import trio
 
-from art_trio import PipelineTrainer, Stalled
+from art_trio import PipelineTrainer, ScenarioSourceClosed, Stalled
 from art_trio.plumbing.compat import trainable_model
 from art_trio.resume.store import StateStore
 from art_trio.watchdog import PipelineStalled, StallReport
@@ -185,6 +185,38 @@ async def test_raise_ends_the_run_with_the_report_and_a_retry_resumes_exactly_on
     await again.train(handle_signals=False)
     trained = [i for call in backend.calls for i in call.scenario_ids]
     assert sorted(trained) == list(range(8))  # each scenario trained exactly once
+
+
+async def test_a_hung_scenario_source_is_not_mended_by_a_retry_and_the_message_says_what_is(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """What the message tells a supervisor is true: the same trainer's retry finds the hung
+    generator closed (trio, no host loop), a new trainer with a new source trains the rest."""
+
+    async def hangs_after_four() -> Any:
+        for scenario in scenarios(4):
+            yield scenario
+        await asyncio.Event().wait()  # the source stops yielding, for good
+
+    trainer = _trainer(
+        model, backend, asyncio_rollout, source=hangs_after_four(), stall_seconds=60.0,
+        stall_action="raise",
+    )
+    with pytest.raises(ExceptionGroup) as raised:
+        await trainer.train(handle_signals=False)
+    stalled = raised.value.subgroup(PipelineStalled)
+    assert stalled is not None
+    assert "give a new trainer a new source" in str(stalled.exceptions[0])
+    with pytest.raises(ScenarioSourceClosed):
+        await trainer.train(handle_signals=False)
+
+    async def fresh() -> Any:
+        for scenario in scenarios(8):
+            yield scenario
+
+    await _trainer(model, backend, asyncio_rollout, source=fresh()).train(handle_signals=False)
+    trained = [i for call in backend.calls for i in call.scenario_ids]
+    assert sorted(trained) == list(range(8))  # each once: the new source skipped 0-3
 
 
 # -- an eval that never ends -------------------------------------------------------------------

@@ -127,12 +127,16 @@ class PipelineStalled(ArtTrioError, RuntimeError):
     `report` says where it waits (each stage, the calls and rollouts in flight, the task
     tree); the message is its text. The state was saved as on any failure: a retry of
     `train()` resumes, the batch in a hung `backend.train` settled against the backend's
-    step, so nothing is trained twice or lost.
+    step, so nothing is trained twice or lost. A retry cannot mend a hung scenario source:
+    a one-shot generator is read on from where it hung.
     """
 
     def __init__(self, report: StallReport) -> None:
         self.report = report
         super().__init__(
             f"{report.text()}\nThe run was ended (stall_action='raise'); its state is saved, "
-            "so calling train() again resumes it."
+            "so calling train() again resumes it. If what hung is the scenario source (a "
+            "generator that stopped yielding), a retry waits on that generator again, or "
+            "finds it closed (ScenarioSourceClosed): give a new trainer a new source, and "
+            "the saved state skips what was trained."
         )
