@@ -597,6 +597,37 @@ async def test_a_stop_during_start_up_ends_train_before_anything_runs(
     assert not (_out(model) / SIDECAR_FILE).exists()  # nothing written
 
 
+async def test_a_call_stopped_during_start_up_shows_a_run_that_saw_nothing_not_the_last_one(
+    model: art.TrainableModel, autojump_clock: trio.abc.Clock
+) -> None:
+    """statistics() and last_counters agree after a start-up stop: both describe the call
+    that was stopped (nothing taken, nothing trained), not the call before it."""
+
+    class HeldTheSecondTime(RecordingBackend):
+        hold = False
+
+        async def _get_step(self, model: Any) -> int:
+            if self.hold:
+                await asyncio.Event().wait()
+            return self.step
+
+    backend = HeldTheSecondTime()
+    object.__setattr__(model, "_backend", backend)
+    trainer = _trainer(model, backend, max_steps=2)
+    await trainer.train(handle_signals=False)
+    assert trainer.statistics().trained == 4 and trainer.statistics().steps == 2
+
+    backend.hold = True
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(trainer.train, handle_signals=False))
+            await trio.testing.wait_all_tasks_blocked()
+            trainer.request_stop()
+    after = trainer.statistics()
+    assert (after.taken, after.trained, after.steps, after.running) == (0, 0, 0, False)
+    assert trainer.last_counters is not None and trainer.last_counters.trained == 0
+
+
 @pytest.mark.parametrize("escalate", [False, True], ids=["force", "stop-then-force"])
 async def test_request_stop_force_cancels_a_running_backend_train(
     model: art.TrainableModel,

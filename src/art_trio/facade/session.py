@@ -29,7 +29,7 @@ from ..observation.fates import RunCounters
 from ..plumbing.bridge.calls import Bridge
 from ..plumbing.progress import ProgressKeeper, RunProgress
 from ..plumbing.threads import LoopHandle
-from ..run import PipelineRun, RunConfiguration
+from ..run import PipelineRun, RunConfiguration, compose_statistics
 from ..stages import StageExtension
 from ..stages.control import stop_start_up_on_signal
 from .compose import admission_policy, progress_keeper, run_extensions
@@ -146,8 +146,10 @@ class TrainSession:
         t = self.trainer
         run = await self._open(bridge)
         if run is None:
-            # Stopped during start-up: nothing ran and nothing was written.
+            # Stopped during start-up: nothing ran and nothing was written; what it shows
+            # (counters and statistics alike) is a run that saw no event, not the last one.
             t.last_counters = RunCounters()
+            self.last_statistics = compose_statistics(running=False, settings=t.settings)
             task_status.started()
             return
         try:
