@@ -32,8 +32,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from art_trio import ArtTrioError
 from art_trio.cli import int_at_least, number_in
-from art_trio.messages.errors import ArtTrioError
 from art_trio.sim.inference import LatencyShift
 from art_trio.sim.simulate import (
     DEFAULT_TARGET,
