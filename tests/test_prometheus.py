@@ -146,6 +146,27 @@ def test_bad_port_is_refused_with_its_value(
         _ = PrometheusExporter(trainer, port=0).port
 
 
+def test_bad_intervals_are_refused_and_an_ipv6_url_is_bracketed(
+    model: art.TrainableModel, backend: RecordingBackend
+) -> None:
+    trainer = PipelineTrainer(model, backend, trio_native(lambda *a: None), [], None)
+    with pytest.raises(ValueError, match="min_interval=nan"):
+        PrometheusExporter(trainer, port=0, min_interval=float("nan"))
+    exporter = PrometheusExporter(trainer, host="::1", port=0)
+    for seconds in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="seconds > 0 and finite"):
+            trio.run(exporter.refresh_every, seconds)
+    try:
+        exporter.start()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert exporter.url == f"http://[::1]:{exporter.port}/metrics"
+        assert httpx.get(exporter.url, timeout=10).status_code == 200
+    finally:
+        exporter.close()
+
+
 def test_the_guides_example_runs(model: art.TrainableModel, backend: RecordingBackend) -> None:
     """docs/metrics.md's example, as written but on a free port, with this test's doubles."""
     from pathlib import Path

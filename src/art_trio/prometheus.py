@@ -22,6 +22,7 @@ channel close. Rollouts starting while nothing else happens raise no event: star
 from __future__ import annotations
 
 import errno
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class PrometheusExporter:
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port={port}: a TCP port is 0 (any free one) to 65535")
-        if min_interval < 0:
+        if not min_interval >= 0:  # (nan too: no interval would ever pass)
             raise ValueError(f"min_interval={min_interval}: seconds >= 0")
         self._client = _import_prometheus_client()
         self.trainer = trainer
@@ -144,8 +145,8 @@ class PrometheusExporter:
 
     async def refresh_every(self, seconds: float = 1.0) -> None:
         """Publish a snapshot every `seconds` until cancelled (start it beside the trainer)."""
-        if seconds <= 0:
-            raise ValueError(f"refresh_every({seconds}): seconds > 0")
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"refresh_every({seconds}): seconds > 0 and finite")
         while True:
             self.refresh()
             await anyio.sleep(seconds)
@@ -194,7 +195,9 @@ class PrometheusExporter:
     @property
     def url(self) -> str:
         """The address of the metrics page."""
-        return f"http://{self.host}:{self.port}/metrics"
+        # An IPv6 address is bracketed in a URL (RFC 3986): http://[::1]:9464/metrics.
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
         """Stop serving and stop watching the trainer."""

@@ -15,8 +15,15 @@ Works with any `TracerProvider` and exporter: OTLP to Jaeger, Tempo, Logfire, ..
 
 from __future__ import annotations
 
-from . import names
-from .traced import traced
-from .tracer import RunTracer
+try:
+    import opentelemetry.trace  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        "art_trio.otel needs opentelemetry-api: pip install 'art-trio[otel]'"
+    ) from exc
+
+from . import names  # noqa: E402
+from .traced import traced  # noqa: E402
+from .tracer import RunTracer  # noqa: E402
 
 __all__ = ["RunTracer", "names", "traced"]

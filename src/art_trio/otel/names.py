@@ -18,6 +18,8 @@ STALL = "art_trio.stall"
 SCENARIO = "art_trio.scenario.index"
 LANE = "art_trio.rollout.lane"
 START_VERSION = "art_trio.rollout.start_version"
+#: The run span's policy version it started from (set at the run's first event).
+RUN_POLICY_VERSION = "art_trio.run.policy_version"
 GROUP_VERSION = "art_trio.group.policy_version"
 FATE = "art_trio.rollout.fate"
 SPENT_S = "art_trio.rollout.spent_s"

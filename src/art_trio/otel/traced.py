@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import TracerProvider
 
-from art_trio.timeline.recorder import how_it_ended, run_started_fields
+from art_trio.timeline.recorder import how_it_ended, run_errors, run_started_fields
 
 from .tracer import RunTracer
 
@@ -43,14 +43,19 @@ def traced(
         f"art_trio.run.{key}": value for key, value in started.items() if value is not None
     }
     run_attributes.update(attributes or {})
-    tracer.start(run_attributes, policy_version=started["policy_version"])
+    tracer.start(
+        run_attributes,
+        policy_version=started["policy_version"],
+        read_policy_version=lambda: trainer.statistics().policy_version,
+    )
     remove = trainer.add_observer(tracer)
     outcome, error = "returned", None
     try:
         yield tracer
     except BaseException as exc:
         outcome, _ = how_it_ended(exc)
-        error = exc
+        # train() raises a stage's error in a group: the span records the error itself.
+        error = next(iter(run_errors(exc)), exc)
         raise
     finally:
         remove()

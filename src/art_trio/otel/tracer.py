@@ -67,6 +67,7 @@ class RunTracer:
         self._context: Any = None
         self._lanes = Lanes()
         self._version: int | None = None
+        self._read_version: Callable[[], int] | None = None
         self._published = False
         self._rollouts: dict[int, _Pending] = {}
         self._calls: dict[int, _Pending] = {}
@@ -78,13 +79,29 @@ class RunTracer:
     def run_span(self) -> Span | None:
         return self._run
 
-    def start(self, attributes: dict[str, Any], *, policy_version: int | None = None) -> None:
-        """Open the run's span; rollouts started from now on are its children."""
+    def start(
+        self,
+        attributes: dict[str, Any],
+        *,
+        policy_version: int | None = None,
+        read_policy_version: Callable[[], int] | None = None,
+    ) -> None:
+        """Open the run's span; rollouts started from now on are its children.
+
+        `read_policy_version`, where given, is read at the first event and replaces
+        `policy_version`: the version a run starts from (the backend's step) is known once
+        the run runs, not before `train()` is called."""
         self._run = self._tracer.start_span(n.RUN, attributes=attributes, start_time=self._now())
         self._context = trace.set_span_in_context(self._run)
         self._version = policy_version
+        self._read_version = read_policy_version
 
     def __call__(self, event: RunEvent) -> None:
+        if self._read_version is not None:
+            read, self._read_version = self._read_version, None
+            self._version = read()
+            if self._run is not None:
+                self._run.set_attribute(n.RUN_POLICY_VERSION, self._version)
         kind = type(event)
         handler = self._handlers.get(kind)
         if handler is None:

@@ -19,6 +19,7 @@ import dataclasses
 import enum
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +28,8 @@ from typing import IO, Any
 FORMAT = "art-trio-timeline"
 #: The format's version: the reader refuses versions it does not know.
 VERSION = 1
+#: Buffered lines reach the file at least this often (wall seconds) while events come.
+FLUSH_EVERY_S = 1.0
 
 _ENCODERS: dict[type, Callable[[Any], str]] = {}
 _MEMBERS: dict[enum.Enum, str] = {}
@@ -103,32 +106,46 @@ def _encoder_for(kind: type) -> Callable[[Any], str]:
 class LogWriter:
     """Writes one log: the header at once, then `write(t, name, **fields)` per event.
 
-    Lines are buffered and flushed on `close()`: a process that dies leaves at most a last
-    line cut short, which the reader reports as such.
+    Lines are buffered, and reach the file when a caller marks one (`flush=True`: the
+    recorder marks each step, publish, eval, stall and the run's end), when a second has
+    passed since they last did, and on `close()`. A process killed mid-run leaves a log the
+    reader can draw up to there: it lacks the events since, and perhaps has a last line cut
+    short (which the reader names).
     """
 
     def __init__(self, path: str | Path, *, trainer: str = "art_trio", clock: str = "loop"):
         self.path = Path(path)
         self._file: IO[str] | None = self.path.open("w", encoding="utf-8")
         header = {"format": FORMAT, "version": VERSION, "trainer": trainer, "clock": clock}
-        self._file.write(json.dumps(header) + "\n")
+        try:
+            # On disk at once: a log that cannot be written says so before anything runs.
+            self._file.write(json.dumps(header) + "\n")
+            self._file.flush()
+        except OSError:
+            self.close()
+            raise
+        self._flush_at = time.monotonic() + FLUSH_EVERY_S
 
-    def write(self, t: float, name: str, **fields: Any) -> None:
+    def write(self, t: float, name: str, *, flush: bool = False, **fields: Any) -> None:
         """One line: the time, the event's name and its fields (JSON values)."""
         body = json.dumps({"event": name, **fields}, separators=(",", ":"))[1:-1]
-        self.write_encoded(t, body)
+        self.write_encoded(t, body, flush=flush)
 
-    def write_encoded(self, t: float, body: str) -> None:
-        """One line from `encode_event`'s text."""
+    def write_encoded(self, t: float, body: str, *, flush: bool = False) -> None:
+        """One line from `encode_event`'s text; `flush` sends it (and those before) to the
+        file now."""
         if self._file is None:
             raise ValueError(f"the timeline log {self.path} is closed")
         self._file.write(f'{{"t":{t:.6f},{body}}}\n')
+        if flush or time.monotonic() >= self._flush_at:
+            self._file.flush()
+            self._flush_at = time.monotonic() + FLUSH_EVERY_S
 
     @property
     def closed(self) -> bool:
         return self._file is None
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()

@@ -6,15 +6,20 @@
         await trainer.train()
 
 The recorder is an observer (`trainer.add_observer`): it reads the clock when it hears an
-event and appends a line; it never calls into the run. The `with` block frames the run: its
-start writes `RunStarted` (the policy version and sizes the run starts from), its end writes
-`RunEnded` with how the block ended (returned, raised, cancelled) and closes the file, whatever
-`train()` did.
+event and appends a line; it never calls into the run. The `with` block frames the run:
+`RunStarted` is timed at its start and written with the first event (so it holds the policy
+version the run starts from, which the backend tells the run as it starts, and the sizes in
+force), its end writes `RunEnded` with how the block ended (returned, raised with the error
+`train()` raised inside its group, cancelled) and closes the file, whatever `train()` did.
+
+A log is a diagnosis, never a reason to stop training: a write that fails (a full disk) is
+warned about once, and the recorder stops recording.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,41 +53,106 @@ def loop_clock() -> Callable[[], float]:
 
 
 def how_it_ended(exc: BaseException | None) -> tuple[str, str | None]:
-    """`returned`, `cancelled` or `raised` (with the error's type and message). A group of
-    cancellations alone (a nursery's, as trio raises them) is a cancellation."""
+    """`returned`, `cancelled` or `raised` with what was raised ("Type: message"). `train()`
+    raises a stage's error inside a group, so the errors in the group are what is said; a
+    group of cancellations alone (a nursery's, as trio raises them) is a cancellation."""
     if exc is None:
         return "returned", None
+    errors = run_errors(exc)
+    if not errors:
+        return "cancelled", None
+    return "raised", "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+
+
+def run_errors(exc: BaseException) -> list[BaseException]:
+    """The errors `exc` holds (itself, or a group's, however nested), cancellations left out."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [e for inner in exc.exceptions for e in run_errors(inner)]
     try:
         cancelled: type[BaseException] | None = anyio.get_cancelled_exc_class()
     except sniffio.AsyncLibraryNotFoundError:
         cancelled = None
+    if (cancelled is not None and isinstance(exc, cancelled)) or type(exc).__name__ in {
+        "Cancelled",
+        "CancelledError",
+    }:
+        return []
+    return [exc]
 
-    def is_cancelled(e: BaseException) -> bool:
-        if isinstance(e, BaseExceptionGroup):
-            return all(is_cancelled(inner) for inner in e.exceptions)
-        return (cancelled is not None and isinstance(e, cancelled)) or type(e).__name__ in {
-            "Cancelled",
-            "CancelledError",
-        }
 
-    if is_cancelled(exc):
-        return "cancelled", None
-    return "raised", f"{type(exc).__name__}: {exc}"
+#: Events after which the log reaches the file at once: each is rare, and a run killed
+#: after one can be drawn up to it.
+_MILESTONES = frozenset(
+    {"StepTrained", "PolicyPublished", "TrainCallStarted", "EvalStarted", "EvalEnded",
+     "Stalled", "Resized", "Collapsed", "ChannelClosed"}
+)
 
 
 class TimelineRecorder:
     """An observer writing each event it hears as one line of a timeline log."""
 
-    def __init__(self, writer: LogWriter, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        writer: LogWriter,
+        clock: Callable[[], float],
+        started: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.writer = writer
         self.clock = clock
+        #: `RunStarted`'s time and what reads its fields, until it is written.
+        self._start: tuple[float, Callable[[], dict[str, Any]]] | None = (
+            None if started is None else (clock(), started)
+        )
+        self._flush_after: dict[type, bool] = {}
+        #: The write that failed (then nothing more is written).
+        self.failed: OSError | None = None
 
     def __call__(self, event: RunEvent) -> None:
-        self.writer.write_encoded(self.clock(), encode_event(event))
+        if self.failed is not None:
+            return
+        kind = type(event)
+        flush = self._flush_after.get(kind)
+        if flush is None:
+            flush = self._flush_after[kind] = kind.__name__ in _MILESTONES
+        try:
+            if self._start is not None:
+                self._write_start()
+            self.writer.write_encoded(self.clock(), encode_event(event), flush=flush)
+        except OSError as exc:
+            self._fail(exc)
 
     def mark(self, name: str, **fields: Any) -> None:
         """A line that is not a run event (`RunStarted`, `RunEnded`), at the clock's now."""
-        self.writer.write(self.clock(), name, **fields)
+        if self.failed is not None:
+            return
+        try:
+            if self._start is not None:
+                self._write_start()
+            self.writer.write(self.clock(), name, flush=True, **fields)
+        except OSError as exc:
+            self._fail(exc)
+
+    def close(self) -> None:
+        """Close the file (what is buffered is written; a failure to is warned about)."""
+        try:
+            self.writer.close()
+        except OSError as exc:
+            if self.failed is None:
+                self._fail(exc)
+
+    def _write_start(self) -> None:
+        assert self._start is not None
+        (t, fields), self._start = self._start, None
+        self.writer.write(t, "RunStarted", flush=True, **fields())
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = exc
+        warnings.warn(
+            f"the timeline log {self.writer.path} could not be written ({exc}); recording "
+            "stopped there, training goes on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def run_started_fields(trainer: PipelineTrainer[Any, Any]) -> dict[str, Any]:
@@ -110,12 +180,14 @@ def record_timeline(
     `clock` defaults to the event loop's (enter the block inside the loop, as around
     `await trainer.train()`). The observer is removed and the file closed on every way out.
     """
-    recorder = TimelineRecorder(LogWriter(path), clock or loop_clock())
+    writer = LogWriter(path)
     try:
-        recorder.mark("RunStarted", **run_started_fields(trainer))
+        recorder = TimelineRecorder(
+            writer, clock or loop_clock(), started=lambda: run_started_fields(trainer)
+        )
         remove = trainer.add_observer(recorder)
     except BaseException:
-        recorder.writer.close()
+        writer.close()
         raise
     outcome, error = "returned", None
     try:
@@ -126,4 +198,4 @@ def record_timeline(
     finally:
         remove()
         recorder.mark("RunEnded", outcome=outcome, error=error)
-        recorder.writer.close()
+        recorder.close()
