@@ -155,6 +155,7 @@ def test_the_simulator_draws_the_same_picture(tmp_path: Path) -> None:
 
 HEADER = json.dumps({"format": FORMAT, "version": 1, "trainer": "art_trio"})
 STARTED = '{"t": 0, "event": "RunStarted", "policy_version": 0}'
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads recurses per level: RecursionError
 
 
 @pytest.mark.parametrize(
@@ -169,6 +170,11 @@ STARTED = '{"t": 0, "event": "RunStarted", "policy_version": 0}'
         (f'{HEADER}\n{STARTED}\n{{"t": 1, "ev\n{STARTED}\n', "line 3 is not JSON"),
         (f'{HEADER}\n{STARTED}\n["t", 1]\n', "line 3 is not an event"),
         (f'{HEADER}\n{STARTED}\n{{"t": 1, "event": "BatchTaken"}}\n', "line 3 (BatchTaken)"),
+        (f'{HEADER}\n{STARTED}\n{{"t": 1, "event": "X", "a": {DEEP}}}\n', "line 3 is nested too"),
+        (f"{DEEP}\n", "not a timeline log's header"),
+        (f'{HEADER}\n{STARTED}\n{{"t": Infinity, "event": "X"}}\n', '"t" is Infinity, not a'),
+        (f'{HEADER}\n{STARTED}\n{{"t": NaN, "event": "X"}}\n', '"t" is NaN, not a finite'),
+        (f'{HEADER}\n{STARTED}\n{{"t": "1", "event": "X"}}\n', 'line 3 (X) is garbled: "t"'),
         (f'{HEADER}\n{{"t": 1, "event": "RolloutStarted", "scenario_index": 1}}\n', "RunStarted"),
         (f'{HEADER}\n{STARTED}\n{{"t": 2, "event": "RunEnded"}}\n', "trained no step"),
     ],
@@ -182,6 +188,11 @@ STARTED = '{"t": 0, "event": "RunStarted", "policy_version": 0}'
         "garbled",
         "not-an-event",
         "missing-field",
+        "deeply-nested",
+        "deeply-nested-header",
+        "t-infinite",
+        "t-nan",
+        "t-string",
         "no-run-started",
         "zero-steps",
     ],  # fmt: skip
@@ -199,6 +210,17 @@ def test_a_bad_log_names_the_file_and_what_is_wrong(
     err = capsys.readouterr().err
     assert err.startswith("art-trio timeline: error:") and message in err
     assert not (tmp_path / "bad.png").exists()  # nothing drawn from a bad log
+
+
+def test_an_unreadable_log_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "loop.jsonl"
+    log.symlink_to(log)  # reading it fails with ELOOP, as an unreadable file fails with EACCES
+    with pytest.raises(TimelineError, match="loop.jsonl: cannot be read"):
+        load_timeline(log)
+    assert timeline_main([str(log)]) == 2
+    assert "cannot be read (Too many levels of symbolic links)" in capsys.readouterr().err
 
 
 def test_a_run_without_steps_draws_when_asked(tmp_path: Path) -> None:

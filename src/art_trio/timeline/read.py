@@ -3,12 +3,14 @@
 Every way a log can be unusable raises `TimelineError` (an `art_trio.ArtTrioError` and a
 `ValueError`): no such file, an empty file, a first line that is not this format's header, a
 version this reader does not know, a line that is not one JSON event (cut short by a process
-that died, or edited by hand).
+that died, or edited by hand) or whose time is not a finite number. What each event's other
+fields must be is checked where the model reads them (`model.py`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ) from None
     except (IsADirectoryError, UnicodeDecodeError) as exc:
         raise TimelineError(f"{path}: not a timeline log ({exc})") from None
+    except OSError as exc:  # no permission, a symlink loop, an I/O error
+        raise TimelineError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     lines = text.splitlines()
     if not lines:
         raise TimelineError(f"{path}: the file is empty; the run that wrote it never started")
@@ -48,7 +52,7 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _header(path: Path, line: str) -> dict[str, Any]:
     try:
         header = json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TimelineError(
@@ -73,14 +77,33 @@ def _event(path: Path, number: int, line: str, *, last: bool) -> dict[str, Any]:
                 "process ended while writing; delete that line to draw the rest"
             ) from None
         raise TimelineError(f"{path}: line {number} is not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TimelineError(f"{path}: line {number} is nested too deeply to be an event") from None
     if (
         not isinstance(record, dict)
         or not isinstance(record.get("event"), str)
-        or not isinstance(record.get("t"), int | float)
+        or "t" not in record
     ):
         raise TimelineError(
             f'{path}: line {number} is not an event (expected {{"t": SECONDS, "event": NAME, '
             "...}})"
         )
+    if not is_number(record.get("t")):
+        raise TimelineError(
+            f'{path}: line {number} ({record["event"]}) is garbled: "t" is '
+            f"{shown(record['t'])}, not a finite number of seconds"
+        )
     record["_line"] = number
     return record
+
+
+def is_number(value: Any) -> bool:
+    """A finite JSON number (true and false are no numbers; NaN and Infinity, which Python's
+    json reads, are no times or ages)."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def shown(value: Any) -> str:
+    """`value` as the log spells it, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
