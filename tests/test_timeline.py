@@ -212,6 +212,64 @@ def test_a_bad_log_names_the_file_and_what_is_wrong(
     assert not (tmp_path / "bad.png").exists()  # nothing drawn from a bad log
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('"TrainCallStarted", "step": null', '"step" is null, not an integer'),
+        ('"StepTrained", "step": true', '"step" is true, not an integer'),
+        ('"PolicyPublished", "version": "1"', '"version" is "1", not an integer'),
+        ('"PolicyPublished"', 'no "version"'),
+        ('"Stalled", "seconds": NaN', '"seconds" is NaN, not a finite number'),
+        ('"StepTrained", "step": 1, "staleness": [0.5]', '"staleness" is [0.5], not a list of'),
+        ('"StepTrained", "step": 1, "token_ages": [Infinity, 1]', '"token_ages" is [Infinity'),
+        ('"StepTrained", "step": 1, "token_staleness": ["0"]', '"token_staleness" is ["0"]'),
+        ('"StepTrained", "step": 1, "scenario_indices": 1', '"scenario_indices" is 1, not'),
+        ('"RolloutStarted", "scenario_index": [1]', '"scenario_index" is [1], not an integer'),
+        ('"ScenarioSettled", "scenario_index": 1, "fate": 2', '"fate" is 2, not a string'),
+        ('"GroupReceived", "scenario_index": 1, "policy_version": 0.5', '"policy_version" is 0.5'),
+        ('"EvalEnded", "step": 0, "completed": "no"', '"completed" is "no", not true or false'),
+        ('"RunEnded", "outcome": NaN', '"outcome" is NaN, not a string'),
+    ],
+    ids=[
+        "step-null",
+        "step-bool",
+        "version-str",
+        "no-version",
+        "seconds-nan",
+        "staleness",
+        "token-ages",
+        "token-staleness",
+        "indices",
+        "index",
+        "fate",
+        "group-version",
+        "completed",
+        "outcome",
+    ],  # fmt: skip
+)
+def test_a_garbled_field_names_its_line_and_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    log = tmp_path / "garbled.jsonl"
+    rollout = '{"t": 1, "event": "RolloutStarted", "scenario_index": 1}'
+    log.write_text(f'{HEADER}\n{STARTED}\n{rollout}\n{{"t": 2, "event": {line}}}\n')
+    event = line.split(",")[0].strip('"')
+    with pytest.raises(TimelineError) as raised:
+        load_timeline(log)
+    assert str(raised.value).startswith(f"{log}: line 4 ({event}) is garbled: {message}")
+    trace = tmp_path / "t.json"
+    assert timeline_main([str(log), "--trace", str(trace)]) == 2
+    assert message in capsys.readouterr().err and not trace.exists()
+
+
+def test_a_garbled_run_started_names_its_line(tmp_path: Path) -> None:
+    log = tmp_path / "garbled.jsonl"
+    started = '{"t": 0, "event": "RunStarted", "policy_version": "0"}'
+    log.write_text(f"{HEADER}\n{started}\n")
+    with pytest.raises(TimelineError, match='line 2 .RunStarted. is garbled: "policy_version" is'):
+        load_timeline(log)
+
+
 def test_an_unreadable_log_is_an_error_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .lanes import Lanes
-from .read import TimelineError, read_log
+from .read import TimelineError, is_number, read_log, shown
+
+_T = TypeVar("_T")
 
 #: The fates a rollout bar can have: the run's `Fate` values, plus `given_back` (lost with its
 #: executor worker, its scenario taken again) and `unsettled` (no fate heard before the end).
@@ -137,22 +139,21 @@ class _Fold:
         rollout = Rollout(r.index, r.lane, r.start, r.end, fate, r.start_version, r.group_version)
         self.done.append(replace(rollout, **trained))
 
-    def event(self, t: float, name: str, e: dict[str, Any]) -> None:
-        r = self.open.get(e.get("scenario_index", -1))
+    def event(self, e: dict[str, Any]) -> None:
+        t, name = float(e["t"]), e["event"]
         if name == "RolloutStarted":
-            self.rollout_started(t, e, r)
+            self.rollout_started(t, _int(e, "scenario_index"))
         elif name in _ROLLOUT_EVENTS:
             # None: a rollout already finished (or never seen starting); nothing to update.
-            if r is not None:
+            if (r := self.open.get(_int(e, "scenario_index"))) is not None:
                 _ROLLOUT_EVENTS[name](self, r, t, e)
         elif name in _RUN_EVENTS:
             _RUN_EVENTS[name](self, t, e)
 
-    def rollout_started(self, t: float, e: dict[str, Any], r: _Open | None) -> None:
-        if r is not None:  # given back and taken again: the earlier one ended
+    def rollout_started(self, t: float, index: int) -> None:
+        if (r := self.open.get(index)) is not None:  # given back and taken again: it ended
             r.fate = r.fate or "given_back"
             self.finish(r, t)
-        index = e["scenario_index"]
         self.open[index] = _Open(index, self.lanes.take(), t, self.version)
 
     def rollout_ended(self, r: _Open, t: float, e: dict[str, Any]) -> None:
@@ -161,7 +162,7 @@ class _Fold:
 
     def rollout_settled(self, r: _Open, t: float, e: dict[str, Any]) -> None:
         """`ScenarioSettled` (its fate) or `RolloutGivenBack` (no fate: given back)."""
-        r.fate = e.get("fate", "given_back")
+        r.fate = _text(e, "fate", "given_back")
         self.finish_if_settled(r, t)
 
     def finish_if_settled(self, r: _Open, t: float) -> None:
@@ -173,39 +174,40 @@ class _Fold:
         r.queued_at = t
 
     def group_received(self, r: _Open, t: float, e: dict[str, Any]) -> None:
-        r.group_version = e.get("policy_version")
+        r.group_version = _version(e, "policy_version")
 
     def batch_taken(self, t: float, e: dict[str, Any]) -> None:
-        self.taken_at[e["step"]] = t
+        self.taken_at[_int(e, "step")] = t
 
     def train_call_started(self, t: float, e: dict[str, Any]) -> None:
-        self.calls[e["step"]] = [t, None]
+        self.calls[_int(e, "step")] = [t, None]
 
     def train_call_ended(self, t: float, e: dict[str, Any]) -> None:
-        self.calls.setdefault(e["step"], [t, None])[1] = t
+        self.calls.setdefault(_int(e, "step"), [t, None])[1] = t
 
     def policy_published(self, t: float, e: dict[str, Any]) -> None:
-        self.publishes.append((t, e["version"]))
-        self.version = e["version"]
+        self.version = _int(e, "version")
+        self.publishes.append((t, self.version))
 
     def eval_started(self, t: float, e: dict[str, Any]) -> None:
-        self.evals[e["step"]] = t
+        self.evals[_int(e, "step")] = t
 
     def eval_ended(self, t: float, e: dict[str, Any]) -> None:
-        begun = self.evals.pop(e["step"], t)
-        self.eval_bands.append(Band(e["step"], begun, t, bool(e.get("completed", True))))
+        step = _int(e, "step")
+        completed = _get(e, "completed", lambda v: type(v) is bool, "true or false", True)
+        self.eval_bands.append(Band(step, self.evals.pop(step, t), t, completed))
 
     def stalled(self, t: float, e: dict[str, Any]) -> None:
-        self.stalls.append(Band(None, t - float(e.get("seconds", 0.0)), t))
+        self.stalls.append(Band(None, t - _number(e, "seconds", 0.0), t))
 
     def step_trained(self, t: float, e: dict[str, Any]) -> None:
-        step = e["step"]
+        step = _int(e, "step")
         self.call_ok[step] = True
         taken = self.taken_at.get(step, t)
-        ages = tuple(int(a) for a in e.get("staleness", ()))
-        token_ages = tuple(e.get("token_staleness", ()))
+        ages = _list(e, "staleness", _is_int, "integers")
+        token_ages = _list(e, "token_staleness", lambda v: v is None or is_number(v), "ages")
         waits = []
-        for i, index in enumerate(e.get("scenario_indices", ())):
+        for i, index in enumerate(_list(e, "scenario_indices", _is_int, "integers")):
             r = self.open.get(index)
             if r is None:
                 continue
@@ -215,7 +217,7 @@ class _Fold:
             age = ages[i] if i < len(ages) else None
             by_tokens = token_ages[i] if i < len(token_ages) else None
             self.finish(r, t, step=step, age_steps=age, queued_s=queued, age_tokens=by_tokens)
-        weighted, tokens = (list(e.get("token_ages", (0.0, 0.0))) + [0.0, 0.0])[:2]
+        weighted, tokens = (list(_list(e, "token_ages", is_number, "numbers")) + [0.0, 0.0])[:2]
         token_age = weighted / tokens if tokens else None
         self.steps.append(StepAges(step, t, ages, token_age, tuple(waits)))
 
@@ -264,18 +266,21 @@ _RUN_EVENTS: dict[str, Callable[[_Fold, float, dict[str, Any]], None]] = {
 def fold(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> RunTimeline:
     """The run a log's events describe (the first `RunStarted` to its `RunEnded`)."""
     started = _run_started(path, events)
-    f = _Fold(started.get("policy_version"))
+    base = _checked(path, started, lambda e: _version(e, "policy_version"))
+    f = _Fold(base)
     ended = next((e for e in events if e["event"] == "RunEnded"), None)
-    _replay(path, f, events)
+    for e in events:
+        _checked(path, e, f.event)
     end = float(ended["t"]) if ended else max((float(e["t"]) for e in events), default=0.0)
     f.finish_open(end)
-    rollouts = _resumed_start_versions(f.done, f.publishes, started.get("policy_version"))
+    rollouts = _resumed_start_versions(f.done, f.publishes, base)
+    outcome = _checked(path, ended, lambda e: _text(e, "outcome", "?")) if ended else "unfinished"
     return RunTimeline(
         path=path,
         trainer=str(header.get("trainer", "?")),
         start=float(started["t"]),
         end=end,
-        outcome=ended.get("outcome", "?") if ended else "unfinished",
+        outcome=outcome,
         rollouts=tuple(sorted(rollouts, key=lambda r: r.start)),
         train_calls=f.call_bands(end),
         evals=f.all_evals(end),
@@ -297,15 +302,60 @@ def _run_started(path: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
     return started
 
 
-def _replay(path: Path, f: _Fold, events: list[dict[str, Any]]) -> None:
-    for e in events:
-        try:
-            f.event(float(e["t"]), e["event"], e)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TimelineError(
-                f"{path}: line {e.get('_line', '?')} ({e['event']}) is garbled: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+class _Garbled(TimelineError):
+    """A field an event needs is missing or not what it must be (the message says which);
+    `_checked` adds the file and the line."""
+
+
+def _checked(path: Path, e: dict[str, Any], read: Callable[[dict[str, Any]], _T]) -> _T:
+    """`read(e)`; a field it finds garbled is an error naming the file and `e`'s line."""
+    try:
+        return read(e)
+    except _Garbled as exc:
+        raise TimelineError(f"{path}: line {e['_line']} ({e['event']}) is garbled: {exc}") from None
+
+
+_MISSING: Any = object()
+
+
+def _get(
+    e: dict[str, Any], key: str, ok: Callable[[Any], bool], what: str, default: Any = _MISSING
+) -> Any:
+    """`e[key]` if `ok` says it is `what`; `default` if there is none (without one: garbled)."""
+    if key not in e:
+        if default is _MISSING:
+            raise _Garbled(f'no "{key}"')
+        return default
+    if not ok(e[key]):
+        raise _Garbled(f'"{key}" is {shown(e[key])}, not {what}')
+    return e[key]
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # not true or false, nor 1.0
+
+
+def _int(e: dict[str, Any], key: str) -> int:
+    return int(_get(e, key, _is_int, "an integer"))
+
+
+def _version(e: dict[str, Any], key: str) -> int | None:
+    return _get(e, key, lambda v: v is None or _is_int(v), "a version (an integer or null)", None)
+
+
+def _number(e: dict[str, Any], key: str, default: float) -> float:
+    return float(_get(e, key, is_number, "a finite number", default))
+
+
+def _text(e: dict[str, Any], key: str, default: str) -> str:
+    return str(_get(e, key, lambda v: isinstance(v, str), "a string", default))
+
+
+def _list(e: dict[str, Any], key: str, ok: Callable[[Any], bool], what: str) -> tuple[Any, ...]:
+    """`e[key]`, a list of `what` (each as `ok` says), or none."""
+    return tuple(
+        _get(e, key, lambda v: isinstance(v, list) and all(map(ok, v)), f"a list of {what}", [])
+    )
 
 
 def _resumed_start_versions(
