@@ -288,6 +288,86 @@ def test_a_run_without_steps_draws_when_asked(tmp_path: Path) -> None:
     assert (tmp_path / "empty.png").read_bytes().startswith(PNG_MAGIC)
 
 
+# --- the command's options and outputs ------------------------------------------------------
+
+ONE_STEP = [
+    HEADER,
+    STARTED,
+    '{"t": 1, "event": "RolloutStarted", "scenario_index": 0}',
+    '{"t": 2, "event": "RolloutEnded", "scenario_index": 0, "spent_s": 1}',
+    '{"t": 2, "event": "ScenarioSettled", "scenario_index": 0, "fate": "trained"}',
+    '{"t": 3, "event": "StepTrained", "step": 1, "scenario_indices": [0], "staleness": [0]}',
+    '{"t": 3, "event": "PolicyPublished", "version": 1}',
+    '{"t": 4, "event": "RunEnded", "outcome": "returned"}',
+]
+
+
+@pytest.fixture
+def one_step(tmp_path: Path) -> Path:
+    log = tmp_path / "run.jsonl"
+    log.write_text("\n".join(ONE_STEP) + "\n")
+    return log
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--dpi", "0"],
+        ["--dpi", "1.5"],
+        ["--until", "nan"],
+        ["--until", "inf"],
+        ["--until", "-1"],
+        ["--until", "0"],
+    ],
+    ids=["dpi-0", "dpi-float", "until-nan", "until-inf", "until-negative", "until-0"],
+)
+def test_a_bad_option_value_is_refused_before_drawing(
+    one_step: Path, capsys: pytest.CaptureFixture[str], option: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        timeline_main([str(one_step), *option])
+    assert exited.value.code == 2
+    assert f"error: argument {option[0]}: " in capsys.readouterr().err
+    assert not one_step.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(
+    ("outputs", "message"),
+    [
+        (["--png", "missing/r.png"], "no such directory"),
+        (["--png", "r.png", "--trace", "missing/t.json"], "no such directory"),
+        (["--png", "adir"], "is a directory"),
+        (["--trace", "adir"], "is a directory"),
+        (["--png", "run.jsonl"], "is the log itself"),
+        (["--trace", "r.json", "--png", "r.json"], "--png and --trace name the same file"),
+        (["--png", "a" * 300], "cannot be written (File name too long)"),
+    ],
+    ids=["png-dir", "trace-dir", "png-is-dir", "trace-is-dir", "the-log", "same", "too-long"],
+)
+def test_an_output_that_cannot_be_written_is_an_error_and_nothing_is_written(
+    one_step: Path, capsys: pytest.CaptureFixture[str], outputs: list[str], message: str
+) -> None:
+    folder = one_step.parent
+    (folder / "adir").mkdir()
+    before = sorted(folder.iterdir())
+    argv = [str(one_step), *(o if o.startswith("--") else str(folder / o) for o in outputs)]
+    assert timeline_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("art-trio timeline: error:") and message in err
+    assert sorted(folder.iterdir()) == before  # no picture drawn before a bad trace is found
+    assert one_step.read_text() == "\n".join(ONE_STEP) + "\n"
+
+
+def test_the_picture_is_written_to_exactly_the_path_given(
+    one_step: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    picture = one_step.parent / "mypicture"  # no suffix: still this file, not mypicture.png
+    assert timeline_main([str(one_step), "--png", str(picture), "--dpi", "30"]) == 0
+    assert picture.read_bytes().startswith(PNG_MAGIC)
+    assert not picture.with_suffix(".png").exists()
+    assert f"Picture: {picture}\n" in capsys.readouterr().out
+
+
 def test_arts_own_trainer_recorded_from_outside_draws_alike(
     model: art.TrainableModel, backend: RecordingBackend, tmp_path: Path
 ) -> None:

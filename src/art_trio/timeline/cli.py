@@ -10,8 +10,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from art_trio.cli import int_at_least, number_in
 
 from .read import TimelineError
 
@@ -31,16 +34,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("log", type=Path, help="the event log (JSON Lines)")
     parser.add_argument(
-        "--png", type=Path, default=None, help="the picture (default: LOG with .png)"
+        "--png",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="draw the picture (PNG) to exactly this file (default: LOG with .png)",
     )
     parser.add_argument(
-        "--trace", type=Path, default=None, help="also write the Trace Event JSON here"
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the Trace Event JSON to this file",
     )
     parser.add_argument("--title", default=None, help="the picture's title")
-    parser.add_argument("--dpi", type=int, default=100, help="the picture's dots per inch")
+    parser.add_argument(
+        "--dpi", type=int_at_least(1), default=100, help="the picture's dots per inch"
+    )
     parser.add_argument(
         "--until",
-        type=float,
+        type=number_in(0, low_open=True),
         default=None,
         metavar="SECONDS",
         help="end the time axis here (draw two runs to one scale to compare them)",
@@ -56,19 +69,45 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``art-trio timeline ARGS``."""
     args = build_parser().parse_args(argv)
+    try:
+        _run(args)
+    except TimelineError as exc:
+        message = str(exc)
+    except OSError as exc:  # an output: a name too long, a full disk (the log's are TimelineErrors)
+        message = f"{exc.filename or 'an output'}: cannot be written ({exc.strerror or exc})"
+    else:
+        return 0
+    print(f"art-trio timeline: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args: argparse.Namespace) -> None:
+    from .draw import draw
     from .model import load_timeline
     from .trace import write_trace
 
-    try:
-        run = load_timeline(args.log, require_steps=not args.allow_empty)
-    except TimelineError as exc:
-        print(f"art-trio timeline: error: {exc}", file=sys.stderr)
-        return 2
-    png = args.png if args.png is not None else args.log.with_suffix(".png")
-    from .draw import draw
-
+    png: Path = args.png if args.png is not None else args.log.with_suffix(".png")
+    # Every output is checked before anything is read or written: a bad --trace must not be
+    # found after the picture was drawn.
+    _check_outputs(args.log, [p for p in (png, args.trace) if p is not None])
+    run = load_timeline(args.log, require_steps=not args.allow_empty)
     draw(run, png, title=args.title, dpi=args.dpi, until=args.until)
     print(f"Picture: {png}")
     if args.trace is not None:
-        print(f"Trace: {write_trace(run, args.trace)} (open at https://ui.perfetto.dev)")
-    return 0
+        write_trace(run, args.trace)
+        print(f"Trace: {args.trace} (open at https://ui.perfetto.dev)")
+
+
+def _check_outputs(log: Path, outputs: list[Path]) -> None:
+    where = os.path.realpath  # symlinks followed; a loop does not raise
+    for path in outputs:
+        if path.is_dir():
+            raise TimelineError(f"{path}: is a directory; name the file to write")
+        if not path.parent.is_dir():
+            raise TimelineError(f"{path}: no such directory {path.parent}")
+        if not os.access(path.parent, os.W_OK):
+            raise TimelineError(f"{path}: cannot write in {path.parent} (permission denied)")
+        if where(path) == where(log):
+            raise TimelineError(f"{path}: is the log itself; name another file to write")
+    if len(outputs) == 2 and where(outputs[0]) == where(outputs[1]):
+        raise TimelineError(f"{outputs[0]}: --png and --trace name the same file")

@@ -72,7 +72,8 @@ def draw(
     _draw_staleness(bottom, run, t0)
     bottom.set_xlim(0, until if until is not None else max(run.end - t0, 1e-6))
     if path is not None:
-        fig.savefig(path, dpi=dpi)
+        # A PNG at exactly `path`: without the format, a name with no suffix would get .png.
+        fig.savefig(path, dpi=dpi, format="png")
     return fig
 
 
