@@ -368,6 +368,24 @@ def test_the_picture_is_written_to_exactly_the_path_given(
     assert f"Picture: {picture}\n" in capsys.readouterr().out
 
 
+def test_a_trace_alone_is_written_without_a_picture_or_matplotlib(
+    one_step: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: imports fail
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    trace = one_step.parent / "run.trace.json"
+    assert timeline_main([str(one_step), "--trace", str(trace)]) == 0
+    assert json.loads(trace.read_text())["otherData"]["outcome"] == "returned"
+    assert not one_step.with_suffix(".png").exists()
+    assert capsys.readouterr().out.startswith("Trace: ")
+    # A picture asked for without matplotlib: what to install, and that a trace needs none.
+    assert timeline_main([str(one_step)]) == 2
+    assert "needs matplotlib: pip install 'art-trio[plot]'" in capsys.readouterr().err
+
+
 def test_arts_own_trainer_recorded_from_outside_draws_alike(
     model: art.TrainableModel, backend: RecordingBackend, tmp_path: Path
 ) -> None:

@@ -1,9 +1,10 @@
-"""`art-trio timeline LOG`: draw a recorded run as a PNG and write its Perfetto trace.
+"""`art-trio timeline LOG`: draw a recorded run as a PNG and/or write its Perfetto trace.
 
 Examples::
 
     art-trio timeline run.jsonl                       # run.png beside the log
     art-trio timeline run.jsonl --png run.png --trace run.trace.json
+    art-trio timeline run.jsonl --trace run.trace.json  # the trace only (no matplotlib needed)
     # then open run.trace.json at https://ui.perfetto.dev (or chrome://tracing)
 """
 
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Draw a run recorded by art_trio.timeline.record_timeline (or `art-trio simulate "
             "--timeline`): one lane per worker slot, rollouts coloured by fate, training calls "
             "and evals as bands, policy publishes as lines; and/or write the Trace Event JSON "
-            "that Perfetto and chrome://tracing open."
+            "that Perfetto and chrome://tracing open. With neither --png nor --trace, the "
+            "picture is drawn to LOG with .png; with --trace alone, only the trace is written."
         ),
     )
     parser.add_argument("log", type=Path, help="the event log (JSON Lines)")
@@ -38,14 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="draw the picture (PNG) to exactly this file (default: LOG with .png)",
+        help="draw the picture (PNG) to exactly this file (default: LOG with .png, unless "
+        "--trace is given)",
     )
     parser.add_argument(
         "--trace",
         type=Path,
         default=None,
         metavar="FILE",
-        help="also write the Trace Event JSON to this file",
+        help="write the Trace Event JSON to this file (needs no matplotlib)",
     )
     parser.add_argument("--title", default=None, help="the picture's title")
     parser.add_argument(
@@ -86,13 +89,18 @@ def _run(args: argparse.Namespace) -> None:
     from .model import load_timeline
     from .trace import write_trace
 
-    png: Path = args.png if args.png is not None else args.log.with_suffix(".png")
+    png: Path | None = args.png
+    if png is None and args.trace is None:
+        png = args.log.with_suffix(".png")
     # Every output is checked before anything is read or written: a bad --trace must not be
     # found after the picture was drawn.
     _check_outputs(args.log, [p for p in (png, args.trace) if p is not None])
+    if png is not None:
+        _need_matplotlib()
     run = load_timeline(args.log, require_steps=not args.allow_empty)
-    draw(run, png, title=args.title, dpi=args.dpi, until=args.until)
-    print(f"Picture: {png}")
+    if png is not None:
+        draw(run, png, title=args.title, dpi=args.dpi, until=args.until)
+        print(f"Picture: {png}")
     if args.trace is not None:
         write_trace(run, args.trace)
         print(f"Trace: {args.trace} (open at https://ui.perfetto.dev)")
@@ -111,3 +119,13 @@ def _check_outputs(log: Path, outputs: list[Path]) -> None:
             raise TimelineError(f"{path}: is the log itself; name another file to write")
     if len(outputs) == 2 and where(outputs[0]) == where(outputs[1]):
         raise TimelineError(f"{outputs[0]}: --png and --trace name the same file")
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401 (only whether it imports)
+    except ImportError:
+        raise TimelineError(
+            "drawing the picture needs matplotlib: pip install 'art-trio[plot]' "
+            "(--trace FILE alone writes the Perfetto trace without it)"
+        ) from None
