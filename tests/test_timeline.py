@@ -281,9 +281,14 @@ def test_an_unreadable_log_is_an_error_not_a_traceback(
     assert "cannot be read (Too many levels of symbolic links)" in capsys.readouterr().err
 
 
-def test_a_run_without_steps_draws_when_asked(tmp_path: Path) -> None:
+def test_a_run_without_steps_draws_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = tmp_path / "empty.jsonl"
     log.write_text(f'{HEADER}\n{STARTED}\n{{"t": 2, "event": "RunEnded", "outcome": "x"}}\n')
+    assert timeline_main([str(log)]) == 2
+    err = capsys.readouterr().err  # the command's own flag, not the Python keyword
+    assert "pass --allow-empty to draw it anyway" in err and "require_steps" not in err
     assert timeline_main([str(log), "--allow-empty"]) == 0
     assert (tmp_path / "empty.png").read_bytes().startswith(PNG_MAGIC)
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> None:
     from .draw import draw
-    from .model import load_timeline
+    from .model import load_timeline, no_steps_error
     from .trace import write_trace
 
     png: Path | None = args.png
@@ -97,7 +97,9 @@ def _run(args: argparse.Namespace) -> None:
     _check_outputs(args.log, [p for p in (png, args.trace) if p is not None])
     if png is not None:
         _need_matplotlib()
-    run = load_timeline(args.log, require_steps=not args.allow_empty)
+    run = load_timeline(args.log, require_steps=False)
+    if not run.steps and not args.allow_empty:
+        raise no_steps_error(run, "pass --allow-empty to draw it anyway")
     if png is not None:
         draw(run, png, title=args.title, dpi=args.dpi, until=args.until)
         print(f"Picture: {png}")

@@ -378,9 +378,14 @@ def load_timeline(path: str | Path, *, require_steps: bool = True) -> RunTimelin
     header, events = read_log(path)
     run = fold(path, header, events)
     if require_steps and not run.steps:
-        raise TimelineError(
-            f"{path}: the run trained no step ({len(run.rollouts)} rollouts, outcome "
-            f"{run.outcome}); nothing to draw. Record a run that trains at least one step "
-            "(max_steps >= 1, and past start-up), or pass require_steps=False to draw it anyway"
-        )
+        raise no_steps_error(run, "pass require_steps=False to draw it anyway")
     return run
+
+
+def no_steps_error(run: RunTimeline, override: str) -> TimelineError:
+    """The error for a run that trained no step; `override` says how to draw it anyway."""
+    return TimelineError(
+        f"{run.path}: the run trained no step ({len(run.rollouts)} rollouts, outcome "
+        f"{run.outcome}); nothing to draw. Record a run that trains at least one step "
+        f"(max_steps >= 1, and past start-up), or {override}"
+    )
