@@ -99,6 +99,17 @@ async def test_the_picture_has_a_bar_per_rollout_coloured_by_fate(
     )
 
 
+async def test_no_legend_covers_an_axis_label_or_tick(recorded: Any) -> None:
+    figure = draw(load_timeline(recorded[0]))
+    figure.draw_without_rendering()  # lays the figure out as saving it would
+    legends = [*figure.legends, *(ax.get_legend() for ax in figure.axes if ax.get_legend())]
+    texts = [t for ax in figure.axes for t in (ax.yaxis.label, *ax.get_yticklabels())]
+    assert len(legends) == 2 and any(t.get_text() == "queued (s)" for t in texts)
+    for legend in legends:
+        box = legend.get_window_extent()
+        assert not [t.get_text() for t in texts if box.overlaps(t.get_window_extent())]
+
+
 async def test_the_trace_opens_in_perfetto_with_a_slice_per_rollout(
     recorded: Any, tmp_path: Path
 ) -> None:

@@ -148,7 +148,8 @@ def _legend(top: Axes, fates: list[str]) -> None:
         Patch(color=EVAL_SHADE, label="eval"),
         Line2D([], [], color="#555555", lw=0.8, label="policy published"),
     ]
-    top.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    # Figure legends "outside": the layout keeps them clear of every axis, its ticks and labels.
+    top.figure.legend(handles=handles, loc="outside right upper", fontsize=8)
 
 
 def _title(top: Axes, run: RunTimeline, title: str | None) -> None:
@@ -167,12 +168,8 @@ def _draw_staleness(bottom: Axes, run: RunTimeline, t0: float) -> None:
     _draw_queue_waits(waits, run, t0)
     lines = bottom.get_legend_handles_labels()
     extra = waits.get_legend_handles_labels()
-    bottom.legend(
-        lines[0] + extra[0],
-        lines[1] + extra[1],
-        loc="upper left",
-        bbox_to_anchor=(1.05, 1.0),
-        fontsize=7,
+    bottom.figure.legend(
+        lines[0] + extra[0], lines[1] + extra[1], loc="outside right lower", fontsize=7
     )
 
 
