@@ -93,6 +93,12 @@ async def test_the_picture_has_a_bar_per_rollout_coloured_by_fate(
     }
     assert bars == {fate: n for fate, n in run.fate_counts().items() if n}
     assert sum(bars.values()) == stats.rollouts_started
+    # Each bar has an edge of its own shade: back-to-back rollouts on a lane stay apart.
+    for c in figure.axes[0].collections:
+        if c.get_gid() in FATES:
+            edge, face = c.get_edgecolor(), c.get_facecolor()
+            assert len(edge) == 1 and edge[0][3] == 1 and tuple(edge[0]) != tuple(face[0])
+            assert c.get_linewidth()[0] > 0
     # Two runs drawn to one scale: the time axis ends where asked.
     assert draw(run, until=run.end - run.start + 5.0).axes[0].get_xlim()[1] == pytest.approx(
         run.end - run.start + 5.0
