@@ -48,6 +48,7 @@ from art_trio.sim.simulate import (
     trainer_parameter_names,
 )
 from art_trio.testing.distributions import parse_distribution, parse_seconds
+from art_trio.timeline.recorder import run_errors
 
 __all__ = ["DEFAULT_STEPS", "build_parser", "main"]
 
@@ -321,46 +322,28 @@ def main(argv: list[str] | None = None) -> int:
 
     total = None if spec.steps is None else runs * spec.steps
     try:
-        return _simulate(spec, grid, args, total, show_progress, runs)
+        with tqdm(
+            total=total,
+            unit="step",
+            file=sys.stderr,
+            disable=not show_progress,
+            dynamic_ncols=True,
+            desc="simulating",
+        ) as bar:
+            if not grid:
+                report, drawn = _simulate_one(spec, args, bar)
+                _print_one(spec, report, drawn, as_json=args.json)
+                return 0
+            result = _run_sweep(spec, grid, args, bar, runs)
     except (ArtTrioError, ExceptionGroup) as failed:
         # The simulated trainer failed as a real one would (every rollout raised, say): that
         # is the simulation's answer, said in a line, not a crash of the command.
-        errors = _leaves(failed)
-        if not all(isinstance(error, ArtTrioError) for error in errors):
+        errors = run_errors(failed)
+        if not errors or not all(isinstance(error, ArtTrioError) for error in errors):
             raise
         said = "; ".join(str(error) for error in errors)
         print(f"art-trio simulate: the simulated run failed: {said}", file=sys.stderr)
         return 1
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    """The exceptions in an exception group (train() raises a stage's error in one)."""
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
-def _simulate(
-    spec: SimSpec,
-    grid: dict[str, list[Any]],
-    args: argparse.Namespace,
-    total: int | None,
-    show_progress: bool,
-    runs: int,
-) -> int:
-    with tqdm(
-        total=total,
-        unit="step",
-        file=sys.stderr,
-        disable=not show_progress,
-        dynamic_ncols=True,
-        desc="simulating",
-    ) as bar:
-        if not grid:
-            report, drawn = _simulate_one(spec, args, bar)
-            _print_one(spec, report, drawn, as_json=args.json)
-            return 0
-        result = _run_sweep(spec, grid, args, bar, runs)
     _print_sweep(spec, result, args.plot, as_json=args.json)
     return 0
 

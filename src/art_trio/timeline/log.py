@@ -91,6 +91,11 @@ def encode_event(event: Any) -> str:
     return encoder(event)
 
 
+def encode_fields(name: str, fields: dict[str, Any]) -> str:
+    """`encode_event`'s text for a line that is no run event (`RunStarted`, `RunEnded`)."""
+    return json.dumps({"event": name, **fields}, separators=(",", ":"))[1:-1]
+
+
 def _encoder_for(kind: type) -> Callable[[Any], str]:
     head = f'"event":{json.dumps(kind.__name__)}'
     if kind.__name__ == "Stalled":
@@ -128,8 +133,7 @@ class LogWriter:
 
     def write(self, t: float, name: str, *, flush: bool = False, **fields: Any) -> None:
         """One line: the time, the event's name and its fields (JSON values)."""
-        body = json.dumps({"event": name, **fields}, separators=(",", ":"))[1:-1]
-        self.write_encoded(t, body, flush=flush)
+        self.write_encoded(t, encode_fields(name, fields), flush=flush)
 
     def write_encoded(self, t: float, body: str, *, flush: bool = False) -> None:
         """One line from `encode_event`'s text; `flush` sends it (and those before) to the

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import sniffio
 
-from .log import LogWriter, encode_event
+from .log import LogWriter, encode_event, encode_fields
 
 if TYPE_CHECKING:
     from art_trio import PipelineTrainer, RunEvent
@@ -70,7 +70,7 @@ def run_errors(exc: BaseException) -> list[BaseException]:
         return [e for inner in exc.exceptions for e in run_errors(inner)]
     try:
         cancelled: type[BaseException] | None = anyio.get_cancelled_exc_class()
-    except sniffio.AsyncLibraryNotFoundError:
+    except RuntimeError:  # outside an event loop (sniffio's or anyio's NoEventLoopError)
         cancelled = None
     if (cancelled is not None and isinstance(exc, cancelled)) or type(exc).__name__ in {
         "Cancelled",
@@ -108,27 +108,26 @@ class TimelineRecorder:
         self.failed: OSError | None = None
 
     def __call__(self, event: RunEvent) -> None:
-        if self.failed is not None:
-            return
         kind = type(event)
         flush = self._flush_after.get(kind)
         if flush is None:
             flush = self._flush_after[kind] = kind.__name__ in _MILESTONES
-        try:
-            if self._start is not None:
-                self._write_start()
-            self.writer.write_encoded(self.clock(), encode_event(event), flush=flush)
-        except OSError as exc:
-            self._fail(exc)
+        self._line(encode_event(event), flush)
 
     def mark(self, name: str, **fields: Any) -> None:
         """A line that is not a run event (`RunStarted`, `RunEnded`), at the clock's now."""
+        self._line(encode_fields(name, fields), True)
+
+    def _line(self, body: str, flush: bool) -> None:
+        """One line at the clock's now, after `RunStarted` if that is still to be written;
+        a write that fails ends the recording (`_fail`)."""
         if self.failed is not None:
             return
         try:
             if self._start is not None:
-                self._write_start()
-            self.writer.write(self.clock(), name, flush=True, **fields)
+                (t, fields), self._start = self._start, None
+                self.writer.write(t, "RunStarted", flush=True, **fields())
+            self.writer.write_encoded(self.clock(), body, flush=flush)
         except OSError as exc:
             self._fail(exc)
 
@@ -140,18 +139,13 @@ class TimelineRecorder:
             if self.failed is None:
                 self._fail(exc)
 
-    def _write_start(self) -> None:
-        assert self._start is not None
-        (t, fields), self._start = self._start, None
-        self.writer.write(t, "RunStarted", flush=True, **fields())
-
     def _fail(self, exc: OSError) -> None:
         self.failed = exc
         warnings.warn(
             f"the timeline log {self.writer.path} could not be written ({exc}); recording "
             "stopped there, training goes on",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,  # where the event was emitted (through __call__ and _line)
         )
 
 
