@@ -136,6 +136,20 @@ def test_a_real_model_table_is_rendered_from_its_rows() -> None:
     assert "art_trio abc1234 on 2026-12-06" in text and "--task lookup" in text
 
 
+def test_time_to_target_needs_two_steps_never_the_first_batch_alone() -> None:
+    """The real-model benchmarks' time to target: the mean of a step's and the step before's
+    trained rewards. At two groups a step the untrained policy's first batch alone scored
+    0.76 against a 0.75 target (lookup, seed 2), which was read as reaching it in one step."""
+    pytest.importorskip("torch")  # the benchmark loads the CPU backend
+    from llm_scheduler_bench import time_to_target
+
+    steps = [(110.0, 0.76), (120.0, 0.21), (130.0, 0.74), (140.0, 0.89)]
+    assert time_to_target(steps, 100.0, 0.75) == 40.0  # (0.74 + 0.89) / 2 at the 4th step
+    assert time_to_target(steps[:1], 100.0, 0.75) is None
+    assert time_to_target([(110.0, 0.7), (120.0, 0.8)], 100.0, 0.75) == 20.0
+    assert time_to_target(steps[:3], 100.0, 0.75) is None
+
+
 def test_runs_at_further_seeds_make_one_table_that_names_each_runs_commit() -> None:
     """A command run one seed at a time (`llm-NAME.json`, `llm-NAME-seedK.json`): one table
     of every seed's rows, each run's commit and command named with its seed, in seed order."""
