@@ -8,31 +8,26 @@ exits, and trio-asyncio's default executor does not stop waiting at all (it runs
 `trio.to_thread.run_sync` without `abandon_on_cancel`). Either way a stop or a failure
 would wait for a call that may never return.
 
-`DaemonExecutor` is the default executor of the asyncio code the trainer runs: on the
-trio-asyncio loop the bridge opens, and on the host's asyncio loop for the duration of
-`train()` (`default_executor_of`). Cancelling the awaiting task lets the call go at once, as
-in asyncio; the thread it runs in is a daemon thread, which neither the loop's close nor the
-interpreter's exit waits for. `report_abandoned` names, when `train()` ends, the calls whose
-callers gave up while they ran and that still run.
+`DaemonExecutor` runs the blocking calls of the asyncio code the trainer runs, built on the
+first one by the loop's default executor (bridge/default_executor.py). Cancelling the
+awaiting task lets the call go at once, as in asyncio; the thread it runs in is a daemon
+thread, which neither the loop's close nor the interpreter's exit waits for.
+`report_abandoned` names, when `train()` ends, the calls whose callers gave up while they ran
+and that still run.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextvars
 import functools
 import os
 import threading
 import warnings
-import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-_MISSING = object()
 
 
 class _Future(concurrent.futures.Future[Any]):
@@ -82,20 +77,19 @@ class _Call:
             self.future.set_result(result)
 
 
-class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+class DaemonExecutor(concurrent.futures.Executor):
     """Runs each call in one of trio's cached daemon threads, at most `max_workers` at once
     (asyncio's default executor's count by default), the others queued in order.
 
-    A `ThreadPoolExecutor` by type only, because asyncio's `set_default_executor` accepts no
-    other type: its worker threads are never started. The threads come from
-    `trio.lowlevel.start_thread_soon`, which needs no trio run, so this works under asyncio
-    as under trio. `shutdown(wait=True)` waits for the calls whose callers still wait.
+    The threads come from `trio.lowlevel.start_thread_soon`, which needs no trio run, so this
+    works under asyncio as under trio. `shutdown(wait=True)` waits for the calls whose
+    callers still wait.
     """
 
     def __init__(self, max_workers: int | None = None) -> None:
         if max_workers is None:
             max_workers = min(32, (os.cpu_count() or 1) + 4)
-        super().__init__(max_workers=max_workers)
+        self._max_workers = max_workers
         self._lock_calls = threading.Condition()
         self._queued: deque[_Call] = deque()
         self._started: set[_Call] = set()  # handed to a thread, not yet ended
@@ -191,47 +185,3 @@ def report_abandoned(executor: DaemonExecutor) -> None:
         RuntimeWarning,
         stacklevel=1,
     )
-
-
-@dataclass(eq=False)
-class _Lent:
-    executor: DaemonExecutor
-    previous: Any
-    users: int = 0
-
-
-#: The asyncio loops whose default executor is a DaemonExecutor while trainers run on them.
-_lent: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lent] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-@contextmanager
-def default_executor_of(loop: asyncio.AbstractEventLoop) -> Iterator[DaemonExecutor | None]:
-    """Make a `DaemonExecutor` the default executor of the host's asyncio `loop` while the
-    block runs, then give back the one it had (None if there was none yet). Trainers on the
-    same loop share one.
-
-    Yields None, changing nothing, on a loop that does not keep its default executor where
-    asyncio's loops do (uvloop's, a trio-asyncio loop the host opened): its own rules hold.
-    """
-    lent = _lent.get(loop)
-    if lent is None:
-        previous = getattr(loop, "_default_executor", _MISSING)
-        if previous is _MISSING or type(loop).__module__.startswith("trio_asyncio"):
-            yield None
-            return
-        lent = _lent[loop] = _Lent(DaemonExecutor(), previous)
-        loop.set_default_executor(lent.executor)
-    lent.users += 1
-    try:
-        yield lent.executor
-    finally:
-        lent.users -= 1
-        if lent.users == 0:
-            del _lent[loop]
-            # Given back only if still ours (the host may have set another meanwhile); the
-            # attribute itself, since set_default_executor accepts no None.
-            if getattr(loop, "_default_executor", None) is lent.executor:
-                loop._default_executor = lent.previous  # type: ignore[attr-defined]
-            lent.executor.shutdown(wait=False)

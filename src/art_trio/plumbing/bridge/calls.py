@@ -39,7 +39,7 @@ from ...messages.errors import (
     _BaseExceptionEscaped,
     self_cancelled,
 )
-from .blocking import DaemonExecutor, default_executor_of, report_abandoned
+from .default_executor import DefaultExecutor, default_executor_of
 from .loop import (
     can_run_in_batches,
     can_run_in_executor_as_asyncio,
@@ -355,15 +355,16 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     """Yield the bridge for the running loop, opening a trio-asyncio loop only if needed.
 
     Blocking calls the asyncio code hands to the default executor run in daemon threads a
-    cancel lets go (bridge/blocking.py), under asyncio as on the loop opened here; those
-    still running when the block ends, their callers cancelled, are named in a warning."""
+    cancel lets go (bridge/default_executor.py), under asyncio as on the loop opened here;
+    those still running when the block ends, their callers cancelled, are named in a
+    warning."""
     if sniffio.current_async_library() != "trio":
         with default_executor_of(asyncio.get_running_loop()) as executor:
             try:
                 yield Bridge()
             finally:
                 if executor is not None:
-                    report_abandoned(executor)
+                    executor.report_abandoned()
         return
     # Imported only under trio: importing trio_asyncio patches asyncio process-wide. What of
     # it changes asyncio outside trio (every later asyncio.run on trio-asyncio's loop, 4-5x
@@ -376,7 +377,7 @@ async def open_bridge() -> AsyncIterator[Bridge]:
     if loop is not None:
         yield _TrioAsyncioBridge(loop)
         return
-    executor = DaemonExecutor()
+    executor = DefaultExecutor()
     try:
         async with trio_asyncio.open_loop() as loop:
             if can_run_in_batches(loop):
@@ -385,7 +386,7 @@ async def open_bridge() -> AsyncIterator[Bridge]:
                 run_in_executor_as_asyncio(loop, executor)
             yield _TrioAsyncioBridge(loop)
     finally:
-        report_abandoned(executor)
+        executor.report_abandoned()
 
 
 async def call_asyncio_from_trio(fn: Callable[..., Awaitable[R]], *args: Any) -> R:

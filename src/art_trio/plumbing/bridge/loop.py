@@ -98,9 +98,9 @@ def run_in_executor_as_asyncio(loop: Any, default: concurrent.futures.ThreadPool
     `assert`), and runs the call with `trio.to_thread.run_sync` without abandoning it on
     cancel, so cancelling `await asyncio.to_thread(f)` waited for `f`. asyncio's method
     submits to any `concurrent.futures.Executor` and stops waiting when the awaiting task is
-    cancelled; `default` (bridge/blocking.py) runs calls in daemon threads nothing joins.
-    A `TrioExecutor` passed in, or made the default, keeps trio-asyncio's way. Applied only
-    to a loop that has asyncio's executor internals.
+    cancelled; `default` (bridge/default_executor.py) runs calls in daemon threads nothing
+    joins. A `TrioExecutor` passed in, or made the default, keeps trio-asyncio's way.
+    Applied only to a loop that has asyncio's executor internals.
     """
     from trio_asyncio import TrioExecutor
 
