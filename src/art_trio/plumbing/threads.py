@@ -8,18 +8,18 @@ consistent instant of the run; the calling thread waits for the answer, for at m
 (a loop blocked by a callback that never yields cannot answer, and a watchdog must learn that
 rather than hang with it). The trainer hands calls over from the first line of `train()` to
 its last, start-up included: a start-up's cancel scope and settings are the loop's too.
+
+Every run makes a `LoopHandle`; the hand-off itself (`plumbing/handoff.py`) is loaded by the
+first call from another thread.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sniffio
-
-from ..messages.errors import LoopUnresponsive, _LoopClosed
 
 R = TypeVar("R")
 
@@ -27,39 +27,21 @@ R = TypeVar("R")
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def _as_asyncio(fn: Callable[[], None]) -> None:
-    """`fn()` in an asyncio callback, declared to sniffio as asyncio code.
-
-    A callback runs in no asyncio task, where sniffio (which anyio asks which loop it is on)
-    finds no library and raises; the trainer's methods use anyio."""
-    token = sniffio.current_async_library_cvar.set("asyncio")
-    try:
-        fn()
-    finally:
-        sniffio.current_async_library_cvar.reset(token)
-
-
 class LoopHandle:
     """The running loop's thread, and how to schedule a function onto it from elsewhere."""
 
     def __init__(self) -> None:
         self.thread = threading.get_ident()
+        #: What schedules onto the loop: trio's token for the run, or the asyncio loop.
+        self.loop: Any
         if sniffio.current_async_library() == "trio":
             import trio
 
-            token = trio.lowlevel.current_trio_token()
-            self._schedule: Callable[[Callable[[], None]], object] = token.run_sync_soon
-            self._closed: tuple[type[BaseException], ...] = (trio.RunFinishedError,)
+            self.loop = trio.lowlevel.current_trio_token()
         else:
             import asyncio
 
-            call_soon = asyncio.get_running_loop().call_soon_threadsafe
-
-            def schedule(fn: Callable[[], None]) -> None:
-                call_soon(_as_asyncio, fn)
-
-            self._schedule = schedule
-            self._closed = (RuntimeError,)  # "Event loop is closed"
+            self.loop = asyncio.get_running_loop()
 
     def in_loop_thread(self) -> bool:
         return threading.get_ident() == self.thread
@@ -70,27 +52,6 @@ class LoopHandle:
         Raises `_LoopClosed` if the loop ended first and `LoopUnresponsive` after `timeout`
         seconds (`fn` then never runs). `what` names the call in those errors.
         """
-        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        from .handoff import call_in_loop
 
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return  # the caller gave up waiting: do nothing late
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001  (handed to the calling thread)
-                future.set_exception(exc)
-
-        try:
-            self._schedule(run)
-        except self._closed as exc:
-            raise _LoopClosed(f"{what}: the trainer's event loop has ended") from exc
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if not future.cancel():
-                return future.result()  # running or done after all: it answers now
-            raise LoopUnresponsive(
-                f"{what}: the trainer's event loop did not answer within {timeout:g} s. "
-                "Something running on it is blocking it without yielding (a rollout_fn, "
-                "eval_fn or observer doing blocking work?)"
-            ) from None
+        return call_in_loop(self.loop, fn, timeout=timeout, what=what)
