@@ -331,17 +331,15 @@ class RolloutStage:
             # worker and the rollout is resumed each time the rollout yields.)
             token = run.model.activate_metrics_context("train")
             try:
-                # Leased for the whole call: the rollout samples from `version`'s weights.
-                if run.executor is not None:
-                    group = await run.leases.call(
-                        version, run.executor.run, worker_id, run.rollout_fn, run.model,
-                        scenario, run.config, lease=run.rollout_lease,
-                    )
-                else:
-                    group = await run.leases.call(
-                        version, run.rollout_fn, run.model, scenario, run.config,
-                        lease=run.rollout_lease,
-                    )
+                # Leased for the whole call: the rollout samples from `version`'s weights. An
+                # executor is called with the worker's id before the rollout function's own
+                # arguments (`RolloutExecutor.run`).
+                rollout = (run.rollout_fn,) if run.executor is None else (
+                    run.executor.run, worker_id, run.rollout_fn
+                )
+                group = await run.leases.call(
+                    version, *rollout, run.model, scenario, run.config, lease=run.rollout_lease
+                )
             finally:
                 token.var.reset(token)
         except ENDS_THE_RUN + (RolloutLost,):
