@@ -22,6 +22,9 @@ from ..plumbing.compat import record_completion_tokens
 
 _warned_missing_tokens = False
 
+#: Where ART 0.5.20+'s servers say which policy version produced which of a completion's tokens.
+SPANS_KEY = "policy_token_spans"
+
 #: The `completion_tokens` types read without the general number test (exactly these: a
 #: subclass, or a bool, takes the general way).
 PLAIN_COUNTS = (int, float)
@@ -122,8 +125,8 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     version = trajectory.initial_policy_version
     spans: list[tuple[int, float]] = []
     unattributed = 0.0
-    for item in _served_items(trajectory):
-        if type(item) is dict and "policy_token_spans" not in item:
+    for item in served_items(trajectory):
+        if type(item) is dict and SPANS_KEY not in item:
             continue  # a message the user or the rollout wrote (the common case, kept cheap)
         found, missing = _choice_versions(item)
         spans += found
@@ -148,7 +151,9 @@ def version_tokens(trajectory: Trajectory) -> list[tuple[int, float]]:
     return [(version, completion_weight(trajectory))]
 
 
-def _served_items(trajectory: Trajectory) -> Iterable[Any]:
+def served_items(trajectory: Trajectory) -> Iterable[Any]:
+    """Every message and choice of a trajectory, where ART looks for spans: its exchanges'
+    served choices, its messages and choices, its additional histories'."""
     chats = getattr(_attribute(trajectory, "exchanges"), "chat_completions", None)
     histories = _attribute(trajectory, "additional_histories")
     if not chats and not histories:
@@ -164,8 +169,8 @@ def _choice_versions(item: Any) -> tuple[list[tuple[int, float]], float]:
     """A served item's `(version, tokens)` spans, and its tokens no span accounts for (NaN
     where that count is unknown). Messages written by the user or the rollout (dicts without
     spans) have neither: they are not trained."""
-    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None) or {}
-    raw = extra.get("policy_token_spans")
+    extra = extra_fields(item)
+    raw = extra.get(SPANS_KEY)
     if isinstance(item, Mapping) and raw is None:
         return [], 0.0
     found: list[tuple[int, float]] = []
@@ -184,6 +189,12 @@ def _choice_versions(item: Any) -> tuple[list[tuple[int, float]], float]:
         return spans, math.nan if malformed else 0.0
     covered = sum(n for _, n in spans)
     return spans, max(0.0, total - covered) if math.isfinite(covered) else 0.0
+
+
+def extra_fields(item: Any) -> Mapping[str, Any]:
+    """Where a served item keeps `policy_token_spans` and `token_ids`: a dict message itself,
+    a choice's fields beyond the model's own (pydantic's `model_extra`)."""
+    return item if isinstance(item, Mapping) else getattr(item, "model_extra", None) or {}
 
 
 def _choice_tokens(item: Any, extra: Mapping[str, Any]) -> float | None:
@@ -260,7 +271,7 @@ def plain_tokens(group: Any) -> dict[int, float] | None:
         if version is None or type(value) not in PLAIN_COUNTS or not 0 < value < math.inf:
             return None
         for item in trajectory.messages_and_choices:
-            if type(item) is not dict or "policy_token_spans" in item:
+            if type(item) is not dict or SPANS_KEY in item:
                 return None
         tokens[version] = tokens.get(version, 0.0) + float(value)
     return tokens

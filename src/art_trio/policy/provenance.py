@@ -16,7 +16,7 @@ says which applies; the eval stage logs it when it starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import art
@@ -24,8 +24,7 @@ from openai.types.chat.chat_completion import Choice
 
 from ..messages.errors import EvalProvenanceError
 from ..plumbing.compat import POLICY_TOKEN_SPAN
-
-SPANS_KEY = "policy_token_spans"
+from .freshness import SPANS_KEY, extra_fields, served_items
 
 
 def describe_mode(strict: bool) -> str:
@@ -62,12 +61,13 @@ def check_eval_provenance(
         return
     trajectories = list(trajectories)
     if not strict and not any(
-        _raw_spans(item) is not None for t in trajectories for item in _completions(t)
+        extra_fields(item).get(SPANS_KEY) is not None
+        for trajectory in trajectories for item in served_items(trajectory)
     ):
         return
     for trajectory in trajectories:
         found = False
-        for item in _completions(trajectory):
+        for item in served_items(trajectory):
             spans = _validated_spans(item, required=isinstance(item, Choice))
             if spans is None:
                 continue
@@ -81,23 +81,8 @@ def check_eval_provenance(
             raise EvalProvenanceError("Exact policy provenance is missing policy_token_spans")
 
 
-def _completions(trajectory: art.Trajectory) -> Iterator[Any]:
-    """Every message and choice of a trajectory, where ART looks for spans."""
-    exchanges = getattr(trajectory, "exchanges", None)
-    for exchange in getattr(exchanges, "chat_completions", ()) or ():
-        yield from exchange.response.choices
-    yield from trajectory.messages_and_choices
-    for history in trajectory.additional_histories:
-        yield from history.messages_and_choices
-
-
-def _raw_spans(item: Any) -> Any:
-    extra = item if isinstance(item, Mapping) else getattr(item, "model_extra", None)
-    return extra.get(SPANS_KEY) if isinstance(extra, Mapping) else None
-
-
 def _validated_spans(item: Any, *, required: bool) -> list[Any] | None:
-    raw = _raw_spans(item)
+    raw = extra_fields(item).get(SPANS_KEY)
     if raw is None:
         if required:
             raise EvalProvenanceError("Exact policy provenance is missing policy_token_spans")
