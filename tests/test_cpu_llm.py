@@ -146,7 +146,7 @@ def test_art_trio_trainer_under_anyio_asyncio_then_resume(loaded: Any, tmp_path:
 def test_arts_own_pipeline_trainer_drives_the_backend(loaded: Any, tmp_path: Path) -> None:
     """ART's asyncio PipelineTrainer (the installed line's) trains two steps on it."""
     from art_trio.cpu.demo import eval_fn, rollout, scenarios
-    from art_trio.plumbing.compat import art_pipeline_trainer, art_trainer_kwargs
+    from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 
     backend = loaded
 

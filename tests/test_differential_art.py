@@ -30,8 +30,9 @@ import trio
 from art.pipeline_trainer import PipelineTrainer as ArtPipelineTrainer
 
 import art_trio
-from art_trio.plumbing.compat import ART_0520, art_trainer_kwargs
+from art_trio.plumbing.compat import ART_0520
 from art_trio.resume.state import TALLY_FIELDS
+from art_trio.testing import art_trainer_kwargs
 from tests.doubles import HISTORY_KEYS, served_trajectory, trajectory
 from tests.test_parity_0518 import LeasingBackend, eval_completed_steps, new_model
 

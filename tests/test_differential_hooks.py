@@ -30,7 +30,8 @@ import pytest
 import trio
 
 import art_trio
-from art_trio.plumbing.compat import ART_0520, art_pipeline_trainer, art_trainer_kwargs
+from art_trio.plumbing.compat import ART_0520
+from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 from tests.doubles import RecordingBackend, served_trajectory, trajectory
 from tests.test_parity_0518 import new_model
 

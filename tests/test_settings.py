@@ -19,9 +19,8 @@ from art_trio.plumbing.compat import (
     RUNTIME_FIELDS,
     PipelineAutotuneConfig,
     PipelineRuntimeConfig,
-    art_pipeline_trainer,
-    art_trainer_kwargs,
 )
+from art_trio.testing import art_pipeline_trainer, art_trainer_kwargs
 from tests.doubles import asyncio_rollout
 
 ArtPipelineTrainer = art_pipeline_trainer()

@@ -126,24 +126,6 @@ def trainable_model(
     return model
 
 
-def art_trainer_kwargs(**kwargs: Any) -> dict[str, Any]:
-    """Keyword arguments for the installed ART's own `PipelineTrainer`, from 0.5.18-style ones.
-
-    Used where art_trio runs ART's trainer beside its own (the benchmark, differential tests).
-    0.5.20+ takes the runtime settings as `pipeline=PipelineRuntimeConfig(...)`, calls
-    `eval_step_0` only `eval_at_start`, and has no `packed_sequence_length`.
-    """
-    if "eval_step_0" in kwargs:
-        kwargs.setdefault("eval_at_start", kwargs.pop("eval_step_0"))
-    if not ART_0520:
-        return kwargs
-    runtime = {key: kwargs.pop(key) for key in RUNTIME_FIELDS if key in kwargs}
-    if "pipeline" not in kwargs:
-        kwargs["pipeline"] = PipelineRuntimeConfig(**runtime)
-    kwargs.pop("packed_sequence_length", None)
-    return kwargs
-
-
 def line_train_kwargs(
     *,
     current_step: int,
@@ -287,10 +269,3 @@ def deprecate_direct_runtime(given: dict[str, Any], *, stacklevel: int) -> None:
             DeprecationWarning,
             stacklevel=stacklevel + 1,
         )
-
-
-def art_pipeline_trainer() -> type[Any]:
-    """The installed ART's own `PipelineTrainer` class (for side-by-side runs)."""
-    from art.pipeline_trainer import PipelineTrainer
-
-    return PipelineTrainer

@@ -30,7 +30,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from art_trio.plumbing.compat import art_pipeline_trainer, art_trainer_kwargs, trainable_model
+from art_trio.plumbing.compat import (
+    ART_0520,
+    RUNTIME_FIELDS,
+    PipelineRuntimeConfig,
+    trainable_model,
+)
 from art_trio.testing.doubles import (
     BackendDouble,
     EvalCall,
@@ -52,6 +57,31 @@ if TYPE_CHECKING:
         check_pipeline,
         explore_pipeline,
     )
+
+def art_pipeline_trainer() -> type[Any]:
+    """The installed ART's own `PipelineTrainer` class (for side-by-side runs)."""
+    from art.pipeline_trainer import PipelineTrainer
+
+    return PipelineTrainer
+
+
+def art_trainer_kwargs(**kwargs: Any) -> dict[str, Any]:
+    """Keyword arguments for the installed ART's own `PipelineTrainer`, from 0.5.18-style ones.
+
+    Used where art_trio runs ART's trainer beside its own (the benchmark, differential tests).
+    0.5.20+ takes the runtime settings as `pipeline=PipelineRuntimeConfig(...)`, calls
+    `eval_step_0` only `eval_at_start`, and has no `packed_sequence_length`.
+    """
+    if "eval_step_0" in kwargs:
+        kwargs.setdefault("eval_at_start", kwargs.pop("eval_step_0"))
+    if not ART_0520:
+        return kwargs
+    runtime = {key: kwargs.pop(key) for key in RUNTIME_FIELDS if key in kwargs}
+    if "pipeline" not in kwargs:
+        kwargs["pipeline"] = PipelineRuntimeConfig(**runtime)
+    kwargs.pop("packed_sequence_length", None)
+    return kwargs
+
 
 #: Public names loaded on first use, and the module each comes from.
 _LAZY = {
