@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         explore_pipeline,
     )
 
+
 def art_pipeline_trainer() -> type[Any]:
     """The installed ART's own `PipelineTrainer` class (for side-by-side runs)."""
     from art.pipeline_trainer import PipelineTrainer
