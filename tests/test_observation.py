@@ -7,6 +7,7 @@ settings' defaults and types, and a library that logs instead of printing.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import inspect
@@ -15,6 +16,7 @@ from typing import Any, get_type_hints
 
 import art
 import pytest
+import trio
 
 import art_trio.config.keywords
 import art_trio.config.settings
@@ -104,6 +106,52 @@ async def test_a_run_seen_only_through_statistics_and_events(
         after.steps = 0  # type: ignore[misc]
     with pytest.raises(TypeError):
         after.staleness[0] = 1  # type: ignore[index]
+
+
+def _unsettled_excess(s: RunStatistics) -> int:
+    """How far `rollouts_in_flight + groups_queued` exceeds `taken - settled` (<= 0 holds)."""
+    settled = s.trained + s.stale + s.zero_variance + s.errored + s.dropped_at_stop
+    return s.rollouts_in_flight + s.groups_queued - (s.taken - settled)
+
+
+@pytest.mark.parametrize("window", [0, 1])
+async def test_no_snapshot_counts_more_in_flight_and_queued_than_taken_and_unsettled(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: Any, window: int
+) -> None:
+    """Every scenario taken and not settled is in one rollout, queued, or in the batch being
+    trained, so `rollouts_in_flight + groups_queued <= taken - settled` between any two
+    tasks' steps (what a thread polling `statistics()` sees). The in-flight figure counted the
+    gate's admission slots: a slot taken for a worker the gate wakes, before that worker has
+    taken a scenario, counted as a rollout."""
+
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> art.TrajectoryGroup:
+        i = scenario["i"]
+        if i % 7 == 3:
+            raise ValueError("planned")
+        await asyncio.sleep(0.1 * (1 + i % 5) + (5.0 if i % 11 == 4 else 0.0))  # asyncio code
+        return art.TrajectoryGroup([trajectory(0.0), trajectory(1.0)])
+
+    trainer = PipelineTrainer(
+        model, backend, rollout, scenarios(120), None, num_rollout_workers=6,
+        min_batch_size=2, max_batch_size=2, max_steps_off_policy=window, max_steps=8,
+    )
+    excess: list[tuple[str, int]] = []
+
+    class BetweenTaskSteps(trio.abc.Instrument):
+        def after_task_step(self, task: trio.lowlevel.Task) -> None:
+            s = trainer.statistics()
+            if s.running and _unsettled_excess(s) > 0:
+                excess.append((task.name, _unsettled_excess(s)))
+
+    instrument = BetweenTaskSteps()
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        await trainer.train(handle_signals=False)
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    after = trainer.statistics()
+    assert after.steps == 8 and after.errored > 0 and after.stale > 0, after
+    assert excess == [], sorted(set(excess))
 
 
 async def test_a_removed_observer_hears_nothing_more(

@@ -630,8 +630,10 @@ def test_statistics_from_another_thread_is_a_consistent_snapshot(
             assert getattr(after, name) >= getattr(before, name), (name, before, after)
     for s in live:
         settled = s.trained + s.stale + s.zero_variance + s.errored + s.dropped_at_stop
-        # One instant: what is taken and not settled is in flight, queued or being trained.
-        assert 0 <= s.taken - settled <= s.rollouts_in_flight + s.groups_queued + 2, s
+        # One instant: what is taken and not settled is in flight, queued or being trained
+        # (each in one place: in flight and queued never count more than that).
+        in_flight_or_queued = s.rollouts_in_flight + s.groups_queued
+        assert 0 <= in_flight_or_queued <= s.taken - settled <= in_flight_or_queued + 2, s
         assert s.steps - s.policy_version in (0, 1), s
     assert trainer.statistics() == poller.trainer.statistics()
     assert not trainer.statistics().running

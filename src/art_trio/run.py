@@ -308,7 +308,13 @@ def compose_statistics(
     now: float = 0.0,
 ) -> RunStatistics:
     """`RunStatistics` composed from its owners: the counters folded from the events, the
-    gate's figures and the settings in force (before a run: no events, no gate yet)."""
+    gate's figures and the settings in force (before a run: no events, no gate yet).
+
+    Rollouts in flight are the rollouts started and not ended, as the events say, not the
+    gate's admission slots: the gate takes a slot for a worker it wakes before that worker
+    has taken a scenario (and a worker holds its slot while it takes one), so counting slots
+    counted scenarios nobody had taken, and a snapshot showed more in flight and queued than
+    taken and not settled."""
     fold = CounterFold() if fold is None else fold
     c = fold.counters
     first = fold.first_step_at
@@ -322,7 +328,7 @@ def compose_statistics(
         min_batch_size=settings.sizes.min_batch_size,
         max_batch_size=settings.sizes.max_batch_size,
         queue_capacity=settings.groups_capacity,
-        rollouts_in_flight=gate.in_flight if gate is not None else 0,
+        rollouts_in_flight=c.rollouts_started - c.rollouts_ended,
         groups_queued=gate.queued if gate is not None else 0,
         taken=c.taken,
         trained=c.trained,
