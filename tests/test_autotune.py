@@ -199,14 +199,62 @@ def test_after_a_decrease_no_window_starts_until_the_old_pools_groups_are_retire
     assert {b - a for a, b in zip(steps, steps[1:], strict=False)} == {3 + 4}
 
 
+def test_a_verdict_that_would_settle_the_search_waits_for_the_next_window():
+    # Starved at 10, fed at 12: one lucky window at 11 would settle the search there. The
+    # mean of the windows at 11 must say "fed" too, and the next window says otherwise.
+    policy = _policy(11)
+    policy.low, policy.high = 10, 12
+    run = FakeRun(policy, lambda n: 1.0 if n >= 12 or not policy.decisions else 0.5)
+    decisions = [d for d in (run.step() for _ in range(40)) if d is not None]
+    first, second = decisions[:2]
+    assert first.action == "hold" and not first.settled
+    assert "judged with the next window" in first.reason
+    assert second.action == "increase_workers" and second.num_rollout_workers == 12
+    assert policy.num_rollout_workers == 12 and policy.settled_at_step is not None
+
+
+def test_two_windows_that_agree_settle_the_search():
+    policy = _policy(11)
+    policy.low, policy.high = 10, 12
+    run = FakeRun(policy, lambda n: 1.0 if n >= 11 else 0.5)
+    decisions = [d for d in (run.step() for _ in range(20)) if d is not None]
+    assert [d.settled for d in decisions[:2]] == [False, True]
+    assert not any(d.changed for d in decisions) and policy.num_rollout_workers == 11
+
+
+def test_a_probe_down_that_could_not_be_judged_by_the_last_step_is_not_begun():
+    # Fed at any count: from 256 a decrease after every window (5 steps apart), unless the
+    # run ends before the decrease could be judged (a skipped step and two 4-step windows).
+    def decisions(max_steps: int | None) -> list[Any]:
+        run = FakeRun(_policy(256, max_steps=max_steps), lambda n: 1.0)
+        return [d for d in (run.step() for _ in range(24)) if d is not None]
+
+    free, bounded = decisions(None), decisions(24)
+    assert [(d.step, d.action) for d in free] == [
+        (step, "decrease_workers") for step in (7, 12, 17, 22)]
+    assert [(d.step, d.action) for d in bounded[:3]] == [
+        (7, "decrease_workers"), (12, "decrease_workers"), (17, "hold")]  # 17 + 9 > 24
+    assert "could not be judged by the last step (24)" in bounded[2].reason
+    assert all(d.action == "hold" for d in bounded[2:])
+
+
+def test_a_large_pool_fed_goes_down_to_littles_guess_at_once():
+    # 8 groups a step, 0.1 s a step, 0.05 s a rollout: Little's law needs 4 in flight, 6
+    # with headroom; from 256 the first probe goes to a sixteenth (16), not to a quarter.
+    run = FakeRun(_policy(256), lambda n: 1.0)
+    first = next(d for d in (run.step() for _ in range(20)) if d is not None)
+    assert first.action == "decrease_workers" and first.num_rollout_workers == 16
+
+
 @pytest.mark.parametrize("bound", [0, 2, None])
-def test_the_trainer_sets_the_skip_after_a_decrease_from_its_staleness_bound(model, bound):
-    settings = PipelineSettings.from_flat({"max_steps_off_policy": bound})
+def test_the_trainer_sets_the_skip_after_a_decrease_and_the_last_step(model, bound):
+    settings = PipelineSettings.from_flat({"max_steps_off_policy": bound, "max_steps": 50})
     run: Any = SimpleNamespace(model=model, settings=lambda: settings, stop=None,
                                observe=None, status=None, statistics=None, resize=None)
     stage = Autotuner(AutotuneConfig(mode="online")).stage(run)
     assert stage is not None
     assert stage.policy.skip_steps_after_decrease == (1 if bound is None else bound + 1)
+    assert stage.policy.max_steps == 50
 
 
 @pytest.mark.parametrize("start", [4, 256])
@@ -552,6 +600,42 @@ def test_more_workers_that_feed_the_trainer_worse_are_taken_back():
     assert any("made it worse" in d.reason for d in decisions)
     assert max(d.num_rollout_workers for d in decisions) <= 128
     assert not any(d.changed for d in decisions[-10:])  # and it stays there
+
+
+def test_rollouts_slowing_under_an_increase_are_not_taken_for_harm():
+    # Utilization follows the workers over Little's need (6 at 50 ms rollouts). Rollouts
+    # get twice as slow the moment the first increase lands: the fall after it is the
+    # workload's, and the pool grows to the 12 it needs now instead of going back to 5.
+    policy = _policy(5)
+    run = FakeRun(policy, lambda n: min(1.0, n / (120 * run.latency)))
+
+    def step() -> Any:
+        if any(d.action == "increase_workers" for d in policy.decisions):
+            run.latency = 0.1
+        return run.step()
+
+    decisions = [d for d in (step() for _ in range(150)) if d is not None]
+    assert not any("made it worse" in d.reason for d in decisions)
+    assert policy.ceiling is None and policy.num_rollout_workers >= 12
+
+
+def test_a_ceiling_for_harm_is_lifted_when_fewer_workers_feed_the_trainer_no_better():
+    # The workload turns worse for every count (a third of the utilization) as the first
+    # increase lands: judged harm, 6 becomes the ceiling; back at 6 the trainer is fed no
+    # better than at 12, so the ceiling goes and the search resumes.
+    policy = _policy(6)
+    factor = {"f": 1.0}
+
+    def utilization(n: int) -> float:
+        if any(d.action == "increase_workers" for d in policy.decisions):
+            factor["f"] = 0.3
+        return min(1.0, n / 12) * factor["f"]
+
+    run = FakeRun(policy, utilization)
+    decisions = [d for d in (run.step() for _ in range(150)) if d is not None]
+    harm = next(i for i, d in enumerate(decisions) if "made it worse;" in d.reason)
+    assert decisions[harm].num_rollout_workers == 6
+    assert max(d.num_rollout_workers for d in decisions[harm:]) > 6
 
 
 class EagerRun(FakeRun):

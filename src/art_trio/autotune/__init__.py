@@ -39,6 +39,7 @@ class Autotuner:
         })
         if self.max_workers is not None:
             policy.max_workers = min(policy.max_workers, self.max_workers)
+        policy.max_steps = run.settings().shutdown.max_steps
         bound = run.settings().freshness.max_steps_off_policy
         if bound is not None:
             # A rollout of policy v is trained by step v + bound at the latest: after that

@@ -23,6 +23,12 @@ rollouts in flight the trainer needs). When `high` is the next count above `low`
 - a window counts as "fed" only at `target + band` or more and as "starved" below `target`;
   between the two it holds. The band lies above the target so that the count the search
   settles on was seen with a margin, and its windows' noise stays at or above the target;
+- a verdict that would settle the search (fed next to a starved count, or starved next to a
+  fed one) waits until the mean of two windows or more at the count lies on the same side
+  of the target: one window of 64 groups reads up to a tenth off the truth, and a search
+  settled on it stays there for the rest of the run;
+- no probe down is begun that could not be judged by the run's last step (`max_steps`):
+  the run would end on a count nobody judged;
 - a count once seen feeding the trainer is given up only for drift (the workload changed:
   rollouts got slower), and only when the utilization at this count, averaged over
   `drift_horizon` windows (an exponentially weighted mean), is below the target too: after
@@ -45,7 +51,7 @@ this: their cancelled racers lower the yield, which raises Little's estimate wit
 Optionally an inference server's load (vLLM's running and waiting requests, `InferenceLoad`)
 stops it adding workers that would only wait in the server's queue.
 
-(About 490 lines, over the project's ~400: this docstring and one class whose judgement
+(About 530 lines, over the project's ~400: this docstring and one class whose judgement
 steps all read and move the same bracket, ceiling and drift state; split across modules
 they would have to pass it around.)
 """
@@ -111,9 +117,15 @@ class AutotunePolicy:
     #: count before them becomes the ceiling).
     min_gain: float = 0.01
     stale_done_limit: float = 0.25
+    #: Rollout latency after an increase above this times the latency before it, times the
+    #: ratio of the counts, is the workload slowing down, not the added workers.
+    slower_alone: float = 1.1
     #: Waiting/running requests at the inference server above which adding workers only
     #: queues them there (only with an `InferenceLoad`).
     inference_pressure_limit: float = 0.8
+    #: The run's last step (None: unknown): a probe down that could not be judged by then is
+    #: not begun (the run would end on a count nobody judged).
+    max_steps: int | None = None
     decisions: list[Decision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -132,6 +144,9 @@ class AutotunePolicy:
         #: The rollout latency when `ceiling` was set by more workers doing worse (None: a
         #: Little's law ceiling).
         self._ceiling_latency: float | None = None
+        #: The utilization with more workers when they were seen to feed the trainer worse
+        #: (None: no such ceiling).
+        self._worse_utilization: float | None = None
         self._start: RunStatistics | None = None
         self._skip = self.warmup_steps
         self._starved_in_a_row = 0
@@ -147,7 +162,7 @@ class AutotunePolicy:
         self._harm_pending = False
         #: The count and utilization before the last increase (None: the last change was
         #: not an increase, or it has been judged).
-        self._before_increase: tuple[int, float] | None = None
+        self._before_increase: tuple[int, float, float | None] | None = None
         #: The count and utilization before the first of a run of increases that gained
         #: nothing while rollouts were discarded as stale.
         self._flat_since: tuple[int, float] | None = None
@@ -184,6 +199,7 @@ class AutotunePolicy:
                 setattr(self, name, int(value))
         self.min_batch_size = min(self.min_batch_size, self.max_batch_size)
         self.low = self.high = self.ceiling = self._ceiling_latency = None
+        self._worse_utilization = None
         self._before_increase = self._flat_since = None
         self.settled_at_step = None
         self._fed_once = False
@@ -223,7 +239,7 @@ class AutotunePolicy:
         self.decisions.append(decision)
         if decision.changed:
             self._before_increase = (
-                (self.num_rollout_workers, window.utilization)
+                (self.num_rollout_workers, window.utilization, window.rollout_latency_s)
                 if decision.action == "increase_workers" else None
             )
             decreased = decision.num_rollout_workers < self.num_rollout_workers
@@ -260,6 +276,9 @@ class AutotunePolicy:
             return self._change(w, step, n, self.ceiling, "decrease_workers",
                                 f"{why}; back to {self.ceiling}, the most it is given from "
                                 "now on")
+        pending = self._unconfirmed(w, n)
+        if pending is not None:
+            return self._hold(w, step, n, pending)
         if w.utilization >= self.target + self.band:
             self.high = n if self.high is None else min(self.high, n)
             self._fed_once = True
@@ -269,6 +288,27 @@ class AutotunePolicy:
         if w.utilization >= self.target:
             return self._in_band(w, step, n)
         return self._starved(w, step, n, inference)
+
+    def _unconfirmed(self, w: Window, n: int) -> str | None:
+        """Why a verdict that would settle the search waits for another window, or None.
+
+        A window reads up to a tenth off the truth, and a verdict next to the other end of
+        the bracket ends the search: the mean of two windows or more at this count must lie
+        on the same side of the target.
+        """
+        fed = w.utilization >= self.target + self.band
+        if fed:
+            settles = self.low is not None and self._closed(n)
+        elif w.utilization < self.target:
+            settles = self.high is not None and n < self.high and self._closed(self.high, n)
+        else:
+            return None
+        agrees = (self._here_utilization >= self.target) == fed
+        if not settles or (self._here >= 2 and agrees):
+            return None
+        return (f"utilization {w.utilization:.3f} at {n} workers would settle the search "
+                f"({'fed' if fed else 'starved'}); {self._here_utilization:.3f} over "
+                f"{self._here} window(s) here: judged with the next window")
 
     def _in_band(self, w: Window, step: int, n: int) -> Decision:
         band = (f"utilization {w.utilization:.3f} inside the band "
@@ -297,13 +337,18 @@ class AutotunePolicy:
             why = f"{util}; halfway down to {self.low} (starved)"
         else:
             guess = _ceil(w.workers_needed * self.headroom) if w.workers_needed else n
-            # Little's law's guess with headroom if it is below; else probe a quarter down.
-            down = max(guess if guess < n else (3 * n) // 4, n // 4)
+            # Little's law's guess with headroom if it is below (a sixteenth of the count at
+            # least: from hundreds of workers, quarters would spend windows far from the
+            # answer); else probe a quarter down.
+            down = max(guess if guess < n else (3 * n) // 4, n // 16)
             why = (f"{util}; Little's law needs ~{w.workers_needed:.1f} in flight"
                    if w.workers_needed else f"{util}; halving")
         down = max(self.min_workers, min(down, n - 1))
         if down >= n or (self.low is not None and down <= self.low):
             return self._hold(w, step, n, f"{util}; settled ({self._bracket()})", settled=True)
+        if self.max_steps is not None and step + self._steps_to_judge(w) > self.max_steps:
+            return self._hold(w, step, n, f"{util}; a probe down could not be judged by the "
+                              f"last step ({self.max_steps})")
         return self._change(w, step, n, down, "decrease_workers", why)
 
     def _starved(
@@ -330,9 +375,11 @@ class AutotunePolicy:
             # Far more in flight than the trainer's pace needs, and still starved: the
             # staleness bound or the train step holds it back. Fewer workers feed it as well.
             self.ceiling = cap = max(self.min_workers, cap)
-            why = (f"{util}; {n} workers already >= {cap}, {self.little_factor:g}x the ~"
-                   f"{w.workers_needed or 0:.1f} in flight Little's law needs: more do not "
-                   "feed it")
+            why = (f"{util}; {n} workers already >= {cap}, " + (
+                "the most it is given since more workers did not help"
+                if self._ceiling_latency is not None else
+                f"{self.little_factor:g}x the ~{w.workers_needed or 0:.1f} in flight Little's "
+                "law needs: more do not feed it"))
             if cap < n:
                 return self._change(w, step, n, cap, "decrease_workers", why)
             return self._hold(w, step, n, why, settled=True)
@@ -364,9 +411,13 @@ class AutotunePolicy:
             lift = (w.rollout_latency_s or 0.0) > 2 * self._ceiling_latency
         else:
             lift = cap is not None and cap > 2 * self.ceiling
+        if self._worse_utilization is not None and self._here >= 2:
+            # Back at the ceiling the trainer is fed no better than with more workers: the
+            # fall was the workload's (it slowed while the increase was judged), not theirs.
+            lift = lift or self._here_utilization <= self._worse_utilization + self.min_gain
         if lift:
             # The pace needs far more in flight: rollouts got slower.
-            self.ceiling = self._ceiling_latency = None
+            self.ceiling = self._ceiling_latency = self._worse_utilization = None
             return cap
         return self.ceiling
 
@@ -426,12 +477,22 @@ class AutotunePolicy:
         if before is None or before[0] >= n or w.utilization >= self.target:
             self._flat_since = None
             return None
-        n0, u0 = before
+        n0, u0, latency0 = before
         util = f"utilization {w.utilization:.3f} at {n} workers"
+        latency = w.rollout_latency_s
+        if latency0 and latency and latency > self.slower_alone * latency0 * n / n0:
+            # Rollouts got slower than the added workers could make them (a contended server
+            # slows at most in proportion to what it is given): the workload changed under
+            # the increase, and a fall is its doing. Read as harm, it held a pool at the
+            # count before a doubling of the latency for the rest of the run.
+            self._flat_since = None
+            self._harm_pending = False
+            return None
         if self._harm_pending:
             self._harm_pending = False
             self._flat_since = None
             if self._here_utilization < u0 - self.harm_margin:
+                self._worse_utilization = self._here_utilization
                 return n0, (f"utilization {self._here_utilization:.3f} over {self._here} "
                             f"windows at {n} workers, below the {u0:.3f} at {n0}: more "
                             "workers made it worse")
@@ -451,6 +512,7 @@ class AutotunePolicy:
                 return None
             first, u_first = self._flat_since
             self._flat_since = None
+            self._worse_utilization = None
             return first, (f"{util}, {u_first:.3f} at {first}: two increases gained nothing "
                            f"while {w.stale_done_fraction:.0%} of the rollouts ended stale "
                            "(more workers only roll out work the staleness bound discards)")
@@ -471,9 +533,18 @@ class AutotunePolicy:
             return average
         return None
 
-    def _closed(self, n: int) -> bool:
-        low = self.low if self.low is not None else self.min_workers - 1
+    def _closed(self, n: int, low: int | None = None) -> bool:
+        """Whether `n` fed and `low` (default: the bracket's) starved settle the search."""
+        if low is None:
+            low = self.low if self.low is not None else self.min_workers - 1
         return n - low <= max(1, math.floor(self.settle_fraction * n))
+
+    def _steps_to_judge(self, w: Window) -> int:
+        """Steps from a decrease to its verdict: the skipped steps and two windows (a verdict
+        next to the other end of the bracket waits for a second)."""
+        groups = math.ceil(self.min_window_groups / w.groups_per_step) if w.groups_per_step else 0
+        skip = max(self.skip_steps_after_change, self.skip_steps_after_decrease)
+        return skip + 2 * max(self.window_steps, groups)
 
     def _bracket(self) -> str:
         low = "none" if self.low is None else str(self.low)
