@@ -19,7 +19,7 @@ import anyio  # noqa: E402
 import art  # noqa: E402
 import sniffio  # noqa: E402
 
-from art_trio import PipelineTrainer, trainable_model  # noqa: E402
+from art_trio import PipelineRuntimeConfig, PipelineTrainer, trainable_model  # noqa: E402
 from art_trio.demo import (  # noqa: E402
     CpuBackend,
     TaskConfig,
@@ -47,8 +47,7 @@ async def main() -> None:
             scenarios(0),
             TaskConfig(),
             eval_fn,
-            num_rollout_workers=4,
-            min_batch_size=2,
+            pipeline=PipelineRuntimeConfig(num_rollout_workers=4, min_batch_size=2),
             max_steps_off_policy=1,
             max_steps=STEPS,
         )

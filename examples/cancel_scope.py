@@ -19,6 +19,7 @@ import art  # noqa: E402
 import trio  # noqa: E402
 
 from art_trio import (  # noqa: E402
+    PipelineRuntimeConfig,
     PipelineTrainer,
     StepTrained,
     trainable_model,  # noqa: E402
@@ -37,8 +38,8 @@ async def main() -> None:
         def new_trainer() -> PipelineTrainer:
             return PipelineTrainer(
                 model, backend, rollout, scenarios(0), TaskConfig(),
-                num_rollout_workers=4, min_batch_size=2, max_steps_off_policy=1,
-                learning_rate=0.05,
+                pipeline=PipelineRuntimeConfig(num_rollout_workers=4, min_batch_size=2),
+                max_steps_off_policy=1, learning_rate=0.05,
             )  # fmt: skip
 
         # --8<-- [start:deadline]

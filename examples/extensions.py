@@ -24,6 +24,7 @@ import trio  # noqa: E402
 
 from art_trio import (  # noqa: E402
     GateSnapshot,
+    PipelineRuntimeConfig,
     PipelineTrainer,
     RunView,
     StepTrained,
@@ -108,8 +109,8 @@ async def main() -> None:
         await model.register(backend)
         trainer = PipelineTrainer(
             model, backend, rollout, scenarios(0), TaskConfig(),
-            num_rollout_workers=8, min_batch_size=2, max_steps_off_policy=1,
-            learning_rate=0.05, max_steps=20,
+            pipeline=PipelineRuntimeConfig(num_rollout_workers=8, min_batch_size=2),
+            max_steps_off_policy=1, learning_rate=0.05, max_steps=20,
             admission=cap, extensions=[stop_rule],
         )  # fmt: skip
         await trainer.train()

@@ -22,7 +22,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import PipelineTrainer, trainable_model  # noqa: E402
+from art_trio import PipelineRuntimeConfig, PipelineTrainer, trainable_model  # noqa: E402
 from art_trio.demo import CpuBackend, TaskConfig, scenarios, start_over  # noqa: E402
 from art_trio.demo.task import reward_for_answer  # noqa: E402
 
@@ -78,7 +78,8 @@ async def main() -> None:
         trainer = PipelineTrainer(
             model, backend, rollout, scenarios(0), TaskConfig(),
             rollout_executor=RayRolloutExecutor(),  # joins the cluster ray.init() found
-            num_rollout_workers=4, min_batch_size=2, max_steps=STEPS, learning_rate=0.05,
+            pipeline=PipelineRuntimeConfig(num_rollout_workers=4, min_batch_size=2),
+            max_steps=STEPS, learning_rate=0.05,
         )  # fmt: skip
         # --8<-- [end:executor]
         await trainer.train(handle_signals=False)

@@ -26,6 +26,7 @@ import art  # noqa: E402
 import trio  # noqa: E402
 
 from art_trio import (  # noqa: E402
+    PipelineRuntimeConfig,
     PipelineTrainer,
     StepTrained,
     trainable_model,  # noqa: E402
@@ -68,7 +69,9 @@ async def train(on_step: Any = None) -> art.TrainableModel:
         await model.register(backend)  # resumes from the newest checkpoint on disk
         trainer = PipelineTrainer(
             model, backend, rollout, scenarios(), TaskConfig(), quick_eval,
-            num_rollout_workers=4, min_batch_size=2, max_batch_size=2, max_steps_off_policy=1,
+            pipeline=PipelineRuntimeConfig(
+                num_rollout_workers=4, min_batch_size=2, max_batch_size=2),
+            max_steps_off_policy=1,
             max_steps=TARGET_STEP - await backend._get_step(model), eval_every_n_steps=1,
             learning_rate=0.05,
         )  # fmt: skip

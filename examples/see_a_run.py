@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 
-from art_trio import PipelineTrainer, trainable_model  # noqa: E402
+from art_trio import PipelineRuntimeConfig, PipelineTrainer, trainable_model  # noqa: E402
 from art_trio.demo import CpuBackend, TaskConfig, eval_fn, rollout, scenarios, start_over  # noqa: E402
 from art_trio.otel import traced  # noqa: E402
 from art_trio.timeline import draw, load_timeline, record_timeline, write_trace  # noqa: E402
@@ -58,7 +58,8 @@ async def main() -> None:
         await model.register(backend)
         trainer = PipelineTrainer(
             model, backend, rollout, scenarios(0), TaskConfig(), eval_fn,
-            num_rollout_workers=4, min_batch_size=2, max_steps_off_policy=1, max_steps=STEPS,
+            pipeline=PipelineRuntimeConfig(num_rollout_workers=4, min_batch_size=2),
+            max_steps_off_policy=1, max_steps=STEPS,
         )  # fmt: skip
         # --8<-- [start:watch]
         with traced(trainer, provider), record_timeline(trainer, "see-a-run.jsonl"):

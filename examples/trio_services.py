@@ -23,6 +23,7 @@ import httpx  # noqa: E402
 import trio  # noqa: E402
 
 from art_trio import (  # noqa: E402
+    PipelineRuntimeConfig,
     PipelineTrainer,
     StepTrained,
     trainable_model,  # noqa: E402
@@ -86,8 +87,7 @@ async def main() -> None:
             scenarios(0),
             TaskConfig(),
             eval_fn,
-            num_rollout_workers=2,
-            min_batch_size=2,
+            pipeline=PipelineRuntimeConfig(num_rollout_workers=2, min_batch_size=2),
             max_steps_off_policy=1,
             max_steps=STEPS,
         )

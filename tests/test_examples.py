@@ -17,6 +17,7 @@ import re
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,15 @@ def test_example_runs(
         require_trio_asyncio_patched_anyio()
         monkeypatch.chdir(tmp_path)
         monkeypatch.setattr(sys, "argv", [str(path), *argv])
-        runpy.run_path(str(path), run_name="__main__")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            runpy.run_path(str(path), run_name="__main__")
         out = capsys.readouterr().out
+        # Copied into a user's script, an example must not teach a deprecated spelling
+        # (ART 0.5.20+ deprecates the runtime settings as keyword arguments).
+        taught = [str(w.message) for w in caught
+                  if issubclass(w.category, DeprecationWarning) and w.filename == str(path)]
+        assert not taught, taught
     assert_in_order(out, patterns)
     if name != "ray_rollouts.py":
         assert (tmp_path / ".art" / "examples" / "models").is_dir()
