@@ -128,7 +128,9 @@ async def _drive(w: Workload, base_path: str, trainer_kwargs: dict[str, Any]) ->
     return trace
 
 
-def run(w: Workload, trainer_kwargs: dict[str, Any]) -> Trace:
+def run(w: Workload, trainer_kwargs: dict[str, Any], *, real_time: bool = False) -> Trace:
+    """One run in virtual time (trio's MockClock), or with `real_time` on the wall clock
+    (real sleeps: the trainer's own per-step time shows, and runs do not repeat exactly)."""
     started = time.perf_counter()
     # trio runs each batch of ready tasks in random order (reversed half the time, from an
     # unseeded generator: trio._core._run._r), so two virtual-time runs of one seeded workload
@@ -137,8 +139,8 @@ def run(w: Workload, trainer_kwargs: dict[str, Any]) -> Trace:
     trio._core._run._r.seed(w.seed)
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
         with contextlib.redirect_stdout(io.StringIO()):
-            trace = trio.run(functools.partial(_drive, w, tmp, trainer_kwargs),
-                             clock=trio.testing.MockClock(autojump_threshold=0))
+            clock = None if real_time else trio.testing.MockClock(autojump_threshold=0)
+            trace = trio.run(functools.partial(_drive, w, tmp, trainer_kwargs), clock=clock)
     trace.real_s = time.perf_counter() - started
     return trace
 

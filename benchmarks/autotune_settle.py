@@ -15,6 +15,7 @@ loaded two-core CI runner included, and the whole check takes seconds.
     python benchmarks/autotune_settle.py           # judge the tuner against the committed pool
     python benchmarks/autotune_settle.py --sweep   # sweep every fixed pool (the full search)
     python benchmarks/autotune_settle.py --json out.json
+    python benchmarks/autotune_settle.py --real-time --seeds 5   # the tuner on the wall clock
 
 The performance gate (`perf_gate.py`) runs the check; `perf_gate.py --write-baseline`
 saves its figures (with the full sweep) under `autotune_settle` in benchmarks/baseline.json.
@@ -102,14 +103,16 @@ def confirm(pool: int) -> tuple[bool, dict[int, list[float]]]:
     return ok, measured
 
 
-def tuned_ends(seeds: tuple[int, ...] = SEEDS) -> dict[int, list[int]]:
+def tuned_ends(
+    seeds: tuple[int, ...] = SEEDS, *, real_time: bool = False
+) -> dict[int, list[int]]:
     """The tuner's final worker count per start, one per seed."""
     ends: dict[int, list[int]] = {}
     for start in STARTS:
         for seed in seeds:
             w = workload(seed)
-            ends.setdefault(start, []).append(
-                bench.run(w, bench.tuned_kwargs(w, start)).final_workers)
+            trace = bench.run(w, bench.tuned_kwargs(w, start), real_time=real_time)
+            ends.setdefault(start, []).append(trace.final_workers)
     return ends
 
 
@@ -135,7 +138,8 @@ def judge(
 
 
 def measure(
-    full_sweep: bool, committed_pool: int | None, seeds: tuple[int, ...] = SEEDS
+    full_sweep: bool, committed_pool: int | None, seeds: tuple[int, ...] = SEEDS,
+    real_time: bool = False,
 ) -> dict[str, Any]:
     """The check's figures: the smallest pool (swept, or the committed one confirmed) and
     the tuner's final counts."""
@@ -146,14 +150,14 @@ def measure(
     else:
         confirmed, utilizations = confirm(committed_pool)
         pool = committed_pool
-    ends = tuned_ends(seeds)
+    ends = tuned_ends(seeds, real_time=real_time)
     return {
         "workload": DESCRIPTION, "seeds": list(seeds), "sweep_seeds": list(SWEEP_SEEDS),
         "starts": list(STARTS),
         "target": TARGET, "tolerance": TOLERANCE, "measured_from_step": MEASURED_FROM_STEP,
         "smallest_pool": pool, "pool_confirmed": confirmed,
         "fixed_utilization": {str(p): u for p, u in utilizations.items()},
-        "ends": {str(s): e for s, e in ends.items()},
+        "ends": {str(s): e for s, e in ends.items()}, "real_time": real_time,
         "real_s": time.perf_counter() - started,
     }
 
@@ -178,7 +182,8 @@ def report(figures: dict[str, Any]) -> str:
     ends = "; ".join(f"from {s}: {', '.join(map(str, e))}" for s, e in figures["ends"].items())
     return (f"autotune settling: smallest pool reaching {TARGET:.2f} = "
             f"{figures['smallest_pool']}; tuner's final counts {ends} "
-            f"({figures['real_s']:.0f} s, virtual time)")
+            f"({figures['real_s']:.0f} s, "
+            f"{'the tuner in real time' if figures.get('real_time') else 'virtual time'})")
 
 
 def committed(baseline: dict[str, Any]) -> int | None:
@@ -196,6 +201,13 @@ def write_baseline(path: Path, revision: str) -> dict[str, Any]:
     return figures
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"need at least one seed, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="sweep every fixed pool")
@@ -207,14 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--first-seed", type=int, default=0, metavar="N",
                         help="run the tuner at seeds N..N+19 (the gate runs 0..19)")
+    parser.add_argument("--seeds", type=_at_least_one, default=len(SEEDS), metavar="K",
+                        help=f"run the tuner at K seeds from --first-seed (default {len(SEEDS)})")
+    parser.add_argument("--real-time", action="store_true",
+                        help="run the tuner's runs on the wall clock (real sleeps, ~8 s a "
+                             "run; the fixed pools stay in virtual time)")
     args = parser.parse_args(argv)
     if args.write_baseline:
         figures = write_baseline(args.baseline, args.write_baseline)
         print(report(figures))
         return 1 if failures(figures, None) else 0
     pool = committed(json.loads(args.baseline.read_text()))
-    seeds = tuple(range(args.first_seed, args.first_seed + len(SEEDS)))
-    figures = measure(args.sweep, pool, seeds)
+    seeds = tuple(range(args.first_seed, args.first_seed + args.seeds))
+    figures = measure(args.sweep, pool, seeds, real_time=args.real_time)
     print(report(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
