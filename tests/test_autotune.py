@@ -35,7 +35,8 @@ from tests.doubles import RecordingBackend, scenarios
 
 
 def _stats(
-    steps: int, *, t: float, train: float, workers: int, latency: float = 0.05
+    steps: int, *, t: float, train: float, workers: int, latency: float = 0.05,
+    idle: float | None = None,
 ) -> RunStatistics:
     return RunStatistics(
         running=True, collapsed=False, policy_version=steps, steps=steps,
@@ -45,7 +46,7 @@ def _stats(
         rollouts_started=8 * steps, rollouts_lost=0, elapsed_s=t, train_s=train,
         since_first_step_s=t, trainer_utilization=train / t if t else None,
         rollout_s_spent=latency * 8 * steps, rollout_latency_s=latency, step_period_s=0.1,
-        staleness={},
+        staleness={}, idle_s=t - train if idle is None else idle,
     )
 
 
@@ -54,15 +55,19 @@ class FakeRun:
 
     def __init__(self, policy: AutotunePolicy, utilization: Any) -> None:
         self.policy, self.utilization = policy, utilization
-        self.steps, self.t, self.train = 0, 0.0, 0.0
+        self.steps, self.t, self.train, self.idle = 0, 0.0, 0.0, 0.0
         self.latency = 0.05  # each rollout's, as the statistics report it
+        #: The trainer's own seconds per step besides training and waiting (logging...).
+        self.overhead = 0.0
 
     def step(self) -> Any:
         self.steps += 1
         self.train += 0.1
-        self.t += 0.1 / self.utilization(self.policy.num_rollout_workers)
+        waited = 0.1 / self.utilization(self.policy.num_rollout_workers) - 0.1
+        self.t += 0.1 + waited + self.overhead
+        self.idle += waited
         return self.policy.observe(
-            _stats(self.steps, t=self.t, train=self.train,
+            _stats(self.steps, t=self.t, train=self.train, idle=self.idle,
                    workers=self.policy.num_rollout_workers, latency=self.latency)
         )
 
@@ -83,6 +88,17 @@ def test_settles_on_the_fewest_workers_that_feed_the_trainer(start):
     # Settled: only holds from there on.
     after = [d for d in decisions if d.step > run.policy.settled_at_step]
     assert after and not any(d.changed for d in after)
+
+
+def test_the_trainers_own_time_per_step_is_not_starvation():
+    # Logging and checkpoints take a third of each step besides training: time inside
+    # `backend.train` is at most 0.75 of the wall, whatever the pool. Only waiting for groups
+    # is starvation, so the search still ends at the 12 workers that end the waiting.
+    run = FakeRun(_policy(4), lambda n: 1.0 if n >= 12 else max(0.05, 1 - 0.08 * (12 - n)))
+    run.overhead = 0.033
+    for _ in range(200):
+        run.step()
+    assert run.policy.num_rollout_workers == 12 and run.policy.settled_at_step is not None
 
 
 def test_noise_inside_the_band_does_not_move_it():

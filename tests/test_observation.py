@@ -102,6 +102,9 @@ async def test_a_run_seen_only_through_statistics_and_events(
     assert sum(after.staleness.values()) == after.trained
     assert after.trainer_utilization is not None and 0 < after.trainer_utilization <= 1
     assert after.rollout_s_spent > 0 and after.rollout_s_per_trained_group is not None
+    # Waiting for groups is part of each step's wall time, apart from training in it.
+    assert all(0 <= e.idle_s <= e.wall_s - e.train_s + 1e-9 for e in steps)
+    assert after.idle_s == pytest.approx(sum(e.idle_s for e in steps)) and after.idle_s > 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         after.steps = 0  # type: ignore[misc]
     with pytest.raises(TypeError):

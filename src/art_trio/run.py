@@ -349,4 +349,5 @@ def compose_statistics(
         staleness=MappingProxyType(dict(c.staleness)),
         stalls=c.stalls,
         token_policy_age=c.token_age_sum / c.trained_tokens if c.trained_tokens else None,
+        idle_s=c.idle_s,
     )

@@ -6,8 +6,9 @@ trained step) and now and then returns a `Decision` (a new worker count, sometim
 tested on its own and in the simulator (virtual time); `stage.py` runs it in a
 live `train()`.
 
-What it looks for: the fewest rollout workers whose trainer utilization (time inside
-`backend.train` over wall time, per window of steps) stays at or above `target` (0.95).
+What it looks for: the fewest rollout workers whose trainer utilization (the share of a
+window's wall time the trainer did not wait for groups: its own per-step work is not
+starvation) stays at or above `target` (0.95).
 Fewer workers cost fewer rollout-seconds per trained group (less inference queueing on a
 shared server, fewer rollouts thrown away as stale); below the threshold the trainer
 waits for groups. The search is a bracket: the largest count seen to starve the trainer

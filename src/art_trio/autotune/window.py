@@ -46,6 +46,8 @@ class Window:
     start_step: int
     end_step: int
     wall_s: float
+    #: The share of the window the trainer did not wait for groups (1 - idle / wall): its
+    #: own per-step work (logging, checkpoints) is not starvation, and no pool changes it.
     utilization: float
     #: Rollout-seconds spent over groups trained in the window (inf: none trained).
     rollout_s_per_group: float
@@ -89,6 +91,7 @@ def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
     steps = max(1, end.steps - start.steps)
     wall = end.since_first_step_s - start.since_first_step_s
     train = end.train_s - start.train_s
+    idle = end.idle_s - start.idle_s
     trained = end.trained - start.trained
     ended = (end.rollouts_started - end.rollouts_in_flight) - (
         start.rollouts_started - start.rollouts_in_flight
@@ -112,7 +115,7 @@ def measure(start: RunStatistics, end: RunStatistics, workers: int) -> Window:
         start_step=start.steps,
         end_step=end.steps,
         wall_s=wall,
-        utilization=train / wall if wall > 0 else 1.0,
+        utilization=max(0.0, 1 - idle / wall) if wall > 0 else 1.0,
         rollout_s_per_group=spent / trained if trained else math.inf,
         rollout_latency_s=latency,
         train_s_per_step=train_per_step,

@@ -117,6 +117,9 @@ class StepTrained:
     #: Per group (as `scenario_indices`): its tokens' mean policy age in steps, each token
     #: aged by the policy that produced it (None: no token versions known).
     token_staleness: tuple[float | None, ...] = ()
+    #: Seconds of `wall_s` spent waiting for the batch's groups (collecting it): the
+    #: trainer's idle time, as ART's `time/step_collect_batch_s`.
+    idle_s: float = 0.0
 
 
 @cheap_init
@@ -455,6 +458,9 @@ class RunStatistics:
     #: that produced it (per-token where the server reports spans, as with in-flight
     #: updates; else its trajectory's start version). None before a token is trained.
     token_policy_age: float | None = None
+    #: Seconds the trainer waited for groups (collecting its batches: each step's
+    #: `StepTrained.idle_s`); the rest of `since_first_step_s` it trained or kept books.
+    idle_s: float = 0.0
 
     @property
     def rollout_s_per_trained_group(self) -> float | None:

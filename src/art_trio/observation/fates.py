@@ -99,8 +99,9 @@ class RunCounters:
     #: in every rollout, whatever its end (errored, dropped and lost ones too): what
     #: inference cost.
     spent_rollout_s: float = 0.0
-    #: inside `backend.train`.
+    #: inside `backend.train`, and waiting for a batch's groups.
     train_s: float = 0.0
+    idle_s: float = 0.0
     staleness: Counter[int] = field(default_factory=Counter)
     #: Trained tokens x their policy age, and trained tokens (`StepTrained.token_ages`).
     token_age_sum: float = 0.0
@@ -205,6 +206,7 @@ class CounterFold:
 
     def _step_trained(self, event: StepTrained) -> None:
         self.counters.steps += 1
+        self.counters.idle_s += event.idle_s
         self.counters.trained_flat += event.zero_variance_groups
         self.counters.staleness.update(event.staleness)
         self.counters.token_age_sum += event.token_ages[0]

@@ -460,6 +460,7 @@ class TrainingStage:
                 zero_variance_groups=flat,
                 token_ages=(sum(w for w, _ in by_group), sum(n for _, n in by_group)),
                 token_staleness=tuple(w / n if n else None for w, n in by_group),
+                idle_s=batch.idle_s,
             )
         )
 
