@@ -312,9 +312,9 @@ def compose_statistics(
 
     Rollouts in flight are the rollouts started and not ended, as the events say, not the
     gate's admission slots: the gate takes a slot for a worker it wakes before that worker
-    has taken a scenario (and a worker holds its slot while it takes one), so counting slots
-    counted scenarios nobody had taken, and a snapshot showed more in flight and queued than
-    taken and not settled."""
+    has taken a scenario (and a worker holds its slot while it takes one): counting slots
+    would count scenarios nobody has taken, and a snapshot could show more in flight and
+    queued than taken and not settled."""
     fold = CounterFold() if fold is None else fold
     c = fold.counters
     first = fold.first_step_at

@@ -417,7 +417,7 @@ class AutotunePolicy:
             # fall was the workload's (it slowed while the increase was judged), not theirs.
             lift = lift or self._here_utilization <= self._worse_utilization + self.min_gain
         if lift:
-            # The pace needs far more in flight: rollouts got slower.
+            # Rollouts got slower, or the fall was not the workers': the search may grow.
             self.ceiling = self._ceiling_latency = self._worse_utilization = None
             return cap
         return self.ceiling
@@ -484,8 +484,8 @@ class AutotunePolicy:
         if latency0 and latency and latency > self.slower_alone * latency0 * n / n0:
             # Rollouts got slower than the added workers could make them (a contended server
             # slows at most in proportion to what it is given): the workload changed under
-            # the increase, and a fall is its doing. Read as harm, it held a pool at the
-            # count before a doubling of the latency for the rest of the run.
+            # the increase, and a fall is its doing. Read as harm, it would hold the pool at
+            # the count from before a doubling of the latency for the rest of the run.
             self._flat_since = None
             self._harm_pending = False
             return None

@@ -458,8 +458,8 @@ class RunStatistics:
     #: that produced it (per-token where the server reports spans, as with in-flight
     #: updates; else its trajectory's start version). None before a token is trained.
     token_policy_age: float | None = None
-    #: Seconds the trainer waited for groups (collecting its batches: each step's
-    #: `StepTrained.idle_s`); the rest of `since_first_step_s` it trained or kept books.
+    #: Seconds the trainer waited for groups (collecting its batches, the first one's
+    #: included: the sum of each step's `StepTrained.idle_s`).
     idle_s: float = 0.0
 
     @property
