@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import autotune_bench as bench  # noqa: E402
 
 from art_trio import AutotuneConfig  # noqa: E402
+from art_trio.cli import int_at_least  # noqa: E402
 from art_trio.sim.workloads import PRESETS, Workload  # noqa: E402
 from art_trio.testing.distributions import Constant  # noqa: E402
 
@@ -201,13 +202,6 @@ def write_baseline(path: Path, revision: str) -> dict[str, Any]:
     return figures
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"need at least one seed, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="sweep every fixed pool")
@@ -219,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--first-seed", type=int, default=0, metavar="N",
                         help="run the tuner at seeds N..N+19 (the gate runs 0..19)")
-    parser.add_argument("--seeds", type=_at_least_one, default=len(SEEDS), metavar="K",
+    parser.add_argument("--seeds", type=int_at_least(1), default=len(SEEDS), metavar="K",
                         help=f"run the tuner at K seeds from --first-seed (default {len(SEEDS)})")
     parser.add_argument("--real-time", action="store_true",
                         help="run the tuner's runs on the wall clock (real sleeps, ~8 s a "
