@@ -39,7 +39,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import autotune_bench as bench  # noqa: E402
 
 from art_trio import AutotuneConfig  # noqa: E402
-from art_trio.cli import int_at_least  # noqa: E402
 from art_trio.sim.workloads import PRESETS, Workload  # noqa: E402
 from art_trio.testing.distributions import Constant  # noqa: E402
 
@@ -213,12 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--first-seed", type=int, default=0, metavar="N",
                         help="run the tuner at seeds N..N+19 (the gate runs 0..19)")
-    parser.add_argument("--seeds", type=int_at_least(1), default=len(SEEDS), metavar="K",
+    parser.add_argument("--seeds", type=int, default=len(SEEDS), metavar="K",
                         help=f"run the tuner at K seeds from --first-seed (default {len(SEEDS)})")
     parser.add_argument("--real-time", action="store_true",
                         help="run the tuner's runs on the wall clock (real sleeps, ~8 s a "
                              "run; the fixed pools stay in virtual time)")
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
     if args.write_baseline:
         figures = write_baseline(args.baseline, args.write_baseline)
         print(report(figures))
