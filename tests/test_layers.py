@@ -13,6 +13,7 @@ the few that deliberately do not), every public one is exported and documented.
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import os
 import re
@@ -149,6 +150,31 @@ def test_a_plain_run_loads_no_extension(plain_run: tuple[Any, list[Path]]) -> No
     loaded = [f.parts[f.parts.index("art_trio") + 1] for f in files]
     assert not set(loaded) & set(EXTENSIONS), sorted(set(loaded) & set(EXTENSIONS))
 
+
+
+def test_importing_art_trio_loads_neither_art_nor_the_scheduler() -> None:
+    """`import art_trio` (what `art-trio --help` does first) stays cheap; each public name
+    loads its module when first used, and is the object its home module defines."""
+    code = (
+        "import sys, art_trio\n"
+        "loaded = sorted(m for m in sys.modules if m == 'art' or m.startswith('art_trio.'))\n"
+        "assert not loaded, loaded\n"
+        "from art_trio import PipelineTrainer\n"
+        "assert 'art' in sys.modules and 'art_trio.facade.trainer' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_every_name_the_stub_lists_is_the_one_its_home_defines() -> None:
+    tree = ast.parse((SRC / "art_trio" / "__init__.pyi").read_text())
+    homes = {
+        alias.name: f"art_trio.{node.module}" for node in tree.body
+        if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    assert set(art_trio.__all__) == set(homes) - {"RayRolloutExecutor"}
+    for name, home in homes.items():
+        if name != "RayRolloutExecutor":  # needs the ray extra: tests/test_ray_executor.py
+            assert getattr(art_trio, name) is getattr(importlib.import_module(home), name)
 
 def test_the_kernel_size_in_the_docs_is_the_measured_one(plain_run: tuple[Any, list[Path]]) -> None:
     """docs/architecture.md states the kernel's size as `benchmarks/kernel_size.py` measures
