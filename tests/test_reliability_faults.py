@@ -752,6 +752,24 @@ async def test_groups_with_no_trajectories_are_not_discarded_without_a_word(
     assert backend.calls == []
 
 
+async def test_a_run_whose_every_rollout_failed_says_so(
+    model: art.TrainableModel, backend: RecordingBackend, autojump_clock: trio.abc.Clock
+) -> None:
+    """Fewer failures than the streak that stops a run: `train()` returned as if it had
+    trained, the only trace being the per-rollout lines."""
+
+    async def rollout(model: Any, scenario: dict[str, Any], config: Any) -> Any:
+        raise ConnectionError("the inference server is down")
+
+    trainer = _trainer(model, backend, rollout, source=scenarios(30))
+    with pytest.warns(RuntimeWarning, match="no step was trained: all 30 scenarios taken "
+                      "ended errored") as record:
+        await trainer.train(handle_signals=False)
+    assert len(record) == 1, [str(w.message) for w in record]
+    assert trainer.last_counters is not None and trainer.last_counters.errored == 30
+    assert backend.calls == []
+
+
 @pytest.mark.parametrize("loop", ["trio", "asyncio"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_the_initial_state_load_is_a_clean_stop(

@@ -844,14 +844,19 @@ async def test_a_read_only_model_directory_is_a_clear_error(
         with pytest.raises(ModelDirectoryError) as excinfo:
             await _trainer(model, backend, max_steps=2).train(handle_signals=False)
         assert excinfo.value.errno == errno.EROFS
-        assert str(mounted) in str(excinfo.value) and "writable" in str(excinfo.value)
+        message = str(excinfo.value)
+        assert str(mounted) in message and "writable" in message
+        # The message as written, not OSError's "[Errno 30] ...: '<directory>'" around it.
+        assert message.startswith("cannot create or open") and message.endswith("base_path")
         assert backend.step == 2
-        # A model directory to be created under a read-only directory: the same.
+        # A model directory to be created under a read-only directory: the same, naming
+        # the directory that could not be made, not the lock file inside it.
         ro_model = trainable_model(
             name="m2", project="p", base_model="b", base_path=str(mounted / "under")
         )
-        with pytest.raises(ModelDirectoryError, match="writable"):
+        with pytest.raises(ModelDirectoryError, match="writable") as created:
             await _trainer(ro_model, backend, max_steps=1).train(handle_signals=False)
+        assert str(created.value).startswith(f"cannot create or open {mounted / 'under'} (")
     finally:
         _remount(mounted, "rw")
     await _trainer(model, backend, max_steps=2).train(handle_signals=False)

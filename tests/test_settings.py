@@ -152,7 +152,8 @@ import art
 torch_before = "torch" in sys.modules
 from art_trio import PipelineTrainer
 class Backend:
-    pass
+    async def train(self, model, groups, **kwargs):
+        raise AssertionError("never trained")
 from art_trio.plumbing.compat import trainable_model
 model = trainable_model(name="m", project="p", base_model="b", base_path="/tmp/unused")
 async def rollout(*args):
@@ -173,7 +174,8 @@ def fake_local_backend(monkeypatch: pytest.MonkeyPatch) -> type:
     module = types.ModuleType("art.local.backend")
 
     class LocalBackend:
-        pass
+        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+            raise AssertionError("never trained")
 
     module.LocalBackend = LocalBackend  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "art.local.backend", module)
@@ -215,6 +217,10 @@ def test_dedicated_local_backend_is_accepted(model: Any, fake_local_backend: typ
     )
 
 
+async def two_arguments(model: Any, scenario: Any) -> Any:
+    raise AssertionError("never called")
+
+
 @pytest.mark.parametrize(
     ("rollout_fn", "eval_fn", "scenarios", "message"),
     [
@@ -222,6 +228,10 @@ def test_dedicated_local_backend_is_accepted(model: Any, fake_local_backend: typ
         (asyncio_rollout, 42, [], "eval_fn must be callable.*got int"),
         (asyncio_rollout, None, None, "scenarios must be an iterable.*got NoneType"),
         (asyncio_rollout, None, "abc", "scenarios must be an iterable.*got str"),
+        (two_arguments, None, [], r"rollout_fn is called as rollout_fn\(model, scenario, "
+         r"config\), as ART calls it; two_arguments\(model.*, scenario.*cannot take that"),
+        (asyncio_rollout, two_arguments, [], r"eval_fn is called as eval_fn\(model, step, "
+         r"config\)"),
     ],
 )
 def test_the_usual_slips_fail_at_construction_with_what_to_do(
@@ -229,6 +239,24 @@ def test_the_usual_slips_fail_at_construction_with_what_to_do(
 ) -> None:
     with pytest.raises(TypeError, match=message):
         PipelineTrainer(model, backend, rollout_fn, scenarios, None, eval_fn)
+
+
+@pytest.mark.parametrize(
+    ("which", "given", "message"),
+    [
+        ("model", "mymodel", "model must be an art.TrainableModel.*got str"),
+        ("backend", None, "backend must be an ART backend.*train.*got NoneType"),
+        ("backend", object(), "backend must be an ART backend.*got object"),
+    ],
+)
+def test_a_wrong_model_or_backend_fails_at_construction_not_after_rollouts(
+    model: Any, backend: Any, which: str, given: Any, message: str
+) -> None:
+    """Found by trying it: both were accepted, and `train()` failed later with an
+    AttributeError (the backend's only after rollouts had been spent)."""
+    arguments = {"model": model, "backend": backend, which: given}
+    with pytest.raises(TypeError, match=message):
+        PipelineTrainer(arguments["model"], arguments["backend"], asyncio_rollout, [], None)
 
 
 def test_pipeline_runtime_config_sets_the_runtime_settings(model: Any, backend: Any) -> None:

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, cast, get_type_hints
 
+import art
+
 from ..plumbing.bridge.calls import is_native
 from ..plumbing.compat import RUNTIME_FIELDS, PipelineAutotuneConfig, PipelineRuntimeConfig
 from ..plumbing.compat import deprecate_direct_runtime as _deprecate_direct_runtime
@@ -290,7 +292,21 @@ def resize_settings(
     return settings.replace(**new)
 
 
+def _takes_three(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` can be called with three positional arguments (True when its signature
+    cannot be read)."""
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
 def check_arguments(
+    model: object,
+    backend: object,
     rollout_fn: object,
     eval_fn: object,
     scenarios: object,
@@ -302,11 +318,32 @@ def check_arguments(
 
     A plain `def` callback is fine if it returns an awaitable (ART's own tests pass lambdas
     around coroutines); one that does not is caught at its first call."""
-    for name, fn in (("rollout_fn", rollout_fn), ("eval_fn", eval_fn)):
-        if not callable(fn) and not (fn is None and name == "eval_fn"):
+    if not isinstance(model, art.TrainableModel):
+        raise TypeError(
+            "model must be an art.TrainableModel (the model trained and served, registered "
+            f"with the backend), got {type(model).__name__}"
+        )
+    if not callable(getattr(backend, "train", None)):
+        raise TypeError(
+            "backend must be an ART backend, with a `train(model, groups, ...)` method "
+            f"(art.LocalBackend, art.ServerlessBackend, ...), got {type(backend).__name__}"
+        )
+    for name, fn, arguments in (
+        ("rollout_fn", rollout_fn, "(model, scenario, config)"),
+        ("eval_fn", eval_fn, "(model, step, config)"),
+    ):
+        if fn is None and name == "eval_fn":
+            continue
+        if not callable(fn):
             raise TypeError(
                 f"{name} must be callable and return an awaitable (an async function), got "
                 f"{type(fn).__name__}"
+            )
+        if not _takes_three(fn):
+            raise TypeError(
+                f"{name} is called as {name}{arguments}, as ART calls it; "
+                f"{getattr(fn, '__qualname__', type(fn).__name__)}"
+                f"{inspect.signature(fn)} cannot take that"
             )
     if not isinstance(scenarios, (Iterable, AsyncIterator)) or isinstance(scenarios, (str, bytes)):
         raise TypeError(

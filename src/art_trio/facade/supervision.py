@@ -243,6 +243,16 @@ def close_run(run: PipelineRun, failure: BaseException | None) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+    elif failure is None and counters.steps == 0 and 0 < counters.errored == counters.taken:
+        # Below the failure streak's stop, a run whose every rollout failed returned like
+        # one that trained: the per-rollout lines scroll by and nothing says it all failed.
+        warnings.warn(
+            f"no step was trained: all {counters.errored} scenarios taken ended errored "
+            "(rollout_fn raised, or returned no trainable group: each one's reason is logged "
+            "above). Check rollout_fn on one scenario before training again.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     try:
         run.snapshot()
     except Exception as exc:

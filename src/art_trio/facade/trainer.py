@@ -88,7 +88,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             tuned_start=tuned_start(autotune, model),
         )
         keywords.check_arguments(
-            rollout_fn, eval_fn, scenarios, rollout_executor, extensions, progress_keeper
+            model, backend, rollout_fn, eval_fn, scenarios, rollout_executor, extensions,
+            progress_keeper,
         )
         #: Your own extensions, run beside the stages of every run (see `StageExtension`).
         self.extensions = tuple(extensions)

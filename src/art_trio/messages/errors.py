@@ -52,6 +52,11 @@ class ModelDirectoryError(ArtTrioError, OSError):
     """The model directory cannot hold a run: not a directory, not writable, no locks, or
     deleted while the run used it. Carries the errno; `filename` is the directory."""
 
+    def __str__(self) -> str:
+        # The message names the directory and says what to do; OSError's own form would
+        # append "[Errno N]" before it and ": '<directory>'" after its last sentence.
+        return str(self.strerror)
+
 
 class RunLockLostError(ModelDirectoryError):
     """This run's lock on its model directory was lost while it ran (its descriptor closed or

@@ -215,10 +215,10 @@ class RunLock:
     def _unwritable(self, exc: OSError) -> ModelDirectoryError:
         return ModelDirectoryError(
             exc.errno or errno.EIO,
-            f"cannot create or open {self.path} ({exc.strerror or exc}): art_trio needs a "
-            f"writable model directory ({self.directory}) for the run's lock and resume state. "
-            "Make it writable (a read-only mount, permissions, a path component that is a "
-            "file), or give the model a base_path that is",
+            f"cannot create or open {exc.filename or self.path} ({exc.strerror or exc}): "
+            f"art_trio needs a writable model directory ({self.directory}) for the run's lock "
+            "and resume state. Make it writable (a read-only mount, permissions, a path "
+            "component that is a file), or give the model a writable base_path",
             str(self.directory),
         )
 
