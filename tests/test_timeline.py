@@ -390,6 +390,12 @@ def test_the_picture_is_written_to_exactly_the_path_given(
     assert f"Picture: {picture}\n" in capsys.readouterr().out
 
 
+def test_the_title_counts_one_step_and_one_rollout_in_the_singular(one_step: Path) -> None:
+    run = load_timeline(one_step)
+    title = draw(run, dpi=30).axes[0].get_title()
+    assert title.splitlines()[0] == f"{run.trainer}: 1 step, 1 rollout"
+
+
 def test_a_trace_alone_is_written_without_a_picture_or_matplotlib(
     one_step: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

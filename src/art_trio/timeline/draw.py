@@ -166,11 +166,13 @@ def _legend(top: Axes, fates: list[str]) -> None:
 
 def _title(top: Axes, run: RunTimeline, title: str | None) -> None:
     counts = ", ".join(f"{n} {LABELS.get(f, f)}" for f, n in run.fate_counts().items() if n)
-    top.set_title(
-        (title or f"{run.trainer}: {len(run.steps)} steps, {len(run.rollouts)} rollouts")
-        + f"\n{counts}",
-        fontsize=9,
-    )
+    steps, rollouts = _many(len(run.steps), "step"), _many(len(run.rollouts), "rollout")
+    top.set_title((title or f"{run.trainer}: {steps}, {rollouts}") + f"\n{counts}", fontsize=9)
+
+
+def _many(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless `n` is one ("1 step", "0 steps", "6 steps")."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _draw_staleness(bottom: Axes, run: RunTimeline, t0: float) -> None:
