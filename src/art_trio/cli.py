@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from art_trio import __version__
+
 # ART fetches a model price table when imported unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -71,6 +73,7 @@ def _usage() -> str:
     lines = ["usage: art-trio {" + ",".join(SUBCOMMANDS) + "} [options]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "`art-trio COMMAND --help` lists a command's options."]
+    lines += ["`art-trio --version` prints art_trio's version."]
     return "\n".join(lines)
 
 
@@ -78,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help"}:
         print(_usage())
+        return 0
+    if args[0] == "--version":
+        print(f"art-trio {__version__}")
         return 0
     command, rest = args[0], args[1:]
     if command not in SUBCOMMANDS:
