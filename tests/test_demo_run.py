@@ -3,6 +3,7 @@ CPU backend, its summary, its reward plot, resuming, and the default run's promi
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -143,6 +144,17 @@ def test_parser_defaults_match_demo_options() -> None:
         d.group_size,
     )
     assert args.output_dir == Path(".")
+
+
+def test_the_help_shows_each_options_default() -> None:
+    parser = build_parser()
+    for action in parser._actions:
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert action.help is not None and "default" in action.help, action.option_strings
+    text = " ".join(parser.format_help().split())
+    assert "--steps STEPS training steps to run (default: 30)" in text
+    assert "--loss-fn {cispo,ppo} the policy-gradient objective (default: cispo)" in text
+    assert "--learning-rate LEARNING_RATE Adam step size (default: 0.03)" in text
 
 
 def test_plot_reads_history_rows_by_step_and_writes_png(tmp_path: Path) -> None:

