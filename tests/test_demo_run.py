@@ -53,7 +53,7 @@ def test_demo_trains_prints_summary_writes_plot_and_resumes(
     assert main([*args, "--steps", "6"]) == 0
     out = capsys.readouterr().out
     assert "Training 'short': 6 steps from step 0" in out
-    assert "Done: 6 steps (to step 6)" in out
+    assert "Done: 6 steps (to step 6) in " in out and "to continue from step 6." in out
     assert re.search(r"val reward: 0\.\d{3} at step 0 -> [01]\.\d{3} at step 6", out), out
 
     plot = printed_plot_path(out)
@@ -72,6 +72,11 @@ def test_demo_trains_prints_summary_writes_plot_and_resumes(
     assert "Training 'short': 2 steps from step 6" in out
     assert "Done: 2 steps (to step 8)" in out
     assert "plot:" not in out
+    # Step 8 was not checkpointed (no eval): the summary says where the next run starts.
+    assert "run again with --name short to continue from step 6." in out
+    assert "(step 6 is the last checkpoint, not step 8: " in out
+    assert main([*args, "--steps", "2", "--no-plot"]) == 0
+    assert "Training 'short': 2 steps from step 6" in capsys.readouterr().out
 
 
 def test_default_demo_run_learns_the_task(
@@ -218,4 +223,23 @@ def test_the_summary_says_which_step_the_last_val_reward_belongs_to(tmp_path: Pa
     assert "step 12 is the last step evaluated, not step 34" in summary
     interrupted = format_summary(replace(result, stop_signal=2))
     assert interrupted.startswith("Stopped by SIGINT after 34 steps (at step 34)")
-    assert "--name n to resume" in interrupted
+    assert "--name n to resume from step 34." in interrupted
+    assert "last checkpoint" not in interrupted
+
+
+def test_the_summary_says_which_step_a_resumed_run_starts_from(tmp_path: Path) -> None:
+    """Only some steps are checkpointed: a run stopped at step 27 whose newest checkpoint is
+    step 26 resumes from step 26, and the summary says so, not that step 27 is saved."""
+    from art_trio.demo.cli import DemoResult
+
+    result = DemoResult(
+        name="n", start_step=0, final_step=27, wall_seconds=2.4, first_val=None, last_val=None,
+        history_path=tmp_path / "history.jsonl", plot_path=None, resume_step=26,
+    )  # fmt: skip
+    done = format_summary(result).splitlines()
+    assert done[0].endswith("; run again with --name n to continue from step 26.")
+    assert done[1].startswith("  (step 26 is the last checkpoint, not step 27: ")
+    stopped = format_summary(replace(result, stop_signal=2)).splitlines()
+    assert stopped[0].startswith("Stopped by SIGINT after 27 steps (at step 27), 2.4 s; ")
+    assert stopped[0].endswith("run again with --name n to resume from step 26.")
+    assert "saved" not in stopped[0]

@@ -73,6 +73,10 @@ class DemoResult:
     plot_path: Path | None
     #: The signal that stopped the run early (SIGINT, SIGTERM), None if it ran to the end.
     stop_signal: int | None = None
+    #: The step a run of the same name starts from: the newest checkpoint, behind
+    #: `final_step` if the last steps were not checkpointed. None: `final_step` (a backend
+    #: that checkpoints every step, as art_trio.cpu's does).
+    resume_step: int | None = None
 
     @property
     def steps_trained(self) -> int:
@@ -346,6 +350,9 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         )
         await trainer.train(handle_signals=True)
         final_step = await backend._get_step(model)
+        # What `register` loads next time. The trainer asks for a checkpoint with each eval
+        # only (ART's rule), so the steps after the last eval are trained again.
+        resume_step = backend._saved_steps(Path(model._get_output_dir()) / "checkpoints")[-1]
     wall_seconds = time.monotonic() - started
     stop_signal = trainer.stop_signal
 
@@ -368,22 +375,30 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         history_path=history_path,
         plot_path=plot_path,
         stop_signal=stop_signal,
+        resume_step=resume_step,
     )
 
 
 def format_summary(result: DemoResult) -> str:
+    resume = result.final_step if result.resume_step is None else result.resume_step
     if result.stop_signal is not None:
         lines = [
             f"Stopped by {signal.Signals(result.stop_signal).name} after "
             f"{result.steps_trained} steps (at step {result.final_step}), "
-            f"{result.wall_seconds:.1f} s; the state is saved: run again with "
-            f"--name {result.name} to resume."
+            f"{result.wall_seconds:.1f} s; run again with --name {result.name} to resume "
+            f"from step {resume}."
         ]
     else:
         lines = [
             f"Done: {result.steps_trained} steps (to step {result.final_step}) "
-            f"in {result.wall_seconds:.1f} s."
+            f"in {result.wall_seconds:.1f} s; run again with --name {result.name} to continue "
+            f"from step {resume}."
         ]
+    if resume < result.final_step:
+        lines.append(
+            f"  (step {resume} is the last checkpoint, not step {result.final_step}: steps are "
+            "checkpointed every --eval-every steps)"
+        )
     if result.first_val is not None and result.last_val is not None:
         (s0, r0), (s1, r1) = result.first_val, result.last_val
         lines.append(
