@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 
 from art_trio.demo.cli import (  # noqa: E402
     PROJECT,
+    STATE_KEY,
     DemoOptions,
     build_parser,
     format_summary,
@@ -77,6 +78,41 @@ def test_demo_trains_prints_summary_writes_plot_and_resumes(
     assert "(step 6 is the last checkpoint, not step 8: " in out
     assert main([*args, "--steps", "2", "--no-plot"]) == 0
     assert "Training 'short': 2 steps from step 6" in capsys.readouterr().out
+
+
+def test_resuming_with_another_seed_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed run must draw the scenarios of the run it resumes, and --seed orders them:
+    another seed is refused with what to do, exit status 2, not as the trainer's
+    ForeignStateError in a traceback whose advice (resume=False, editing the state) is for
+    code. With the seed on record, before the trainer touches the run's state."""
+    require_trio_asyncio_patched_anyio()
+    args = ["--output-dir", str(tmp_path), "--name", "seeded", "--steps", "2", "--no-plot"]
+    assert main(args) == 0
+    capsys.readouterr()
+    state = model_dir(tmp_path, "seeded") / "state.json"
+    before = state.read_bytes()
+    assert main([*args, "--seed", "5"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "art-trio demo: this run (--name seeded) was trained with --seed 0; resume it with "
+        "the same --seed, or choose another --name\n",
+    )
+    assert state.read_bytes() == before
+
+    # No record of the seed (the runs of the name were killed before writing it): the
+    # trainer's refusal, said in one line.
+    unrecorded = json.loads(before)
+    del unrecorded[STATE_KEY]
+    state.write_text(json.dumps(unrecorded))
+    assert main([*args, "--seed", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "art-trio demo: this run (--name seeded) was trained with another --seed than 5; "
+        "resume it with the --seed it was trained with, or choose another --name"
+    )
 
 
 def test_default_demo_run_learns_the_task(

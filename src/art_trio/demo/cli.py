@@ -29,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art  # noqa: E402
 import trio  # noqa: E402
 
-from art_trio import trainable_model  # noqa: E402
+from art_trio import ForeignStateError, trainable_model  # noqa: E402
 from art_trio.cli import int_at_least, number_in  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
@@ -39,6 +39,8 @@ from .task import TaskConfig, eval_fn, rollout, scenarios  # noqa: E402
 
 PROJECT = "art-trio-demo"
 BASE_MODEL = "cpu-demo"
+#: The demo's key in the model's state.json: the seed its run was trained with.
+STATE_KEY = "art_trio_demo"
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=int_at_least(0),
         default=d.seed,
-        help="seed of the initial policy and sampling (default: %(default)s)",
+        help=(
+            "seed of the initial policy, of the order of the scenarios and of sampling; a run "
+            "resumed (--name) keeps its seed (default: %(default)s)"
+        ),
     )
     parser.add_argument(
         "--group-size",
@@ -313,12 +318,7 @@ async def run_demo(options: DemoOptions) -> DemoResult:
 
     started = time.monotonic()
     name = options.name or f"yes-no-maybe-{datetime.now():%Y%m%d-%H%M%S}"
-    model: art.TrainableModel = trainable_model(
-        name=name,
-        project=PROJECT,
-        base_model=BASE_MODEL,
-        base_path=str(options.output_dir / ".art"),
-    )
+    model = demo_model(name, options.output_dir)
     config = TaskConfig(group_size=options.group_size, seed=options.seed)
     # Keep every step a rollout or a lagging eval may still ask for.
     keep_steps = max(DEFAULT_KEEP_STEPS, options.max_steps_off_policy + 8)
@@ -353,6 +353,9 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         # What `register` loads next time. The trainer asks for a checkpoint with each eval
         # only (ART's rule), so the steps after the last eval are trained again.
         resume_step = backend._saved_steps(Path(model._get_output_dir()) / "checkpoints")[-1]
+    # The trainer took this seed's scenarios (it refuses others on resume): a later run of
+    # this name with another seed is then refused before it starts (`seed_problem`).
+    model.merge_state({STATE_KEY: {"seed": options.seed}})
     wall_seconds = time.monotonic() - started
     stop_signal = trainer.stop_signal
 
@@ -377,6 +380,61 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         stop_signal=stop_signal,
         resume_step=resume_step,
     )
+
+
+def demo_model(name: str, output_dir: Path) -> art.TrainableModel:
+    """The demo's model `name`, kept under `output_dir/.art/` (ART's layout)."""
+    return trainable_model(
+        name=name, project=PROJECT, base_model=BASE_MODEL, base_path=str(output_dir / ".art")
+    )
+
+
+def trained_seed(options: DemoOptions) -> int | None:
+    """The seed the run of `--name` was trained with (None: a new name, or no record of it)."""
+    if options.name is None:
+        return None
+    try:
+        state = demo_model(options.name, options.output_dir).read_state()
+    except ValueError:  # torn by a kill mid-write: the trainer rebuilds it
+        return None
+    record = state.get(STATE_KEY) if isinstance(state, dict) else None
+    seed = record.get("seed") if isinstance(record, dict) else None
+    return seed if isinstance(seed, int) else None
+
+
+def seed_problem(options: DemoOptions) -> str | None:
+    """Why the run of `--name` cannot be resumed with `--seed` (None if it can, as far as is
+    known): a resumed run must draw the same scenarios, and here the seed orders them."""
+    seed = trained_seed(options)
+    if seed is None or seed == options.seed:
+        return None
+    return (
+        f"this run (--name {options.name}) was trained with --seed {seed}; resume it with the "
+        "same --seed, or choose another --name"
+    )
+
+
+def run_or_refuse(options: DemoOptions) -> DemoResult | str:
+    """`run_demo` under trio.run, or, if the trainer refused the stored run's state as
+    another run's, what to say instead: its advice (resume=False, editing the state file) is
+    for code, not for the command line."""
+    refused = ""
+    try:
+        return trio.run(run_demo, options)
+    except* ForeignStateError as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup):
+            error = error.exceptions[0]
+        if options.name is None or trained_seed(options) == options.seed:
+            refused = str(error)  # not the seed's doing
+        else:
+            # No record of the seed (the runs of this name were killed, or predate it).
+            refused = (
+                f"this run (--name {options.name}) was trained with another --seed than "
+                f"{options.seed}; resume it with the --seed it was trained with, or choose "
+                "another --name"
+            )
+    return refused
 
 
 def format_summary(result: DemoResult) -> str:
@@ -446,9 +504,16 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # during torch's import, before any signal is handled
             print("art-trio demo: interrupted while starting; nothing was trained", file=sys.stderr)
             return 130
+    problem = seed_problem(options)
+    if problem is not None:
+        print(f"art-trio demo: {problem}", file=sys.stderr)
+        return 2
     try:
-        result = trio.run(run_demo, options)
+        result = run_or_refuse(options)
     except KeyboardInterrupt:
         return 130
+    if isinstance(result, str):
+        print(f"art-trio demo: {result}", file=sys.stderr)
+        return 2
     print(format_summary(result), flush=True)
     return exit_status(result)
