@@ -265,9 +265,12 @@ def parse_value(text: str) -> Any:
 
 def check_settings(spec: SimSpec) -> None:
     """Raise the trainer's own ValueError for bad settings in `spec`, without running it."""
-    # The constructor only stores model and backend; validating needs neither.
-    nothing: Any = None
-    PipelineTrainer(nothing, nothing, _no_rollout, (), None, None, **spec.trainer_kwargs())
+    # Constructing touches neither the model's directory nor the backend.
+    model = trainable_model(
+        name="sim", project="art-trio-sim", base_model="sim", base_path=tempfile.gettempdir()
+    )
+    backend = SyntheticBackend(spec.train_time, Recorder(), seed=spec.seed)
+    PipelineTrainer(model, backend, _no_rollout, (), None, None, **spec.trainer_kwargs())
 
 
 # --------------------------------------------------------------------------------------------
