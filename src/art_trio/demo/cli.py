@@ -31,6 +31,7 @@ import trio  # noqa: E402
 
 from art_trio import ForeignStateError, trainable_model  # noqa: E402
 from art_trio.cli import int_at_least, number_in  # noqa: E402
+from art_trio.timeline.recorder import run_errors  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
 from .interrupt import Interrupted  # noqa: E402
@@ -418,15 +419,12 @@ def run_or_refuse(options: DemoOptions) -> DemoResult | str:
     """`run_demo` under trio.run, or, if the trainer refused the stored run's state as
     another run's, what to say instead: its advice (resume=False, editing the state file) is
     for code, not for the command line."""
-    refused = ""
+    refused = ""  # `except*` cannot return
     try:
         return trio.run(run_demo, options)
     except* ForeignStateError as group:
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup):
-            error = error.exceptions[0]
         if options.name is None or trained_seed(options) == options.seed:
-            refused = str(error)  # not the seed's doing
+            refused = str(run_errors(group)[0])  # not the seed's doing
         else:
             # No record of the seed (the runs of this name were killed, or predate it).
             refused = (
