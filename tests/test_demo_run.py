@@ -279,3 +279,15 @@ def test_the_summary_says_which_step_a_resumed_run_starts_from(tmp_path: Path) -
     assert stopped[0].startswith("Stopped by SIGINT after 27 steps (at step 27), 2.4 s; ")
     assert stopped[0].endswith("run again with --name n to resume from step 26.")
     assert "saved" not in stopped[0]
+
+
+def test_the_summary_counts_one_step_in_the_singular(tmp_path: Path) -> None:
+    from art_trio.demo.cli import DemoResult
+
+    result = DemoResult(
+        name="n", start_step=4, final_step=5, wall_seconds=1.0, first_val=None, last_val=None,
+        history_path=tmp_path / "history.jsonl", plot_path=None,
+    )  # fmt: skip
+    assert format_summary(result).startswith("Done: 1 step (to step 5) in 1.0 s;")
+    stopped = format_summary(replace(result, stop_signal=2))
+    assert stopped.startswith("Stopped by SIGINT after 1 step (at step 5), 1.0 s;")

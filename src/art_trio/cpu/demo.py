@@ -193,8 +193,9 @@ async def run_llm_demo(options: LLMDemoOptions, task: Any) -> Any:
         await model.register(backend)
         start_step = await backend._get_step(model)
         print(
-            f"Training {name!r}: {options.steps} steps from step {start_step}, "
-            f"task {task.name!r}, {options.workers} rollout workers, groups of {group_size}, "
+            f"Training {name!r}: {options.steps} step{'s' * (options.steps != 1)} from step "
+            f"{start_step}, task {task.name!r}, {options.workers} rollout "
+            f"worker{'s' * (options.workers != 1)}, groups of {group_size}, "
             f"{options.min_batch_size} groups per step; served at {backend.base_url}",
             flush=True,
         )

@@ -86,6 +86,10 @@ class DemoResult:
         return self.final_step - self.start_step
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = DemoOptions()
     parser = argparse.ArgumentParser(
@@ -328,8 +332,8 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         await model.register(backend)
         start_step = await backend._get_step(model)
         print(
-            f"Training {name!r}: {options.steps} steps from step {start_step}, "
-            f"{options.workers} rollout workers, groups of {options.group_size}, "
+            f"Training {name!r}: {_count(options.steps, 'step')} from step {start_step}, "
+            f"{_count(options.workers, 'rollout worker')}, groups of {options.group_size}, "
             f"seed {options.seed}; policy served at {backend.base_url}",
             flush=True,
         )
@@ -440,13 +444,13 @@ def format_summary(result: DemoResult) -> str:
     if result.stop_signal is not None:
         lines = [
             f"Stopped by {signal.Signals(result.stop_signal).name} after "
-            f"{result.steps_trained} steps (at step {result.final_step}), "
+            f"{_count(result.steps_trained, 'step')} (at step {result.final_step}), "
             f"{result.wall_seconds:.1f} s; run again with --name {result.name} to resume "
             f"from step {resume}."
         ]
     else:
         lines = [
-            f"Done: {result.steps_trained} steps (to step {result.final_step}) "
+            f"Done: {_count(result.steps_trained, 'step')} (to step {result.final_step}) "
             f"in {result.wall_seconds:.1f} s; run again with --name {result.name} to continue "
             f"from step {resume}."
         ]
