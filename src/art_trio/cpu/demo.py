@@ -21,6 +21,7 @@ from typing import Any
 import art
 
 from art_trio import trainable_model
+from art_trio.timeline.draw import many
 
 from ..demo.task import Scenario, build_prompts, reward_for_answer
 from ..demo.task import scenarios as _scenarios
@@ -193,9 +194,9 @@ async def run_llm_demo(options: LLMDemoOptions, task: Any) -> Any:
         await model.register(backend)
         start_step = await backend._get_step(model)
         print(
-            f"Training {name!r}: {options.steps} step{'s' * (options.steps != 1)} from step "
-            f"{start_step}, task {task.name!r}, {options.workers} rollout "
-            f"worker{'s' * (options.workers != 1)}, groups of {group_size}, "
+            f"Training {name!r}: {many(options.steps, 'step')} from step {start_step}, "
+            f"task {task.name!r}, {many(options.workers, 'rollout worker')}, "
+            f"groups of {group_size}, "
             f"{options.min_batch_size} groups per step; served at {backend.base_url}",
             flush=True,
         )

@@ -31,6 +31,7 @@ import trio  # noqa: E402
 
 from art_trio import ForeignStateError, trainable_model  # noqa: E402
 from art_trio.cli import int_at_least, number_in  # noqa: E402
+from art_trio.timeline.draw import many  # noqa: E402
 from art_trio.timeline.recorder import run_errors  # noqa: E402
 
 from .backend import DEFAULT_KEEP_STEPS, CpuBackend  # noqa: E402
@@ -84,10 +85,6 @@ class DemoResult:
     @property
     def steps_trained(self) -> int:
         return self.final_step - self.start_step
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,8 +329,8 @@ async def run_demo(options: DemoOptions) -> DemoResult:
         await model.register(backend)
         start_step = await backend._get_step(model)
         print(
-            f"Training {name!r}: {_count(options.steps, 'step')} from step {start_step}, "
-            f"{_count(options.workers, 'rollout worker')}, groups of {options.group_size}, "
+            f"Training {name!r}: {many(options.steps, 'step')} from step {start_step}, "
+            f"{many(options.workers, 'rollout worker')}, groups of {options.group_size}, "
             f"seed {options.seed}; policy served at {backend.base_url}",
             flush=True,
         )
@@ -444,13 +441,13 @@ def format_summary(result: DemoResult) -> str:
     if result.stop_signal is not None:
         lines = [
             f"Stopped by {signal.Signals(result.stop_signal).name} after "
-            f"{_count(result.steps_trained, 'step')} (at step {result.final_step}), "
+            f"{many(result.steps_trained, 'step')} (at step {result.final_step}), "
             f"{result.wall_seconds:.1f} s; run again with --name {result.name} to resume "
             f"from step {resume}."
         ]
     else:
         lines = [
-            f"Done: {_count(result.steps_trained, 'step')} (to step {result.final_step}) "
+            f"Done: {many(result.steps_trained, 'step')} (to step {result.final_step}) "
             f"in {result.wall_seconds:.1f} s; run again with --name {result.name} to continue "
             f"from step {resume}."
         ]

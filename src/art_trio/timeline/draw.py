@@ -166,12 +166,13 @@ def _legend(top: Axes, fates: list[str]) -> None:
 
 def _title(top: Axes, run: RunTimeline, title: str | None) -> None:
     counts = ", ".join(f"{n} {LABELS.get(f, f)}" for f, n in run.fate_counts().items() if n)
-    steps, rollouts = _many(len(run.steps), "step"), _many(len(run.rollouts), "rollout")
+    steps, rollouts = many(len(run.steps), "step"), many(len(run.rollouts), "rollout")
     top.set_title((title or f"{run.trainer}: {steps}, {rollouts}") + f"\n{counts}", fontsize=9)
 
 
-def _many(n: int, noun: str) -> str:
-    """`n` and `noun`, plural unless `n` is one ("1 step", "0 steps", "6 steps")."""
+def many(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless `n` is one ("1 step", "0 steps", "6 steps"); the tools'
+    other messages count with it too."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
